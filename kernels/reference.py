@@ -1,0 +1,166 @@
+"""Differentiable PyTorch implementations: the CPU default of every op, and the GPU kernels' oracle.
+
+Layout as in fla: ``q, k`` ``[B, T, H, K]``, ``v`` ``[B, T, H, V]``, scalar gates ``[B, T, H]``,
+vector gates ``[B, T, H, K]``, states ``[B, H, K, V]`` (fla's orientation: ``S^T`` of the book's
+``S``). Accumulation is float32 (float64 if the inputs are float64, which is how the tests build
+references); ``o`` is returned in ``v``'s dtype, the final state in float32 (float64 for float64).
+
+The chunkwise forms work only with *differences* of cumulative log gates inside a chunk, so they
+never divide by a product of gates and stay finite for gates near 0 over long sequences.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["attention_ref", "chunk_scalar_ref", "chunk_gla_ref", "recurrent_ref"]
+
+
+def _acc_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def attention_ref(q, k, v, scale: float, causal: bool = True) -> torch.Tensor:
+    """Softmax attention ``softmax(scale q k^T + log M) v`` in float32 (float64 for float64 input)."""
+    acc = _acc_dtype(q)
+    qf, kf, vf = (x.to(acc).transpose(1, 2) for x in (q, k, v))       # [B, H, T, D]
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    if causal:
+        T = q.shape[1]
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~mask, float("-inf"))
+    o = torch.matmul(torch.softmax(s, dim=-1), vf)
+    return o.transpose(1, 2).to(v.dtype)
+
+
+def _pad_time(x, C):
+    T = x.shape[1]
+    pad = (-T) % C
+    if pad == 0:
+        return x
+    widths = [0, 0] * (x.dim() - 2) + [0, pad]
+    return F.pad(x, widths)
+
+
+def chunk_scalar_ref(q, k, v, g=None, beta=None, scale: float = 1.0, initial_state=None,
+                     output_final_state: bool = False, chunk_size: int = 64):
+    """Chunkwise linear attention with an optional scalar log gate ``g`` and optional delta rule.
+
+    Per head, in fla's orientation (``S`` is ``[K, V]``)::
+
+        S_t = a_t S_{t-1}                                  (a_t = exp(g_t); 1 if g is None)
+        S_t = S_t + k_t v_t^T                              if beta is None
+        S_t = S_t + beta_t k_t (v_t - S_t^T k_t)^T         otherwise (the (gated) delta rule)
+        o_t = scale * S_t^T q_t
+
+    Covers ``chunk_linear_attn`` (g, beta None), ``chunk_simple_gla`` (beta None),
+    ``chunk_delta_rule`` (g None) and ``chunk_gated_delta_rule``. Inside a chunk the delta rule's
+    pseudo-values come from the UT/WY form ``(I + A)^{-1}``, with ``A`` strictly lower triangular.
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    acc = _acc_dtype(q)
+    C = chunk_size
+    NT = (T + C - 1) // C
+    # [B, H, NT, C, D] in the accumulation dtype; padded tokens have k = v = 0, g = 0.
+    def blocks(x):
+        x = _pad_time(x.to(acc), C)
+        return x.reshape(B, NT, C, H, -1).permute(0, 3, 1, 2, 4)
+    qc, kc, vc = blocks(q) * scale, blocks(k), blocks(v)
+    if g is not None:
+        gc = blocks(g.unsqueeze(-1)).squeeze(-1)                       # [B, H, NT, C]
+        b = gc.cumsum(-1)                                              # within-chunk cumulative log gate
+    else:
+        b = torch.zeros(B, H, NT, C, dtype=acc, device=q.device)
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    diff = b.unsqueeze(-1) - b.unsqueeze(-2)                          # b_i - b_j
+    decay = torch.where(causal, diff, torch.full_like(diff, float("-inf"))).exp()  # Γ inside a chunk
+    if beta is not None:
+        betac = blocks(beta.unsqueeze(-1)).squeeze(-1)                 # [B, H, NT, C]
+        strict = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
+        A = (kc @ kc.transpose(-1, -2)) * decay * betac.unsqueeze(-1)
+        A = A.masked_fill(~strict, 0.0)
+        eye = torch.eye(C, dtype=acc, device=q.device)
+        # (I + A)^{-1}: unit lower triangular, solved rather than inverted.
+        U = torch.linalg.solve_triangular(eye + A, vc * betac.unsqueeze(-1), upper=False, unitriangular=True)
+        W = torch.linalg.solve_triangular(eye + A, kc * (betac * b.exp()).unsqueeze(-1), upper=False,
+                                          unitriangular=True)
+    attn = (qc @ kc.transpose(-1, -2)) * decay                         # [B, H, NT, C, C]
+    S = torch.zeros(B, H, K, V, dtype=acc, device=q.device) if initial_state is None \
+        else initial_state.to(acc).clone()
+    outs = []
+    for n in range(NT):
+        bn = b[:, :, n]                                                # [B, H, C]
+        if beta is not None:
+            vn = U[:, :, n] - W[:, :, n] @ S                           # pseudo-values
+        else:
+            vn = vc[:, :, n]
+        o = (qc[:, :, n] * bn.exp().unsqueeze(-1)) @ S + attn[:, :, n] @ vn
+        outs.append(o)
+        last = bn[..., -1:]                                            # b_C (padding adds log 1 = 0)
+        S = S * last.exp().unsqueeze(-1) + (kc[:, :, n] * (last - bn).exp().unsqueeze(-1)).transpose(-1, -2) @ vn
+    o = torch.stack(outs, dim=2).reshape(B, H, NT * C, V)[:, :, :T].transpose(1, 2)
+    return o.to(v.dtype), (S if output_final_state else None)
+
+
+def chunk_gla_ref(q, k, v, g, scale: float = 1.0, initial_state=None, output_final_state: bool = False,
+                  chunk_size: int = 16):
+    """Chunkwise GLA: ``S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
+
+    ``g`` is ``[B, T, H, K]``. The intra-chunk scores need the per-dimension decay between every
+    pair ``(i, j)``, ``sum_d q_id k_jd exp(b_id - b_jd)``, formed from differences only (stable).
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    acc = _acc_dtype(q)
+    C = chunk_size
+    NT = (T + C - 1) // C
+    def blocks(x):
+        x = _pad_time(x.to(acc), C)
+        return x.reshape(B, NT, C, H, -1).permute(0, 3, 1, 2, 4)
+    qc, kc, vc, gc = blocks(q) * scale, blocks(k), blocks(v), blocks(g)
+    b = gc.cumsum(-2)                                                  # [B, H, NT, C, K]
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    diff = b.unsqueeze(-2) - b.unsqueeze(-3)                          # [.., C_i, C_j, K]: b_i - b_j
+    diff = diff.masked_fill(~causal.unsqueeze(-1), float("-inf"))
+    attn = torch.einsum("bhnik,bhnjk,bhnijk->bhnij", qc, kc, diff.exp())
+    S = torch.zeros(B, H, K, V, dtype=acc, device=q.device) if initial_state is None \
+        else initial_state.to(acc).clone()
+    outs = []
+    for n in range(NT):
+        bn = b[:, :, n]                                                # [B, H, C, K]
+        o = (qc[:, :, n] * bn.exp()) @ S + attn[:, :, n] @ vc[:, :, n]
+        outs.append(o)
+        last = bn[:, :, -1:, :]                                        # [B, H, 1, K]
+        S = S * last.transpose(-1, -2).exp() + (kc[:, :, n] * (last - bn).exp()).transpose(-1, -2) @ vc[:, :, n]
+    o = torch.stack(outs, dim=2).reshape(B, H, NT * C, V)[:, :, :T].transpose(1, 2)
+    return o.to(v.dtype), (S if output_final_state else None)
+
+
+def recurrent_ref(q, k, v, g=None, beta=None, scale: float = 1.0, initial_state=None,
+                  output_final_state: bool = False):
+    """Token-by-token definition of all five ops (the slow oracle the tests compare against).
+
+    ``g``: ``None``, ``[B, T, H]`` (scalar gate) or ``[B, T, H, K]`` (vector gate); ``beta``:
+    ``None`` (plain write) or ``[B, T, H]`` (delta rule).
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    acc = _acc_dtype(q)
+    S = torch.zeros(B, H, K, V, dtype=acc, device=q.device) if initial_state is None \
+        else initial_state.to(acc).clone()
+    outs = []
+    for t in range(T):
+        qt, kt, vt = (x[:, t].to(acc) for x in (q, k, v))              # [B, H, D]
+        if g is not None:
+            gt = g[:, t].to(acc)
+            S = S * (gt.exp().unsqueeze(-1).unsqueeze(-1) if gt.dim() == 2 else gt.exp().unsqueeze(-1))
+        if beta is not None:
+            bt = beta[:, t].to(acc).unsqueeze(-1)
+            u = bt * (vt - torch.einsum("bhkv,bhk->bhv", S, kt))
+        else:
+            u = vt
+        S = S + kt.unsqueeze(-1) * u.unsqueeze(-2)
+        outs.append(torch.einsum("bhkv,bhk->bhv", S, qt * scale))
+    o = torch.stack(outs, dim=1)
+    return o.to(v.dtype), (S if output_final_state else None)

@@ -1,0 +1,17 @@
+"""NumPy references for *A Brief Executable History of Linear Attention*.
+
+One head, the article's notation ("convention B"): ``Q, K`` are ``(n, d_k)``, ``V`` is ``(n, d_v)``,
+the state ``S`` is ``(d_v, d_k)``, a read is ``o_t = S_t q_t``, a write adds ``v_t k_t^T``. Causal
+always, no implicit ``1/sqrt(d)``, float64 in and out. See the book's notation page.
+"""
+from ._validate import as_array, check_chunk_size, check_gate, check_positive, check_qkv
+from .checks import IdentityCheck, check_close, check_symbolic, max_abs_error, max_rel_error
+from .masks import causal_mask, strict_causal_mask
+from .softmax import attention_scores, softmax_attention, softmax_attention_recurrent
+
+__all__ = [
+    "as_array", "check_chunk_size", "check_gate", "check_positive", "check_qkv",
+    "IdentityCheck", "check_close", "check_symbolic", "max_abs_error", "max_rel_error",
+    "causal_mask", "strict_causal_mask",
+    "attention_scores", "softmax_attention", "softmax_attention_recurrent",
+]
