@@ -14,7 +14,7 @@ setup: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q $(TORCH_PIN)
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
