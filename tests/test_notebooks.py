@@ -153,3 +153,14 @@ def test_references_bib_has_no_duplicate_keys():
     keys = re.findall(r"^@\w+\{([^,\s]+),", bib, re.M)
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     assert not dupes, f"duplicate keys in references.bib: {dupes}"
+
+
+def test_identities_page_points_at_existing_tests():
+    """Every `tests/<file>.py::<name>` cited in book/identities.md names a test that exists."""
+    text = (ROOT / "book" / "identities.md").read_text()
+    refs = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", text)
+    assert refs, "identities.md cites no tests"
+    for file, name in refs:
+        path = ROOT / file
+        assert path.exists(), f"{file} does not exist"
+        assert re.search(rf"^\s*def {name}\(|^class {name}\b", path.read_text(), re.M), f"{file}::{name} not found"
