@@ -57,7 +57,7 @@ def rnn_input_gradient(a, T: int, b=1.0, nonlinearity: str = "linear") -> float:
     """``|∂h_T / ∂x_1|`` for the scalar RNN ``h_t = f(a h_{t-1} + b x_t)``, measured with autograd.
 
     ``nonlinearity`` is ``"linear"`` (``f`` = identity; the exact answer is ``|a^{T-1} b|``) or
-    ``"tanh"``. Inputs are fixed (``x_t = 0.5``, seeded-free) so the measurement is reproducible.
+    ``"tanh"``. Inputs are fixed (``x_t = 0.5``), so the measurement is deterministic.
     """
     import torch
     a, b = _check_scalar(a, "a"), _check_scalar(b, "b")
