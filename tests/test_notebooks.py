@@ -164,3 +164,21 @@ def test_identities_page_points_at_existing_tests():
         path = ROOT / file
         assert path.exists(), f"{file} does not exist"
         assert re.search(rf"^\s*def {name}\(|^class {name}\b", path.read_text(), re.M), f"{file}::{name} not found"
+
+
+def test_bold_symbol_macros_are_defined():
+    """Every two-letter bold macro (``\\bQ``, ``\\bk``, ...) used in the book is defined in _config.yml.
+
+    MathJax renders an undefined macro as red text without any build warning, so this is the only
+    place such a typo is caught.
+    """
+    macros = set(CONFIG["sphinx"]["config"]["mathjax3_config"]["tex"]["macros"])
+    texts = [(p.name, p.read_text()) for p in sorted((ROOT / "book").glob("*.md"))]
+    for path in NOTEBOOKS:
+        texts += [(path.name, c.source) for c in _load(path).cells if c.cell_type == "markdown"]
+    missing = set()
+    for name, text in texts:
+        for cmd in re.findall(r"\\(b[A-Za-z])(?![A-Za-z])", text):
+            if cmd not in macros and cmd != "bf":
+                missing.add(f"{name}: \\{cmd}")
+    assert not missing, f"undefined bold macros (add them to _config.yml): {sorted(missing)}"
