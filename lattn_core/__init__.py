@@ -7,11 +7,15 @@ always, no implicit ``1/sqrt(d)``, float64 in and out. See the book's notation p
 from ._validate import as_array, check_chunk_size, check_gate, check_positive, check_qkv
 from .checks import IdentityCheck, check_close, check_symbolic, max_abs_error, max_rel_error
 from .masks import causal_mask, strict_causal_mask
+from .rnn import attention_lookup, linear_rnn, linear_rnn_unrolled, rnn_input_gradient
 from .softmax import attention_scores, softmax_attention, softmax_attention_recurrent
+from .softmax import causal_block_mask, rms_norm, softmax_attention_chunkwise, softmax_attention_numerator
 
 __all__ = [
     "as_array", "check_chunk_size", "check_gate", "check_positive", "check_qkv",
     "IdentityCheck", "check_close", "check_symbolic", "max_abs_error", "max_rel_error",
     "causal_mask", "strict_causal_mask",
+    "linear_rnn", "linear_rnn_unrolled", "rnn_input_gradient", "attention_lookup",
     "attention_scores", "softmax_attention", "softmax_attention_recurrent",
+    "softmax_attention_chunkwise", "softmax_attention_numerator", "rms_norm", "causal_block_mask",
 ]

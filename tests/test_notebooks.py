@@ -1,0 +1,184 @@
+"""Hygiene of every chapter notebook, and of the citations used across the book.
+
+Each notebook must be listed in _toc.yml, stored without outputs, valid nbformat 4, start with the
+Colab badge for its own path (derived from repository.url in _config.yml), install this repository
+on Colab, have a hidden executed solution, a widget and exactly one level-1 heading. Every {cite}
+key used anywhere in the book must exist in book/references.bib.
+"""
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+REPO_URL = CONFIG["repository"]["url"].rstrip("/")
+BRANCH = CONFIG["repository"].get("branch", "main")
+
+
+def _toc_files(node):
+    if isinstance(node, dict):
+        for key, val in node.items():
+            if key in ("file", "root") and isinstance(val, str):
+                yield val
+            else:
+                yield from _toc_files(val)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _toc_files(item)
+
+
+TOC_FILES = set(_toc_files(yaml.safe_load((ROOT / "_toc.yml").read_text())))
+
+
+def _markdown_lines_outside_fences(source):
+    fence = False
+    for line in source.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fence = not fence
+            continue
+        if not fence:
+            yield line
+
+
+def _load(path):
+    return nbformat.read(path, as_version=4)
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "no notebooks found in notebooks/"
+
+
+def test_repository_url_shape():
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", REPO_URL), REPO_URL
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+class TestNotebook:
+    def test_file_name(self, path):
+        assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path.name), path.name
+
+    def test_listed_in_toc(self, path):
+        rel = path.relative_to(ROOT).with_suffix("").as_posix()
+        assert rel in TOC_FILES, f"{rel} is not listed in _toc.yml"
+
+    def test_valid_nbformat_and_kernel(self, path):
+        nb = _load(path)
+        nbformat.validate(nb)
+        assert nb.nbformat == 4
+        assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+
+    def test_stored_without_outputs(self, path):
+        nb = _load(path)
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == "code":
+                assert cell.outputs == [], f"cell {i} has stored outputs"
+                assert cell.execution_count is None, f"cell {i} has an execution count"
+
+    def test_colab_badge_first(self, path):
+        nb = _load(path)
+        first = nb.cells[0]
+        assert first.cell_type == "markdown"
+        owner_repo = REPO_URL.removeprefix("https://github.com/")
+        colab = (f"https://colab.research.google.com/github/{owner_repo}/blob/{BRANCH}/"
+                 f"{path.relative_to(ROOT).as_posix()}")
+        badge = f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab})"
+        assert first.source.lstrip().startswith(badge), f"first cell must start with {badge}"
+
+    def test_install_cell(self, path):
+        nb = _load(path)
+        cell = nb.cells[1]
+        assert cell.cell_type == "code"
+        assert "hide-input" in cell.metadata.get("tags", [])
+        assert '"google.colab" in sys.modules' in cell.source
+        urls = re.findall(r"git\+(https://[^\"'\s]+)", cell.source)
+        assert urls == [REPO_URL], f"install URL(s) {urls} must be exactly [{REPO_URL}]"
+
+    def test_hidden_solution_and_widget(self, path):
+        nb = _load(path)
+        hidden = [c for c in nb.cells if c.cell_type == "code" and "hide-cell" in c.metadata.get("tags", [])]
+        assert hidden, "needs at least one hide-cell tagged solution cell"
+        assert all(re.search(r"\bassert\b|check_close|check_symbolic", c.source) for c in hidden), \
+            "every hidden solution must end in a check"
+        assert any("show_widget(" in c.source for c in nb.cells if c.cell_type == "code")
+
+    def test_headings(self, path):
+        nb = _load(path)
+        levels = []
+        for cell in nb.cells:
+            if cell.cell_type != "markdown":
+                continue
+            for line in _markdown_lines_outside_fences(cell.source):
+                m = re.match(r"(#{1,6})\s", line)
+                if m:
+                    levels.append(len(m.group(1)))
+        assert levels.count(1) == 1 and levels[0] == 1, f"exactly one level-1 heading, first; got {levels}"
+        for prev, cur in zip(levels, levels[1:]):
+            assert cur <= prev + 1, f"heading levels skip from {prev} to {cur}"
+        title = [c for c in nb.cells if c.cell_type == "markdown"][0].source
+        num = int(path.name[:2])
+        assert re.search(rf"^# Chapter {num}: \S", title, re.M), "title must read '# Chapter N: Title'"
+
+
+CITE = re.compile(r"\{cite(?::[a-z]+)?\}`([^`]+)`")
+
+
+def _cited_keys():
+    sources = []
+    for path in NOTEBOOKS:
+        sources += [(path, c.source) for c in _load(path).cells if c.cell_type == "markdown"]
+    for path in sorted((ROOT / "book").glob("*.md")):
+        sources.append((path, path.read_text()))
+    keys = []
+    for path, text in sources:
+        for group in CITE.findall(text):
+            keys += [(path.name, k.strip()) for k in group.split(",") if k.strip()]
+    return keys
+
+
+def test_every_cite_key_is_in_references_bib():
+    bib = (ROOT / "book" / "references.bib").read_text()
+    defined = set(re.findall(r"^@\w+\{([^,\s]+),", bib, re.M))
+    used = _cited_keys()
+    assert used, "no citations found at all"
+    missing = sorted({f"{where}: {k}" for where, k in used if k not in defined})
+    assert not missing, f"cite keys missing from references.bib: {missing}"
+
+
+def test_references_bib_has_no_duplicate_keys():
+    bib = (ROOT / "book" / "references.bib").read_text()
+    keys = re.findall(r"^@\w+\{([^,\s]+),", bib, re.M)
+    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    assert not dupes, f"duplicate keys in references.bib: {dupes}"
+
+
+def test_identities_page_points_at_existing_tests():
+    """Every `tests/<file>.py::<name>` cited in book/identities.md names a test that exists."""
+    text = (ROOT / "book" / "identities.md").read_text()
+    refs = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", text)
+    assert refs, "identities.md cites no tests"
+    for file, name in refs:
+        path = ROOT / file
+        assert path.exists(), f"{file} does not exist"
+        assert re.search(rf"^\s*def {name}\(|^class {name}\b", path.read_text(), re.M), f"{file}::{name} not found"
+
+
+def test_bold_symbol_macros_are_defined():
+    """Every two-letter bold macro (``\\bQ``, ``\\bk``, ...) used in the book is defined in _config.yml.
+
+    MathJax renders an undefined macro as red text without any build warning, so this is the only
+    place such a typo is caught.
+    """
+    macros = set(CONFIG["sphinx"]["config"]["mathjax3_config"]["tex"]["macros"])
+    texts = [(p.name, p.read_text()) for p in sorted((ROOT / "book").glob("*.md"))]
+    for path in NOTEBOOKS:
+        texts += [(path.name, c.source) for c in _load(path).cells if c.cell_type == "markdown"]
+    missing = set()
+    for name, text in texts:
+        for cmd in re.findall(r"\\(b[A-Za-z])(?![A-Za-z])", text):
+            if cmd not in macros and cmd != "bf":
+                missing.add(f"{name}: \\{cmd}")
+    assert not missing, f"undefined bold macros (add them to _config.yml): {sorted(missing)}"
