@@ -18,6 +18,12 @@ Tolerances (outputs are convex combinations of ``v`` rows with ``v ~ N(0, 1)``, 
 - bfloat16: 3e-2. Same two roundings with an 8-bit mantissa (2^-8 ≈ 3.9e-3 relative; half an ulp
   at |o| < 4 is 2^-7 ≈ 7.8e-3), with headroom for their sum.
 """
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -163,3 +169,27 @@ def test_gpu_large_shapes(B, T, H, D, dtype, causal):
     # tolerance: see the module docstring; the float64 oracle is kernels.reference on the GPU.
     lc.check_close(f"flash GPU {(B, T, H, D)} {dtype} causal={causal}", o.double().cpu().numpy(),
                    ref.cpu().numpy(), TOL[dtype])
+
+
+def test_compiles_for_hopper_without_spills():
+    """The GPU compiler (sm_90, what an H100/H200 runs) accepts the kernel; no register spills.
+
+    Runs ``tests/aot_compile_flash.py --quick`` in a fresh process (the interpreter must be off to
+    compile). 16-bit configurations must use Hopper tensor cores (``wgmma``), fit the 227 KiB of
+    shared memory per block, and not spill registers (``STACK:0``), which would cost speed.
+    """
+    triton = pytest.importorskip("triton")
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cuobjdump.exists():
+        pytest.skip("this triton build has no NVIDIA backend tools (ptxas/cuobjdump)")
+    script = Path(__file__).resolve().parent / "aot_compile_flash.py"
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    res = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) >= 6
+    for r in rows:
+        assert r["shared"] <= 227 * 1024, r
+        if r["dtype"] != "fp32":
+            assert r["wgmma"] and r["stack"] == 0, r
