@@ -9,8 +9,9 @@ exp2(scale·log2(e)·s)``.
 
 Causal attention is split in two loops: key blocks strictly left of the query block are fully
 visible and run without any mask; only the key blocks on the diagonal apply the causal (and
-sequence-tail) mask. Query blocks are launched longest-work first (the last query block of every
-head goes first), so the short blocks fill the tail of the schedule.
+sequence-tail) mask. Query blocks are launched longest-work first within each head; the autotuner
+also chooses between "heads inner" order (the whole grid longest-first) and "blocks inner" order
+(the programs running together share one head's keys and values in L2).
 
 Precision: float32 inputs use ``input_precision="ieee"`` for both products (on a GPU this avoids
 TF32 and makes the result agree with the interpreter's exact float32 arithmetic); float16/bfloat16
@@ -124,13 +125,24 @@ def _attn_block_loop(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, off
 @triton.jit
 def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr,
                      sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
-                     T, H, qk_scale, T_BUCKET,
+                     T, H, BH, qk_scale, T_BUCKET,
                      D: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # axis 0: (batch, head); axis 1: query block, reversed so the longest causal rows start first.
-    pid_bh = tl.program_id(0)
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS_INNER: tl.constexpr):
+    # A 1-D grid of cdiv(T, BM)·B·H programs (no 65,535 limit on a grid axis). Query blocks are
+    # visited last-first (under a causal mask the last block has the most keys). HEADS_INNER:
+    #   True:  consecutive programs = the same query block of successive (b, h): the whole grid runs
+    #          longest-first, best load balance;
+    #   False: consecutive programs = the query blocks of one (b, h): the CTAs running together read
+    #          the same keys and values, which then come from L2 rather than HBM.
+    pid = tl.program_id(0)
     num_m = tl.cdiv(T, BLOCK_M)
-    start_m = num_m - 1 - tl.program_id(1)
+    if HEADS_INNER:
+        pid_bh = pid % BH
+        pid_m = pid // BH
+    else:
+        pid_bh = pid // num_m
+        pid_m = pid % num_m
+    start_m = num_m - 1 - pid_m
     i_b = (pid_bh // H).to(tl.int64)
     i_h = (pid_bh % H).to(tl.int64)
 
@@ -173,13 +185,17 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr,
 
 
 def _tuned_configs():
-    # Hopper, D = 128, 16-bit: the q tile (BM·D·2 B) plus 2·BN·D·2 B of (k, v) per pipeline stage must
-    # fit ~227 KiB of shared memory (BN = 128 with 3 stages: 32 + 192 KiB); BM = 128 with 8 warps
-    # keeps the 128x128 float32 accumulator at 64 registers per thread. The last config (80 KiB)
-    # is a fallback for GPUs with ~100 KiB of shared memory (e.g. an L4 on Colab).
-    cfgs = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 2)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in cfgs]
+    """Autotuning candidates for 16-bit inputs with D in {64, 128} and T >= 512 (GPU only).
+
+    Hopper, D = 128: the q tile (BM·D·2 B) plus 2·BN·D·2 B of (k, v) per pipeline stage must fit
+    227 KiB of shared memory (BN = 128 with 3 stages: 32 + 192 KiB); BM = 128 with 8 warps keeps the
+    128x128 float32 accumulator at 64 registers per thread (no spills: tests/aot_compile_flash.py).
+    The last config (80 KiB) is a fallback for GPUs with ~100 KiB of shared memory (a Colab L4).
+    """
+    cfgs = [(128, 64, 8, 3, False), (128, 64, 8, 3, True), (128, 128, 8, 3, False),
+            (128, 128, 8, 3, True), (128, 64, 8, 4, False), (64, 64, 4, 2, False)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "HEADS_INNER": hi}, num_warps=w, num_stages=s)
+            for bm, bn, w, s, hi in cfgs]
 
 
 _attn_fwd_tuned = triton.autotune(configs=_tuned_configs(), key=["T_BUCKET", "D", "CAUSAL"])(_attn_fwd_kernel) \
@@ -187,17 +203,17 @@ _attn_fwd_tuned = triton.autotune(configs=_tuned_configs(), key=["T_BUCKET", "D"
 
 
 def _fixed_config(T: int, D: int, dtype: torch.dtype):
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` where autotuning is not used."""
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages, HEADS_INNER)`` where autotuning is not used."""
     if INTERPRET:
         # The interpreter is exact and slow: small tiles (BM = 2·BN exercises two diagonal blocks).
-        return 32, 16, 4, 1
+        return 32, 16, 4, 1, False
     if dtype == torch.float32:
         # IEEE fp32 products run on CUDA cores; tiles chosen so that the sm_90 build does not spill
         # registers (checked with an ahead-of-time compile and cuobjdump --dump-resource-usage).
-        return (64, 32, 8, 2) if D <= 64 else (32, 16, 8, 2)
+        return (64, 32, 8, 2, False) if D <= 64 else (32, 16, 8, 2, False)
     if D <= 32:
-        return 64, 64, 4, 3
-    return (64, 64, 4, 3) if T <= 256 else (128, 64, 8, 3)
+        return 64, 64, 4, 3, False
+    return (64, 64, 4, 3, False) if T <= 256 else (128, 64, 8, 3, False)
 
 
 def _use_autotune(T: int, D: int, dtype: torch.dtype) -> bool:
@@ -211,16 +227,16 @@ def _flash_forward(q, k, v, scale: float, causal: bool) -> torch.Tensor:
     precision = "ieee" if q.dtype == torch.float32 else "tf32"   # "tf32" is ignored for 16-bit inputs
     t_bucket = min(max(next_pow2(T), 1024), 8192)   # autotune key: <=1024, 2048, 4096, >=8192
     args = (q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-            T, H, float(scale) * _LOG2E, t_bucket)
+            T, H, B * H, float(scale) * _LOG2E, t_bucket)
     if _use_autotune(T, D, q.dtype):
         def grid(meta):
-            return (B * H, triton.cdiv(T, meta["BLOCK_M"]))
+            return (triton.cdiv(T, meta["BLOCK_M"]) * B * H,)
         _attn_fwd_tuned[grid](*args, D=D, CAUSAL=causal, PRECISION=precision)
     else:
-        bm, bn, warps, stages = _fixed_config(T, D, q.dtype)
-        _attn_fwd_kernel[(B * H, triton.cdiv(T, bm))](*args, D=D, CAUSAL=causal, PRECISION=precision,
-                                                       BLOCK_M=bm, BLOCK_N=bn,
-                                                       num_warps=warps, num_stages=stages)
+        bm, bn, warps, stages, heads_inner = _fixed_config(T, D, q.dtype)
+        _attn_fwd_kernel[(triton.cdiv(T, bm) * B * H,)](*args, D=D, CAUSAL=causal, PRECISION=precision,
+                                                         BLOCK_M=bm, BLOCK_N=bn, HEADS_INNER=heads_inner,
+                                                         num_warps=warps, num_stages=stages)
     return o
 
 

@@ -24,12 +24,12 @@ from triton.compiler import ASTSource  # noqa: E402
 
 import kernels.triton_flash as tf  # noqa: E402
 
-CONSTEXPRS = ("D", "CAUSAL", "PRECISION", "BLOCK_M", "BLOCK_N")
+CONSTEXPRS = ("D", "CAUSAL", "PRECISION", "BLOCK_M", "BLOCK_N", "HEADS_INNER")
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
 def configs():
-    """(dtype, D, causal, (BLOCK_M, BLOCK_N, warps, stages)) for every launch path of the op."""
+    """(dtype, D, causal, (BLOCK_M, BLOCK_N, warps, stages, HEADS_INNER)) for every launch path."""
     out = []
     for causal in (True, False):
         for D in (16, 32, 64, 128):
@@ -40,13 +40,13 @@ def configs():
                 if D >= 64:
                     for c in tf._tuned_configs():
                         out.append((dt, D, causal, (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"],
-                                                    c.num_warps, c.num_stages)))
+                                                    c.num_warps, c.num_stages, c.kwargs["HEADS_INNER"])))
     return sorted(set(out))
 
 
 def compile_one(dt, D, causal, cfg):
     fn = tf._attn_fwd_kernel
-    bm, bn, warps, stages = cfg
+    bm, bn, warps, stages, heads_inner = cfg
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in CONSTEXPRS:
@@ -60,7 +60,8 @@ def compile_one(dt, D, causal, cfg):
             sig[name] = "i32"
             if name.startswith("s"):          # strides of packed [B, T, H, D] tensors
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    const = dict(D=D, CAUSAL=causal, PRECISION="ieee" if dt == "fp32" else "tf32", BLOCK_M=bm, BLOCK_N=bn)
+    const = dict(D=D, CAUSAL=causal, PRECISION="ieee" if dt == "fp32" else "tf32", BLOCK_M=bm, BLOCK_N=bn,
+                 HEADS_INNER=heads_inner)
     k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=warps, num_stages=stages))
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:

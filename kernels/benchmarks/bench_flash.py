@@ -88,6 +88,14 @@ def _sdpa_backend_fn(name):
     return run
 
 
+def _triton_config_note():
+    """The autotuner's choice for the last launch (None where no autotuning ran)."""
+    from kernels import triton_flash
+    tuned = getattr(triton_flash, "_attn_fwd_tuned", None)
+    cfg = getattr(tuned, "best_config", None)
+    return f"autotuned: {cfg}" if cfg is not None else None
+
+
 def time_shapes(Ts, tokens, dtype, rep):
     import kernels
     F = torch.nn.functional
@@ -129,6 +137,8 @@ def time_shapes(Ts, tokens, dtype, rep):
                     ms = harness.bench_ms(fn, rep=rep)
                 rec["ms"] = ms
                 rec["tflops"] = flops / (ms * 1e-3) / 1e12
+                if name == "triton":
+                    rec["note"] = _triton_config_note()
             except Exception as e:  # noqa: BLE001 - a failing baseline is recorded, not fatal
                 rec["note"] = f"{type(e).__name__}: {e}"[:300]
             records.append(rec)
