@@ -55,10 +55,15 @@ def _interpreter_fixes():
 
     orig_patch = getattr(interp, "_patch_lang_tensor", None)
     if orig_patch is not None and not getattr(orig_patch, "_lattn_fix", False):
+        def scalar_index(self):
+            data = np.asarray(self.handle.data)
+            if data.size != 1:
+                raise TypeError(f"only a scalar can be used as an index; got shape {data.shape}")
+            return int(data.reshape(-1)[0])
+
         def patched(tensor, scope):
             orig_patch(tensor, scope)
-            scope.set_attr(tensor, "__index__",
-                           lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+            scope.set_attr(tensor, "__index__", scalar_index)
         patched._lattn_fix = True
         interp._patch_lang_tensor = patched
 

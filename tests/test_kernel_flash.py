@@ -114,10 +114,12 @@ def test_non_contiguous_inputs(device, causal):
     v = torch.randn(B, 2 * T, H, D, generator=g).to(device)[:, ::2]
     assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
     o = run_and_check(q, k, v, causal, name="strided")
-    # and bit-for-bit the same as on packed copies (same kernel, same order of operations)
+    # and the same as on packed copies: same tiles, same order of operations, so equal up to at most
+    # a last-bit difference if the compiler fuses differently for the other stride specialisation
+    # (|o| < 4, float32 ulp there <= 4.8e-7).
     o2 = kernels.flash_attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal,
                                  backend="triton")
-    assert torch.equal(o, o2)
+    torch.testing.assert_close(o, o2, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
