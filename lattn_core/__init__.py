@@ -24,7 +24,7 @@ from .linear_attention import (draw_random_features, elu_plus_one, linear_attent
                                linear_attention_recurrent, linear_attention_state,
                                normalized_linear_attention, random_feature_error, random_feature_map,
                                recall_error_theory, recall_experiment, recall_vs_length)
-from .forget_gates import (decay_attention_chunkwise, decay_attention_parallel, decay_attention_recurrent,
+from .forget_gates import (compose_affine, decay_attention_chunkwise, decay_attention_parallel, decay_attention_recurrent,
                            decay_attention_rescaled, decay_mask, decay_mask_naive,
                            elementwise_gate_attention_parallel, elementwise_gate_attention_recurrent,
                            gated_attention_scan, gla_attention_chunkwise, gla_attention_parallel,

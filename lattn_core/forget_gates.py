@@ -17,7 +17,7 @@ __all__ = [
     "gla_attention_recurrent", "gla_attention_parallel", "gla_attention_chunkwise",
     "decay_mask", "decay_mask_naive", "decay_attention_rescaled",
     "rope_rotate", "rope_decay_attention_complex", "rope_decay_attention_rotated",
-    "linear_recurrence_scan", "linear_recurrence_loop", "gated_attention_scan",
+    "compose_affine", "linear_recurrence_scan", "linear_recurrence_loop", "gated_attention_scan",
     "matrix_gate_attention_recurrent", "matrix_gate_attention_parallel", "pairwise_transitions",
     "elementwise_gate_attention_recurrent", "elementwise_gate_attention_parallel",
     "is_outer_product_gate", "outer_gate_attention_chunkwise",
@@ -287,6 +287,19 @@ def _apply(A, X, kind):
     return np.matmul(A, X) if X.ndim == A.ndim else np.einsum("tij,tj->ti", A, X)
 
 
+def compose_affine(second, first):
+    """The scan's operator: apply ``first = (A_1, b_1)``, then ``second = (A_2, b_2)``::
+
+        (A_2, b_2) ∘ (A_1, b_1) = (A_2 A_1, A_2 b_1 + b_2)
+
+    since ``A_2 (A_1 h + b_1) + b_2 = (A_2 A_1) h + (A_2 b_1 + b_2)``. Works on NumPy arrays (batched
+    over a leading axis with ``@``) and on SymPy matrices alike; it is associative, which is all a
+    parallel prefix scan needs.
+    """
+    (A2, b2), (A1, b1) = second, first
+    return A2 @ A1, A2 @ b1 + b2
+
+
 def linear_recurrence_loop(A, B, *, kind: str | None = None, h0=None) -> np.ndarray:
     """The definition, one step at a time: ``h_t = A_t h_{t-1} + B_t`` (``h_0`` = ``h0`` or 0).
 
@@ -324,8 +337,11 @@ def linear_recurrence_scan(A, B, *, kind: str | None = None, h0=None, return_rou
     off, rounds = 1, 0
     while off < n:
         A_new, b_new = A.copy(), b.copy()
-        A_new[off:] = _apply(A[off:], A[:-off], kind) if kind != "matrix" else np.matmul(A[off:], A[:-off])
-        b_new[off:] = _apply(A[off:], b[:-off], kind) + b[off:]
+        if kind == "matrix" and b.ndim == 3:
+            A_new[off:], b_new[off:] = compose_affine((A[off:], b[off:]), (A[:-off], b[:-off]))
+        else:
+            A_new[off:] = _apply(A[off:], A[:-off], kind)
+            b_new[off:] = _apply(A[off:], b[:-off], kind) + b[off:]
         A, b = A_new, b_new
         off *= 2
         rounds += 1
