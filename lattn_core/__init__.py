@@ -19,3 +19,20 @@ __all__ = [
     "attention_scores", "softmax_attention", "softmax_attention_recurrent",
     "softmax_attention_chunkwise", "softmax_attention_numerator", "rms_norm", "causal_block_mask",
 ]
+from .linear_attention import (draw_random_features, elu_plus_one, linear_attention_chunkwise,
+                               linear_attention_nocausal, linear_attention_parallel,
+                               linear_attention_recurrent, linear_attention_state,
+                               normalized_linear_attention, random_feature_error, random_feature_map,
+                               recall_error_theory, recall_experiment, recall_vs_length)
+from .forget_gates import (compose_affine, decay_attention_chunkwise, decay_attention_parallel, decay_attention_recurrent,
+                           decay_attention_rescaled, decay_mask, decay_mask_naive,
+                           elementwise_gate_attention_parallel, elementwise_gate_attention_recurrent,
+                           gated_attention_scan, gla_attention_chunkwise, gla_attention_parallel,
+                           gla_attention_recurrent, is_outer_product_gate, linear_recurrence_loop,
+                           linear_recurrence_scan, matrix_gate_attention_parallel,
+                           matrix_gate_attention_recurrent, outer_gate_attention_chunkwise,
+                           pairwise_transitions, rope_decay_attention_complex,
+                           rope_decay_attention_rotated, rope_rotate)
+from . import forget_gates as _fg, linear_attention as _la  # noqa: E402
+
+__all__ += list(_la.__all__) + list(_fg.__all__)
