@@ -59,7 +59,7 @@ __all__ = [
     "gated_deltanet_recurrent", "gated_deltanet_parallel", "gated_deltanet_chunkwise",
     "comba_recurrent", "comba_to_gated_deltanet", "gated_deltanet_to_comba",
     "deltaproduct_recurrent",
-    "gated_deltanet_via_cumulative_alpha", "cumulative_alpha_breakdown",
+    "gated_deltanet_via_cumulative_alpha", "cumulative_alpha_breakdown", "overwrite_experiment",
 ]
 
 
@@ -379,3 +379,43 @@ def cumulative_alpha_breakdown(lengths, alpha: float, *, d_k: int = 8, d_v: int 
         log_max = np.log(np.finfo(dt).max)
         out["overflow_length"][name] = np.inf if alpha == 1.0 else log_max / -np.log(alpha)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# the overwriting experiment of Chapter 5: x = 5, later x = 10, read x
+# --------------------------------------------------------------------------------------------
+def overwrite_experiment(n_interfering: int, *, beta: float = 1.0, where: str = "between", d_k: int = 32,
+                         value_scale: float = 5.0, trials: int = 30, seed: int = 0) -> dict:
+    """Write ``(k_x, 5)``, later ``(k_x, 10)``, read with ``q = k_x``; ``n_interfering`` other writes.
+
+    The other writes have random unit keys and values ``value_scale * N(0, 1)``. ``where``:
+    ``"between"`` puts them all between the two assignments (the stale value must be replaced),
+    ``"after"`` puts them all after the second one (the fresh value must survive them).
+    Keys are unit vectors in ``d_k`` dimensions. Returns ``{"linear": reads, "delta": reads}``, one
+    read per trial: plain linear attention (``S_t = S_{t-1} + v_t k_t^T``, so the read is
+    ``sum_j (k_j . k_x) v_j``) and DeltaNet with the given ``beta`` (all writes).
+    """
+    if where not in ("between", "after"):
+        raise ValueError(f"where must be 'between' or 'after'; got {where!r}")
+    if isinstance(n_interfering, bool) or not isinstance(n_interfering, (int, np.integer)) or n_interfering < 0:
+        raise ValueError(f"n_interfering must be a non-negative integer; got {n_interfering!r}")
+    m = int(n_interfering)
+    beta = float(check_gate(beta, "beta", (), low=0.0, high=2.0))
+    rng = np.random.default_rng(seed)
+    lin, dn = np.empty(trials), np.empty(trials)
+    for r in range(trials):
+        keys = rng.normal(size=(m + 1, d_k))
+        keys /= np.linalg.norm(keys, axis=1, keepdims=True)
+        kx, Ki = keys[0], keys[1:]
+        Vi = value_scale * rng.normal(size=(m, 1))
+        if where == "between":
+            K = np.vstack([kx, Ki, kx])
+            V = np.vstack([[5.0], Vi, [10.0]])
+        else:
+            K = np.vstack([kx, kx, Ki])
+            V = np.vstack([[5.0], [10.0], Vi])
+        Q = np.zeros_like(K)
+        Q[-1] = kx
+        lin[r] = float((K @ kx) @ V[:, 0])                      # linear attention's read at the end
+        dn[r] = deltanet_recurrent(Q, K, V, np.full(len(K), beta))[-1, 0]
+    return {"linear": lin, "delta": dn}

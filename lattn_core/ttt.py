@@ -98,7 +98,7 @@ def _per_token(x, name, n, default, *, low=0.0, high=np.inf, low_inclusive=False
 
 
 def ttt_recurrent(Q, K, V, loss="squared", eta=1.0, *, lam=0.0, momentum=0.0, batch_size: int = 1,
-                  initial_state=None, return_state: bool = False):
+                  initial_state=None, return_state: bool = False, return_states: bool = False):
     """Run test-time training over the tokens and read each updated model at its query.
 
     ``Q, K``: ``(n, d_k)``; ``V``: ``(n, d_v)``. ``loss``: a name from :data:`TTT_LOSSES` or a callable
@@ -109,8 +109,9 @@ def ttt_recurrent(Q, K, V, loss="squared", eta=1.0, *, lam=0.0, momentum=0.0, ba
     ``batch_size``: mini-batch TTT (gradients at the block-start state; 1 is plain online SGD; cannot
     be combined with momentum). ``initial_state``: ``(d_v, d_k)``, default zeros.
 
-    The gradient of each step comes from ``torch.autograd`` in float64. Returns ``O`` ``(n, d_v)``,
-    or ``(O, S_n)`` with ``return_state=True``.
+    The gradient of each step comes from ``torch.autograd`` in float64. Returns ``O`` ``(n, d_v)``;
+    ``(O, S_n)`` with ``return_state=True``; ``(O, states)`` with ``return_states=True``, ``states``
+    of shape ``(n, d_v, d_k)`` holding every ``S_t`` (the training trajectory).
     """
     import torch
 
@@ -142,6 +143,7 @@ def ttt_recurrent(Q, K, V, loss="squared", eta=1.0, *, lam=0.0, momentum=0.0, ba
     S = t64(S0).clone()
     M = torch.zeros_like(S)
     O = np.empty((n, d_v))
+    states = np.empty((n, d_v, d_k)) if return_states else None
     start_state = S
     for t in range(n):
         if batch_size == 1:
@@ -153,6 +155,10 @@ def ttt_recurrent(Q, K, V, loss="squared", eta=1.0, *, lam=0.0, momentum=0.0, ba
                 start_state = S                      # the block's gradients are all taken here
             S = S - float(eta[t]) * grad_at(start_state, t)
         O[t] = S.numpy() @ Q[t]
+        if return_states:
+            states[t] = S.numpy()
+    if return_states:
+        return O, states
     return (O, S.numpy().copy()) if return_state else O
 
 

@@ -394,3 +394,28 @@ def _final_state(fn, Q, K, V, beta):
         Qi[-1] = np.eye(d_k)[i]
         cols.append(fn(Qi, K, V, beta)[-1])
     return np.array(cols).T
+
+
+# ------------------------------------------------------------------------------------------
+# the overwriting experiment (chapter 5)
+# ------------------------------------------------------------------------------------------
+def test_overwrite_experiment():
+    r0 = lc.overwrite_experiment(0, trials=3)
+    # no interference: linear attention reads 5 + 10 (both writes add up), DeltaNet reads 10
+    lc.check_close("linear attention blends (sums)", r0["linear"], np.full(3, 15.0), 1e-12)
+    lc.check_close("DeltaNet replaces", r0["delta"], np.full(3, 10.0), 1e-12)
+    # interference between the two writes: DeltaNet (beta = 1, unit key) still reads exactly 10
+    rb = lc.overwrite_experiment(20, where="between", trials=5)
+    lc.check_close("DeltaNet replaces despite 20 writes in between", rb["delta"], np.full(5, 10.0), 1e-12)
+    assert np.all(np.abs(rb["linear"] - 10.0) > 1.0)         # linear attention keeps the stale 5 in
+    # beta = 1/2 on every write: the first write stores 2.5, the second moves half-way to 10: 6.25
+    rh = lc.overwrite_experiment(0, beta=0.5, trials=2)
+    lc.check_close("beta = 1/2 halves each correction", rh["delta"], np.full(2, 6.25), 1e-12)
+    ra = lc.overwrite_experiment(6, where="after", trials=1, seed=3)
+    assert np.isfinite(ra["delta"]).all() and ra["delta"].shape == (1,)
+    with pytest.raises(ValueError, match="where"):
+        lc.overwrite_experiment(3, where="before")
+    with pytest.raises(ValueError, match="n_interfering"):
+        lc.overwrite_experiment(-1)
+    with pytest.raises(ValueError, match="beta must lie in"):
+        lc.overwrite_experiment(2, beta=3.0)

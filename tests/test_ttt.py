@@ -107,6 +107,9 @@ def test_momentum_matches_explicit_loop():
     got, S_fin = lc.ttt_recurrent(Q, K, V, "squared", eta, momentum=mu, return_state=True)
     lc.check_close("Titans momentum = loop", got, np.array(out), TOL)
     lc.check_close("final state", S_fin, S, TOL)
+    _, states = lc.ttt_recurrent(Q, K, V, "squared", eta, momentum=mu, return_states=True)
+    lc.check_close("trajectory ends at the final state", states[-1], S, TOL)
+    lc.check_close("trajectory reads give the outputs", np.einsum("tij,tj->ti", states, Q), got, TOL)
     # momentum changes the result (the test is not vacuous)
     assert np.max(np.abs(got - lc.ttt_recurrent(Q, K, V, "squared", eta))) > 1e-3
 
