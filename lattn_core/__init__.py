@@ -27,6 +27,6 @@ __all__ += [
     "comba_recurrent", "comba_to_gated_deltanet", "gated_deltanet_to_comba", "deltaproduct_recurrent",
     "gated_deltanet_via_cumulative_alpha", "cumulative_alpha_breakdown", "overwrite_experiment",
 ]
-from .ttt import TTT_LOSSES, ttt_loss, ttt_recurrent, ttt_symbolic_step  # noqa: E402
+from .ttt import TTT_LOSSES, ttt_loss, ttt_recurrent, ttt_regression_curve, ttt_symbolic_step  # noqa: E402
 
-__all__ += ["TTT_LOSSES", "ttt_loss", "ttt_recurrent", "ttt_symbolic_step"]
+__all__ += ["TTT_LOSSES", "ttt_loss", "ttt_recurrent", "ttt_symbolic_step", "ttt_regression_curve"]

@@ -223,3 +223,17 @@ def test_bad_inputs():
         lc.ttt_symbolic_step("huber")
     with pytest.raises(ValueError, match="d_k"):
         lc.ttt_symbolic_step("dot", d_k=0)
+
+
+def test_regression_curve_compression_story():
+    # squared loss, eta = 1, noiseless: SGD recovers the rule (error falls by orders of magnitude);
+    # the unbounded dot loss does not (its state grows like t/d_k * W).
+    sq = lc.ttt_regression_curve("squared", 1.0, n=150)
+    dot = lc.ttt_regression_curve("dot", 1.0, n=150)
+    assert sq.shape == (150,) and sq[-1] < 1e-4 * sq[0]
+    assert dot[-1] > dot[20] > 1.0
+    # and the curve is the state's error: at t = 1 from S_0 = 0 the state is eta (v_1 - 0) k_1^T,
+    # identical for both losses (the gradients agree at S = 0)
+    lc.check_close("first step identical", sq[0], dot[0], 1e-12)
+    with pytest.raises(ValueError, match="n must"):
+        lc.ttt_regression_curve(n=0)
