@@ -271,3 +271,234 @@ def flash_attention_triton(q, k, v, scale: float, causal: bool) -> torch.Tensor:
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite; got {scale!r}")
     return FlashAttentionFunction.apply(q, k, v, float(scale), bool(causal))
+
+
+# ------------------------------------------------------------------------------------------------
+# Exploration variants (GPU tuning rounds; kernels/benchmarks/explore_flash.py). Not used by
+# flash_attention_triton: a winner is promoted by adding its config to the production kernel (or by
+# making this kernel the production one once it has the same test coverage). Every flag is a
+# constexpr, so each variant compiles to its own specialised binary.
+# ------------------------------------------------------------------------------------------------
+
+# FA4-style lazy rescale threshold (log2 units): the running max used for p is only moved when a
+# row's true max exceeds it by more than this, so p <= 2^8 (no float32 or bfloat16 overflow risk:
+# acc grows by at most 2^8·T·max|v| before the final division).
+RESCALE_THRESHOLD = 8.0
+
+
+@triton.jit
+def _xloop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, stride_kt, stride_vt, col,
+           offs_m, offs_d, lo, hi, T, qk_scale,
+           BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, TAIL_MASK: tl.constexpr,
+           PRECISION: tl.constexpr, TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+           LAZY_RESCALE: tl.constexpr, THRESH: tl.constexpr):
+    """:func:`_attn_block_loop` with the variant flags (TMA loads, warp-specialised loop, lazy rescale)."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + offs_n0
+        if TMA:
+            # rows >= T of this batch come back as zeros (the descriptor's shape is [T, H·D])
+            k = k_desc.load([start_n, col])
+            v = v_desc.load([start_n, col])
+        else:
+            k_ptrs = k_base + offs_n[:, None] * stride_kt + offs_d[None, :]
+            v_ptrs = v_base + offs_n[:, None] * stride_vt + offs_d[None, :]
+            if TAIL_MASK:
+                in_range = offs_n < T
+                k = tl.load(k_ptrs, mask=in_range[:, None], other=0.0)
+                v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0)
+            else:
+                k = tl.load(k_ptrs)
+                v = tl.load(v_ptrs)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if CAUSAL_MASK:
+            keep = offs_n[None, :] <= offs_m[:, None]
+            if TAIL_MASK:
+                keep = keep & (offs_n[None, :] < T)
+            s = tl.where(keep, s, float("-inf"))
+        elif TAIL_MASK:
+            s = tl.where(offs_n[None, :] < T, s, float("-inf"))
+        m_blk = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        if LAZY_RESCALE:
+            # keep the stale max unless it is more than THRESH below the true one (first block:
+            # m_i = -inf, so every row moves); skip the acc multiply when no row of the tile moved.
+            m_new = tl.where(m_blk - m_i > THRESH, m_blk, m_i)
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])
+            if tl.max(m_new - m_i, 0) > 0:
+                alpha = tl.math.exp2(m_i - m_new)
+                l_i = l_i * alpha
+                acc = acc * alpha[:, None]
+            l_i = l_i + tl.sum(p, 1)
+        else:
+            m_new = m_blk
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _xtile(q_ptr, k_ptr, v_ptr, o_ptr, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
+           T, H, BH, qk_scale, tile,
+           D: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DIAG_N: tl.constexpr,
+           HEADS_INNER: tl.constexpr, TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+           LAZY_RESCALE: tl.constexpr, THRESH: tl.constexpr):
+    """One (query block, batch·head) tile; ``tile`` is numbered longest-work first."""
+    num_m = tl.cdiv(T, BLOCK_M)
+    if HEADS_INNER:
+        pid_bh = tile % BH
+        pid_m = tile // BH
+    else:
+        pid_bh = tile // num_m
+        pid_m = tile % num_m
+    start_m = num_m - 1 - pid_m
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h32 = pid_bh % H
+    i_h = i_h32.to(tl.int64)
+    col = i_h32 * D                                   # column of this head in the [T, H·D] views
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q_base = q_ptr + i_b * sqb + i_h * sqh
+    k_base = k_ptr + i_b * skb + i_h * skh
+    v_base = v_ptr + i_b * svb + i_h * svh
+    o_base = o_ptr + i_b * sob + i_h * soh
+    if TMA:
+        # Device-side descriptors over this batch's [T, H·D] slab (D contiguous, heads adjacent:
+        # requires sqh == D, checked by the launcher). Out-of-range rows load as zeros and are not
+        # stored. Block shapes: q/o [BM, D], k/v [BN, D] (main loop) and [DIAG_N, D] (diagonal).
+        q_desc = tl.make_tensor_descriptor(q_ptr + i_b * sqb, shape=[T, H * D], strides=[sqt, 1],
+                                           block_shape=[BLOCK_M, D])
+        k_desc = tl.make_tensor_descriptor(k_ptr + i_b * skb, shape=[T, H * D], strides=[skt, 1],
+                                           block_shape=[BLOCK_N, D])
+        v_desc = tl.make_tensor_descriptor(v_ptr + i_b * svb, shape=[T, H * D], strides=[svt, 1],
+                                           block_shape=[BLOCK_N, D])
+        if DIAG_N != BLOCK_N:
+            kd_desc = tl.make_tensor_descriptor(k_ptr + i_b * skb, shape=[T, H * D], strides=[skt, 1],
+                                                block_shape=[DIAG_N, D])
+            vd_desc = tl.make_tensor_descriptor(v_ptr + i_b * svb, shape=[T, H * D], strides=[svt, 1],
+                                                block_shape=[DIAG_N, D])
+        else:
+            kd_desc = k_desc
+            vd_desc = v_desc
+        q = q_desc.load([start_m * BLOCK_M, col])
+    else:
+        k_desc = k_base
+        v_desc = v_base
+        kd_desc = k_base
+        vd_desc = v_base
+        q = tl.load(q_base + offs_m[:, None] * sqt + offs_d[None, :], mask=(offs_m < T)[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    if CAUSAL:
+        diag_lo = start_m * BLOCK_M
+        acc, l_i, m_i = _xloop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, skt, svt, col,
+                               offs_m, offs_d, 0, diag_lo, T, qk_scale,
+                               BLOCK_N, False, False, PRECISION, TMA, WARP_SPEC, LAZY_RESCALE, THRESH)
+        diag_hi = tl.minimum(diag_lo + BLOCK_M, T)
+        acc, l_i, m_i = _xloop(acc, l_i, m_i, q, k_base, v_base, kd_desc, vd_desc, skt, svt, col,
+                               offs_m, offs_d, diag_lo, diag_hi, T, qk_scale,
+                               DIAG_N, True, True, PRECISION, TMA, False, LAZY_RESCALE, THRESH)
+    else:
+        full_hi = (T // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _xloop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, skt, svt, col,
+                               offs_m, offs_d, 0, full_hi, T, qk_scale,
+                               BLOCK_N, False, False, PRECISION, TMA, WARP_SPEC, LAZY_RESCALE, THRESH)
+        acc, l_i, m_i = _xloop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, skt, svt, col,
+                               offs_m, offs_d, full_hi, T, T, qk_scale,
+                               BLOCK_N, False, True, PRECISION, TMA, False, LAZY_RESCALE, THRESH)
+    o = (acc / l_i[:, None]).to(o_ptr.dtype.element_ty)
+    if TMA:
+        o_desc = tl.make_tensor_descriptor(o_ptr + i_b * sob, shape=[T, H * D], strides=[sot, 1],
+                                           block_shape=[BLOCK_M, D])
+        o_desc.store([start_m * BLOCK_M, col], o)
+    else:
+        tl.store(o_base + offs_m[:, None] * sot + offs_d[None, :], o, mask=(offs_m < T)[:, None])
+
+
+@triton.jit
+def _attn_fwd_explore(q_ptr, k_ptr, v_ptr, o_ptr,
+                      sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
+                      T, H, BH, qk_scale, NUM_TILES,
+                      D: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DIAG_N: tl.constexpr,
+                      HEADS_INNER: tl.constexpr, TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+                      LAZY_RESCALE: tl.constexpr, THRESH: tl.constexpr, PERSISTENT: tl.constexpr):
+    """The variant kernel. PERSISTENT: a grid of at most a few programs per SM, each walking tiles
+    ``pid, pid + G, pid + 2G, ...`` of the longest-first tile order (a static LPT-like schedule);
+    otherwise one program per tile, as in :func:`_attn_fwd_kernel`."""
+    if PERSISTENT:
+        for tile in range(tl.program_id(0), NUM_TILES, tl.num_programs(0)):
+            _xtile(q_ptr, k_ptr, v_ptr, o_ptr, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
+                   T, H, BH, qk_scale, tile, D, CAUSAL, PRECISION, BLOCK_M, BLOCK_N, DIAG_N,
+                   HEADS_INNER, TMA, WARP_SPEC, LAZY_RESCALE, THRESH)
+    else:
+        _xtile(q_ptr, k_ptr, v_ptr, o_ptr, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
+               T, H, BH, qk_scale, tl.program_id(0), D, CAUSAL, PRECISION, BLOCK_M, BLOCK_N, DIAG_N,
+               HEADS_INNER, TMA, WARP_SPEC, LAZY_RESCALE, THRESH)
+
+
+# Variant fields and their defaults (the defaults reproduce the production kernel's arithmetic).
+VARIANT_DEFAULTS = dict(BLOCK_M=128, BLOCK_N=64, DIAG_N=None, num_warps=8, num_stages=3, HEADS_INNER=False,
+                        TMA=False, WARP_SPEC=False, LAZY_RESCALE=False, PERSISTENT=0, maxnreg=None)
+
+
+def _alloc_scratch(size: int, alignment: int, stream):
+    """Global scratch for device-side tensor descriptors (``triton.set_allocator``)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def flash_forward_variant(q, k, v, scale: float, causal: bool, **variant) -> torch.Tensor:
+    """Forward attention with an explicit variant (no autotuning), for tuning experiments.
+
+    ``variant`` keys (see ``VARIANT_DEFAULTS``): BLOCK_M, BLOCK_N, DIAG_N (key block on the causal
+    diagonal; None = BLOCK_N; BLOCK_M = one masked block, BLOCK_M/2 = two halves), num_warps,
+    num_stages, HEADS_INNER, TMA (device-side tensor descriptors; needs packed [B, T, H, D] rows,
+    i.e. stride(2) == D), WARP_SPEC (``tl.range(..., warp_specialize=True)`` on the main key loop),
+    LAZY_RESCALE (FA4-style conditional rescale), PERSISTENT (0: one program per tile; n > 0: n
+    programs per SM walking the longest-first tile list), maxnreg (register cap per thread; GPU only).
+    In the interpreter, num_warps/num_stages/maxnreg/warp_specialize have no effect; TMA loads are
+    emulated (same zero padding), PERSISTENT uses a 4-program grid.
+    """
+    unknown = set(variant) - set(VARIANT_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown variant keys {sorted(unknown)}; expected a subset of {sorted(VARIANT_DEFAULTS)}")
+    cfg = {**VARIANT_DEFAULTS, **variant}
+    B, T, H, D = q.shape
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    o = torch.empty((B, T, H, D), dtype=v.dtype, device=v.device)
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    dn = cfg["DIAG_N"] or bn
+    if causal and bm % dn:
+        raise ValueError(f"DIAG_N must divide BLOCK_M; got DIAG_N={dn}, BLOCK_M={bm}")
+    if cfg["TMA"]:
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if x.stride(2) != D or (x.stride(1) * x.element_size()) % 16:
+                raise ValueError(f"TMA needs {name} with packed heads (stride(2) == D) and 16-byte row "
+                                 f"strides; got strides {tuple(x.stride())}")
+        if not INTERPRET:
+            triton.set_allocator(_alloc_scratch)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    num_tiles = triton.cdiv(T, bm) * B * H
+    if cfg["PERSISTENT"]:
+        progs = 4 if INTERPRET else cfg["PERSISTENT"] * torch.cuda.get_device_properties(q.device).multi_processor_count
+        grid = (min(num_tiles, progs),)
+    else:
+        grid = (num_tiles,)
+    launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if cfg["maxnreg"] is not None and not INTERPRET:
+        launch["maxnreg"] = cfg["maxnreg"]
+    _attn_fwd_explore[grid](q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+                            T, H, B * H, float(scale) * _LOG2E, num_tiles,
+                            D=D, CAUSAL=bool(causal), PRECISION=precision, BLOCK_M=bm, BLOCK_N=bn, DIAG_N=dn,
+                            HEADS_INNER=bool(cfg["HEADS_INNER"]), TMA=bool(cfg["TMA"]),
+                            WARP_SPEC=bool(cfg["WARP_SPEC"]), LAZY_RESCALE=bool(cfg["LAZY_RESCALE"]),
+                            THRESH=RESCALE_THRESHOLD, PERSISTENT=bool(cfg["PERSISTENT"]), **launch)
+    return o

@@ -24,7 +24,8 @@ from triton.compiler import ASTSource  # noqa: E402
 
 import kernels.triton_flash as tf  # noqa: E402
 
-CONSTEXPRS = ("D", "CAUSAL", "PRECISION", "BLOCK_M", "BLOCK_N", "HEADS_INNER")
+CONSTEXPRS = ("D", "CAUSAL", "PRECISION", "BLOCK_M", "BLOCK_N", "HEADS_INNER", "DIAG_N", "TMA", "WARP_SPEC",
+              "LAZY_RESCALE", "THRESH", "PERSISTENT")
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
@@ -83,6 +84,54 @@ def quick_configs():
     return pick
 
 
-if __name__ == "__main__":
+def compile_variant(name, var, D=128, causal=True, dt="bf16"):
+    """One exploration variant of ``_attn_fwd_explore`` (kernels/benchmarks/explore_flash.py)."""
+    fn = tf._attn_fwd_explore
+    cfg = {**tf.VARIANT_DEFAULTS, **var}
+    sig, attrs = {}, {}
+    for i, arg in enumerate(fn.arg_names):
+        if arg in CONSTEXPRS:
+            sig[arg] = "constexpr"
+        elif arg.endswith("_ptr"):
+            sig[arg] = "*" + dt
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif arg == "qk_scale":
+            sig[arg] = "fp32"
+        else:
+            sig[arg] = "i32"
+            if arg.startswith("s"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    const = dict(D=D, CAUSAL=causal, PRECISION="tf32", BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                 DIAG_N=cfg["DIAG_N"] or cfg["BLOCK_N"], HEADS_INNER=bool(cfg["HEADS_INNER"]),
+                 TMA=bool(cfg["TMA"]), WARP_SPEC=bool(cfg["WARP_SPEC"]), LAZY_RESCALE=bool(cfg["LAZY_RESCALE"]),
+                 THRESH=tf.RESCALE_THRESHOLD, PERSISTENT=bool(cfg["PERSISTENT"]))
+    opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if cfg["maxnreg"] is not None:
+        opts["maxnreg"] = cfg["maxnreg"]
+    rec = dict(variant=name)
+    try:
+        k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
+    except Exception as e:  # noqa: BLE001 - report, keep going
+        rec["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
+        return rec
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(k.asm["cubin"])
+    usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], capture_output=True,
+                           text=True, check=True).stdout
+    os.unlink(f.name)
+    ptx = k.asm["ptx"]
+    rec.update(shared=k.metadata.shared, regs=int(re.search(r"REG:(\d+)", usage).group(1)),
+               stack=int(re.search(r"STACK:(\d+)", usage).group(1)), wgmma="wgmma.mma_async" in ptx,
+               tma="cp.async.bulk.tensor" in ptx, setmaxnreg="setmaxnreg" in ptx)
+    return rec
+
+
+if __name__ == "__main__" and "--explore" in sys.argv:
+    from kernels.benchmarks.explore_flash import EXTRA_VARIANTS, VARIANTS
+    only = [a for a in sys.argv[1:] if not a.startswith("--")]
+    for name, var in VARIANTS + EXTRA_VARIANTS:
+        if not only or name in only:
+            print(json.dumps(compile_variant(name, var)), flush=True)
+elif __name__ == "__main__":
     for dt, D, causal, cfg in (quick_configs() if "--quick" in sys.argv else configs()):
         print(json.dumps(compile_one(dt, D, causal, cfg)), flush=True)

@@ -213,3 +213,73 @@ def test_other_tilings_and_launch_orders(device, causal, cfg, monkeypatch):
     monkeypatch.setattr(tf, "_use_autotune", lambda T, D, dtype: False)
     q, k, v = rand_qkv(2, 70, 3, 32, torch.float32, device, seed=11)
     run_and_check(q, k, v, causal, name=f"tiling {cfg}")
+
+
+# --- exploration variants (kernels.triton_flash.flash_forward_variant) ------------------------------
+# Every code path of the variant kernel at tiny shapes. In the interpreter: TMA descriptor loads and
+# stores are emulated (with the same zero padding past T), warp_specialize / num_warps / num_stages /
+# maxnreg have no effect, PERSISTENT runs a 4-program grid (so programs do walk several tiles).
+VARIANT_CASES = [
+    dict(),
+    dict(HEADS_INNER=True),
+    dict(DIAG_N=32),                                    # one masked BM x BM diagonal block
+    dict(BLOCK_M=32, BLOCK_N=32, DIAG_N=16),            # the diagonal as two halves
+    dict(LAZY_RESCALE=True),
+    dict(TMA=True),
+    dict(WARP_SPEC=True),
+    dict(PERSISTENT=1),
+    dict(PERSISTENT=1, HEADS_INNER=True, TMA=True, LAZY_RESCALE=True, DIAG_N=32),
+    dict(BLOCK_M=16, BLOCK_N=16, maxnreg=128),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("var", VARIANT_CASES, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) or "default")
+def test_explore_variants(device, causal, dtype, var):
+    from kernels.triton_flash import flash_forward_variant
+    # T = 70: two full 32-query blocks plus a 6-query tail, so every variant meets a partial block.
+    q, k, v = rand_qkv(2, 70, 2, 32, dtype, device, seed=3)
+    # scale 1/sqrt(D) (row maxima settle early) and 2.0 (maxima keep jumping by more than the lazy
+    # threshold of 8 in log2 units, so the lazy rescale's skip and rescale branches both run). Scale
+    # 2.0 only in float32: its near one-hot rows copy single v rows (|v| up to ~4.5 here), beyond the
+    # |o| <~ 3 that the bf16 tolerance assumes; float32 checks the same logic at 1e-5.
+    for scale in ((32 ** -0.5, 2.0) if dtype == torch.float32 else (32 ** -0.5,)):
+        o = flash_forward_variant(q, k, v, scale, causal, **{"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4,
+                                                             "num_stages": 2, **var})
+        ref = reference64(q, k, v, scale, causal)
+        # tolerance: see the module docstring (per dtype)
+        lc.check_close(f"variant {var} scale={scale} {dtype} causal={causal}",
+                       o.to("cpu", torch.float64).numpy(), ref, TOL[dtype])
+
+
+def test_explore_variant_bad_inputs():
+    from kernels.triton_flash import flash_forward_variant
+    q, k, v = rand_qkv(1, 8, 2, 16, torch.float32, DEVICES[0])
+    with pytest.raises(ValueError, match="unknown variant keys"):
+        flash_forward_variant(q, k, v, 0.25, True, BLOCK_Q=32)
+    with pytest.raises(ValueError, match="DIAG_N must divide BLOCK_M"):
+        flash_forward_variant(q, k, v, 0.25, True, BLOCK_M=32, BLOCK_N=16, DIAG_N=64)
+    with pytest.raises(ValueError, match="TMA needs q"):
+        flash_forward_variant(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, 0.25, True, TMA=True)
+
+
+def test_explore_variants_compile_for_hopper():
+    """The new variant code paths (TMA descriptors, lazy rescale, persistent grid, split diagonal)
+    compile for sm_90 and do what they claim: wgmma, TMA bulk copies only with TMA=True, shared
+    memory within 227 KiB, no spill. (The whole sweep list: ``aot_compile_flash.py --explore``.)"""
+    triton = pytest.importorskip("triton")
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
+        pytest.skip("this triton build has no NVIDIA backend tools (ptxas/cuobjdump)")
+    script = Path(__file__).resolve().parent / "aot_compile_flash.py"
+    names = ["lazy_bn64", "tma_bn64", "tma_bn128_diag64", "pers1_tma_bn64"]
+    res = subprocess.run([sys.executable, str(script), "--explore", *names], capture_output=True, text=True,
+                         env=dict(os.environ, TRITON_INTERPRET="0"), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["variant"]: r for r in map(json.loads, (ln for ln in res.stdout.splitlines() if ln.startswith("{")))}
+    assert sorted(rows) == sorted(names)
+    for name, r in rows.items():
+        assert "error" not in r, r
+        assert r["wgmma"] and r["stack"] == 0 and r["shared"] <= 227 * 1024, r
+        assert r["tma"] == name.startswith(("tma", "pers1_tma")), r
