@@ -1,0 +1,618 @@
+"""Triton kernels for chunkwise (gated) linear attention: ``chunk_linear_attn``, ``chunk_simple_gla``
+and ``chunk_gla``, forward and backward.
+
+Layout as in fla: ``q, k`` ``[B, T, H, K]``, ``v`` ``[B, T, H, V]``; log gates ``g`` ``[B, T, H]``
+(scalar, ``GATE == 1``) or ``[B, T, H, K]`` (vector, ``GATE == 2``); no gate is ``GATE == 0``.
+States are ``[K, V]`` per head (fla's orientation)::
+
+    S_t = exp(g_t) S_{t-1} + k_t v_t^T,      o_t = scale * S_t^T q_t.
+
+Inside a chunk of ``BT`` tokens, with ``b`` the chunk-local cumulative log gate (``b_i = g_1 + ... +
+g_i``, ``b_C`` its value at the chunk's last token) and ``S`` the state entering the chunk::
+
+    O     = (Q~ * e^{b}) S + (Q~ K^T * Gamma) V,        Gamma_ij = e^{b_i - b_j} (i >= j), 0 else
+    S_new = e^{b_C} S + (K * e^{b_C - b})^T V                            (Q~ = scale * Q)
+
+Only *differences* of cumulative log gates inside one chunk appear in exponents, and every exponent
+is <= 0, so nothing overflows however harsh the gates are. For the vector gate the intra-chunk
+score ``sum_d q_id k_jd e^{b_id - b_jd}`` is formed pair by pair (a ``[BT, BT, BKA]`` broadcast)
+with small chunks (``BT = 16``), which is exact and stable but costs ``BT`` exponentials per score.
+
+Forward (no per-chunk states written to HBM): one program per (batch*head, V-block) marches over
+the chunks with the state in registers, writing only ``o``. When batch*heads*V-blocks is too small
+to fill the GPU, the sequence is cut into ``NS`` segments: (1) every segment's own contribution to
+the state (from zero) and its total decay, in parallel; (2) a short sequential combine gives each
+segment's entering state; (3) the fused forward runs per segment from that state.
+
+Backward: (1) the per-chunk entering states ``h`` are recomputed (in parallel over segments, from
+the segment entering states saved by the forward); (2) a reverse march gives ``dh`` (the gradient
+w.r.t. the state leaving each chunk) and the initial state's gradient; (3) two kernels parallel over
+chunks give ``dv`` and ``dq, dk`` plus the per-position gate terms ``q*dq - k*dk``, whose reverse
+cumulative sum over the sequence (plus the final-state term ``sum_v S_T * dS_T``) is ``dg``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import INTERPRET, next_pow2
+
+__all__ = ["chunk_simple_gla_triton", "chunk_gla_triton", "SUPPORTED_HEAD_SIZES"]
+
+SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256)
+_NUM_SMS_DEFAULT = 132
+
+
+def _patch_interpreter_loop_bounds():
+    """Let Triton's interpreter use runtime integers as loop bounds under NumPy >= 2.
+
+    The interpreter holds every scalar as a one-element array and turns it into a Python int with
+    ``int(array)``, which NumPy 2 rejects for arrays of shape ``(1,)``; so ``tl.range(0, n)`` with a
+    runtime ``n`` fails in the interpreter (the compiler is unaffected). The patch reads the single
+    element instead. It is idempotent, and applied only when the interpreter is in use.
+    """
+    try:
+        from triton.runtime import interpreter as _interp
+    except Exception:  # pragma: no cover
+        return
+    if getattr(_interp, "_lattn_index_patch", False):
+        return
+    orig = _interp._patch_lang_tensor
+
+    def patched(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    _interp._patch_lang_tensor = patched
+    _interp._lattn_index_patch = True
+
+
+if INTERPRET:
+    _patch_interpreter_loop_bounds()
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _gla_intra_scores(q_ptr, k_ptr, g_ptr, rows, mask_t, row_stride, scale,
+                      K: tl.constexpr, BT: tl.constexpr, BKA: tl.constexpr):
+    """Vector gate: A_ij = sum_d (scale q_id) k_jd exp(b_id - b_jd) for j <= i, else 0 ([BT, BT])."""
+    o_d = tl.arange(0, BKA)
+    o_i = tl.arange(0, BT)
+    causal = o_i[:, None] >= o_i[None, :]
+    A = tl.zeros([BT, BT], dtype=tl.float32)
+    for kb in tl.static_range(K // BKA):
+        offs = rows[:, None] * row_stride + kb * BKA + o_d[None, :]
+        m2 = mask_t[:, None]
+        qb = tl.load(q_ptr + offs, mask=m2, other=0.).to(tl.float32) * scale
+        kk = tl.load(k_ptr + offs, mask=m2, other=0.).to(tl.float32)
+        gb = tl.load(g_ptr + offs, mask=m2, other=0.).to(tl.float32)
+        bb = tl.cumsum(gb, axis=0)
+        diff = bb[:, None, :] - bb[None, :, :]                                   # [BT, BT, BKA]
+        diff = tl.where(causal[:, :, None], diff, float("-inf"))
+        A += tl.sum(qb[:, None, :] * kk[None, :, :] * tl.exp(diff), axis=2)
+    return A
+
+
+@triton.jit
+def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKA: tl.constexpr,
+                GATE: tl.constexpr, HAS_H0: tl.constexpr, COMPUTE_O: tl.constexpr,
+                STORE_FINAL: tl.constexpr, STORE_DEC: tl.constexpr, STORE_H: tl.constexpr,
+                IP: tl.constexpr):
+    """March over the chunks of one segment with the state ``S[BK, BV]`` in registers.
+
+    grid = (NK * NV, B*H*NS). ``h0``/``ht``: per-(bh, segment) entering/leaving states
+    ``[B*H*NS, K, V]`` fp32; ``dec``: per-(bh, segment) total log decay (``[B*H*NS, K]``);
+    ``hs``: per-chunk entering states ``[B*H, NT, K, V]`` fp32. ``COMPUTE_O`` needs ``BK == K``.
+    """
+    DT = k.dtype.element_ty
+    i_kv = tl.program_id(0)
+    i_bhs = tl.program_id(1)
+    NV: tl.constexpr = V // BV
+    i_k = i_kv // NV
+    i_v = i_kv % NV
+    i_bh = i_bhs // NS
+    i_s = i_bhs % NS
+    i_b = i_bh // H
+    i_h = i_bh % H
+
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    qk_base = i_b * T * H * K + i_h * K
+    v_base = i_b * T * H * V + i_h * V
+    g_base = i_b * T * H + i_h if GATE == 1 else qk_base
+
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    st_offs = o_k[:, None] * V + o_v[None, :]
+    if HAS_H0:
+        S += tl.load(h0 + i_bhs * K * V + st_offs)
+    if GATE == 2:
+        total = tl.zeros([BK], dtype=tl.float32)
+    else:
+        total = tl.zeros([1], dtype=tl.float32)
+
+    # The last segment may be shorter: its chunks past NT load nothing (masked: k = v = 0, g = 0),
+    # which leaves S unchanged, and store nothing. (Loop bounds are host integers, not derived
+    # from program ids, so the interpreter and the compiler treat them alike.)
+    for j in tl.range(0, SEG_CHUNKS):
+        c = i_s * SEG_CHUNKS + j
+        rows = c * BT + o_t
+        mask_t = rows < T
+        if STORE_H:
+            tl.store(hs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, S, mask=(c < NT) & (st_offs >= 0))
+        k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
+        v_t = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
+        if GATE == 1:
+            g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
+            b_t = tl.cumsum(g_t, axis=0)
+            b_c = tl.sum(g_t, axis=0)
+        if GATE == 2:
+            g_t = tl.load(g + g_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                          other=0.).to(tl.float32)
+            b_t = tl.cumsum(g_t, axis=0)
+            b_c = tl.sum(g_t, axis=0)
+        if COMPUTE_O:
+            q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                          other=0.).to(tl.float32) * scale
+            if GATE == 2:
+                qg = (q_t * tl.exp(b_t)).to(DT)
+            else:
+                qg = q_t.to(DT)
+            o_c = tl.dot(qg, S.to(DT), input_precision=IP)                   # [BT, BV]
+            if GATE == 1:
+                o_c = o_c * tl.exp(b_t)[:, None]
+            if GATE == 2:
+                A = _gla_intra_scores(q + qk_base, k + qk_base, g + g_base, rows, mask_t, H * K, scale,
+                                      K, BT, BKA)
+            else:
+                A = tl.dot(q_t.to(DT), tl.trans(k_t), input_precision=IP)   # [BT, BT]
+                causal = o_t[:, None] >= o_t[None, :]
+                if GATE == 1:
+                    A = A * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
+                else:
+                    A = tl.where(causal, A, 0.)
+            o_c += tl.dot(A.to(DT), v_t, input_precision=IP)
+            tl.store(o + v_base + rows[:, None] * (H * V) + o_v[None, :], o_c.to(o.dtype.element_ty),
+                     mask=mask_t[:, None])
+        # state update: S <- e^{b_C} S + (K * e^{b_C - b})^T V
+        if GATE == 0:
+            S += tl.dot(tl.trans(k_t), v_t, input_precision=IP)
+        if GATE == 1:
+            kg = (k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]).to(DT)
+            S = S * tl.exp(b_c) + tl.dot(tl.trans(kg), v_t, input_precision=IP)
+            total += b_c
+        if GATE == 2:
+            kg = (k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)).to(DT)
+            S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(kg), v_t, input_precision=IP)
+            total += b_c
+    if STORE_FINAL:
+        tl.store(ht + i_bhs * K * V + st_offs, S)
+    if STORE_DEC:
+        if GATE == 2:
+            if i_v == 0:
+                tl.store(dec + i_bhs * K + o_k, total)
+        if GATE == 1:
+            if i_kv == 0:
+                tl.store(dec + i_bhs + tl.arange(0, 1), total)
+
+
+@triton.jit
+def _combine_kernel(contrib, dec, h0, inits, ht, NS,
+                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                    GATE: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr):
+    """Sequential pass over segments: entering state of segment s+1 = e^{dec_s} S_s + contrib_s."""
+    i_kv = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    NV: tl.constexpr = V // BV
+    i_k = i_kv // NV
+    i_v = i_kv % NV
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    st_offs = o_k[:, None] * V + o_v[None, :]
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        S += tl.load(h0 + i_bh * K * V + st_offs)
+    for s in tl.range(0, NS):
+        idx = i_bh * NS + s
+        tl.store(inits + idx * K * V + st_offs, S)
+        if GATE == 1:
+            d = tl.load(dec + idx + tl.arange(0, 1))
+            S = S * tl.exp(d)[:, None]
+        if GATE == 2:
+            d = tl.load(dec + idx * K + o_k)
+            S = S * tl.exp(d)[:, None]
+        S += tl.load(contrib + idx * K * V + st_offs)
+    if STORE_FINAL:
+        tl.store(ht + i_bh * K * V + st_offs, S)
+
+
+@triton.jit
+def _bwd_dh_kernel(q, g, do, dht, dhs, dh0, scale, T, NT,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   GATE: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IP: tl.constexpr):
+    """Reverse march: dhs[c] = dL/d(state leaving chunk c); dS_enter = e^{b_C} dS + (Q~ e^{b})^T dO."""
+    DT = q.dtype.element_ty
+    i_kv = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    NV: tl.constexpr = V // BV
+    i_k = i_kv // NV
+    i_v = i_kv % NV
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    qk_base = i_b * T * H * K + i_h * K
+    v_base = i_b * T * H * V + i_h * V
+    g_base = i_b * T * H + i_h if GATE == 1 else qk_base
+    st_offs = o_k[:, None] * V + o_v[None, :]
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        dS += tl.load(dht + i_bh * K * V + st_offs)
+    for cc in tl.range(0, NT):
+        c = NT - 1 - cc
+        tl.store(dhs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, dS)
+        rows = c * BT + o_t
+        mask_t = rows < T
+        q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                      other=0.).to(tl.float32) * scale
+        do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
+        if GATE == 0:
+            dS += tl.dot(tl.trans(q_t.to(DT)), do_t.to(DT), input_precision=IP)
+        if GATE == 1:
+            g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
+            b_t = tl.cumsum(g_t, axis=0)
+            b_c = tl.sum(g_t, axis=0)
+            qg = (q_t * tl.exp(b_t)[:, None]).to(DT)
+            dS = dS * tl.exp(b_c) + tl.dot(tl.trans(qg), do_t.to(DT), input_precision=IP)
+        if GATE == 2:
+            g_t = tl.load(g + g_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                          other=0.).to(tl.float32)
+            b_t = tl.cumsum(g_t, axis=0)
+            b_c = tl.sum(g_t, axis=0)
+            qg = (q_t * tl.exp(b_t)).to(DT)
+            dS = dS * tl.exp(b_c)[:, None] + tl.dot(tl.trans(qg), do_t.to(DT), input_precision=IP)
+    if STORE_DH0:
+        tl.store(dh0 + i_bh * K * V + st_offs, dS)
+
+
+@triton.jit
+def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BV: tl.constexpr, BKA: tl.constexpr,
+                   GATE: tl.constexpr, IP: tl.constexpr):
+    """dV = A^T dO + (K * e^{b_C - b}) dh, one chunk and V-block per program; grid (NV, NT, B*H)."""
+    DT = k.dtype.element_ty
+    i_v = tl.program_id(0)
+    c = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    rows = c * BT + o_t
+    mask_t = rows < T
+    qk_base = i_b * T * H * K + i_h * K
+    v_base = i_b * T * H * V + i_h * V
+    g_base = i_b * T * H + i_h if GATE == 1 else qk_base
+    k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
+    do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
+    dh = tl.load(dhs + (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :])
+    if GATE == 2:
+        A = _gla_intra_scores(q + qk_base, k + qk_base, g + g_base, rows, mask_t, H * K, scale, K, BT, BKA)
+        g_t = tl.load(g + g_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                      other=0.).to(tl.float32)
+        b_t = tl.cumsum(g_t, axis=0)
+        b_c = tl.sum(g_t, axis=0)
+        kg = (k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)).to(DT)
+    else:
+        q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                      other=0.).to(tl.float32) * scale
+        A = tl.dot(q_t.to(DT), tl.trans(k_t), input_precision=IP)
+        causal = o_t[:, None] >= o_t[None, :]
+        if GATE == 1:
+            g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
+            b_t = tl.cumsum(g_t, axis=0)
+            b_c = tl.sum(g_t, axis=0)
+            A = A * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
+            kg = (k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]).to(DT)
+        else:
+            A = tl.where(causal, A, 0.)
+            kg = k_t
+    dv_c = tl.dot(tl.trans(A.to(DT)), do_t.to(DT), input_precision=IP)
+    dv_c += tl.dot(kg, dh.to(DT), input_precision=IP)
+    tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], dv_c.to(dv.dtype.element_ty),
+             mask=mask_t[:, None])
+
+
+@triton.jit
+def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, B, T, NT,
+                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     GATE: tl.constexpr, IP: tl.constexpr):
+    """dQ, dK and the gate terms q*dq - k*dk for one chunk and K-block; grid (NK, NT, B*H).
+
+    dQ~ = (dO h^T) e^{b} + (dP * Gamma) K,    dK = (V dh^T) e^{b_C - b} + (dP * Gamma)^T Q~,
+    with dP = dO V^T (per pair, for the vector gate: sums over j resp. i of dP_ij e^{b_i - b_j} ...).
+    ``dgl``: fp32 ``[B, T, H, K]`` (vector gate) or ``[NK, B, T, H]`` (scalar gate, summed later).
+    """
+    DT = k.dtype.element_ty
+    i_k = tl.program_id(0)
+    c = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_t = tl.arange(0, BT)
+    rows = c * BT + o_t
+    mask_t = rows < T
+    qk_base = i_b * T * H * K + i_h * K
+    v_base = i_b * T * H * V + i_h * V
+    st_base = (i_bh * NT + c).to(tl.int64) * K * V
+    dP = tl.zeros([BT, BT], dtype=tl.float32)
+    dq_i = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_i = tl.zeros([BT, BK], dtype=tl.float32)
+    for vb in tl.static_range(V // BV):
+        o_v = vb * BV + tl.arange(0, BV)
+        v_t = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
+        do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                       other=0.).to(DT)
+        h = tl.load(hs + st_base + o_k[:, None] * V + o_v[None, :]).to(DT)
+        dh = tl.load(dhs + st_base + o_k[:, None] * V + o_v[None, :]).to(DT)
+        dP += tl.dot(do_t, tl.trans(v_t), input_precision=IP)
+        dq_i += tl.dot(do_t, tl.trans(h), input_precision=IP)
+        dk_i += tl.dot(v_t, tl.trans(dh), input_precision=IP)
+    q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                  other=0.).to(tl.float32) * scale
+    k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                  other=0.).to(tl.float32)
+    causal = o_t[:, None] >= o_t[None, :]
+    if GATE == 2:
+        g_t = tl.load(g + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                      other=0.).to(tl.float32)
+        b_t = tl.cumsum(g_t, axis=0)
+        b_c = tl.sum(g_t, axis=0)
+        diff = b_t[:, None, :] - b_t[None, :, :]                                   # [BT_i, BT_j, BK]
+        decay = tl.exp(tl.where(causal[:, :, None], diff, float("-inf")))
+        dPd = dP[:, :, None] * decay
+        dq_t = dq_i * tl.exp(b_t) + tl.sum(dPd * k_t[None, :, :], axis=1)
+        dk_t = dk_i * tl.exp(b_c[None, :] - b_t) + tl.sum(dPd * q_t[:, None, :], axis=0)
+    else:
+        if GATE == 1:
+            g_t = tl.load(g + i_b * T * H + i_h + rows * H, mask=mask_t, other=0.).to(tl.float32)
+            b_t = tl.cumsum(g_t, axis=0)
+            b_c = tl.sum(g_t, axis=0)
+            dPg = dP * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
+            dq_t = dq_i * tl.exp(b_t)[:, None]
+            dk_t = dk_i * tl.exp(b_c - b_t)[:, None]
+        else:
+            dPg = tl.where(causal, dP, 0.)
+            dq_t = dq_i
+            dk_t = dk_i
+        dq_t += tl.dot(dPg.to(DT), k_t.to(DT), input_precision=IP)
+        dk_t += tl.dot(tl.trans(dPg.to(DT)), q_t.to(DT), input_precision=IP)
+    # dq_t is dL/dq~ (q~ = scale q): dL/dq = scale dq_t, and q dL/dq = q~ dq_t.
+    offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
+    tl.store(dq + offs, (dq_t * scale).to(dq.dtype.element_ty), mask=mask_t[:, None])
+    tl.store(dk + offs, dk_t.to(dk.dtype.element_ty), mask=mask_t[:, None])
+    if GATE == 2:
+        tl.store(dgl + offs, q_t * dq_t - k_t * dk_t, mask=mask_t[:, None])
+    if GATE == 1:
+        part = tl.sum(q_t * dq_t - k_t * dk_t, axis=1)
+        tl.store(dgl + i_k * (B * T * H) + i_b * T * H + i_h + rows * H, part,
+                 mask=mask_t)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+
+def _check_head_sizes(K: int, V: int):
+    for name, d in (("K (head size of q and k)", K), ("V (head size of v)", V)):
+        if d not in SUPPORTED_HEAD_SIZES:
+            raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_SIZES} for the Triton GLA kernels; "
+                             f"got {d}")
+
+
+def _num_sms(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return _NUM_SMS_DEFAULT
+
+
+class _Cfg:
+    """Tile sizes and launch parameters, chosen by simple rules of thumb (see NOTES_gla.md)."""
+
+    def __init__(self, gate: int, B: int, T: int, H: int, K: int, V: int, dtype, device, num_segments=None):
+        self.BT = 16 if gate == 2 else 64
+        self.NT = triton.cdiv(T, self.BT)
+        # forward: full K per program (o needs the whole K sum); the state tile is K x BV.
+        if gate == 2:
+            self.BV_f = min(V, 32 if K >= 128 else 64)
+        else:
+            self.BV_f = min(V, 64 if K <= 128 else 32)
+        self.BKA = min(K, 32)                  # K-slice of the vector-gate pair broadcast [BT, BT, BKA]
+        self.BK_s = min(K, 64)                 # state-only marches tile K as well
+        self.BV_s = min(V, 64)
+        self.BV_dv = min(V, 64)
+        self.BK_dq = min(K, 32 if gate == 2 else 64)
+        self.BV_dq = min(V, 64)
+        self.IP = "ieee" if dtype == torch.float32 else "tf32"
+        self.warps_f = 4 if (K * self.BV_f) <= 128 * 64 // 2 else 8
+        BH = B * H
+        NV = V // self.BV_f
+        if num_segments is None:
+            want = 2 * _num_sms(device)
+            ns = 1
+            if BH * NV < want and self.NT >= 8:
+                ns = min(triton.cdiv(want, BH * NV), self.NT // 4)
+            num_segments = max(1, ns)
+        num_segments = max(1, min(int(num_segments), self.NT))
+        self.SEG = triton.cdiv(self.NT, num_segments)
+        self.NS = triton.cdiv(self.NT, self.SEG)   # no empty segment
+
+
+def _gate_code(g):
+    if g is None:
+        return 0
+    return 1 if g.dim() == 3 else 2
+
+
+def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments=None):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    gate = _gate_code(g)
+    cfg = _Cfg(gate, B, T, H, K, V, q.dtype, q.device, num_segments)
+    BH = B * H
+    dev = q.device
+    f32 = torch.float32
+    o = torch.empty(B, T, H, V, dtype=v.dtype, device=dev)
+    gg = g if g is not None else q                 # placeholder pointer when there is no gate
+    ht = torch.empty(B, H, K, V, dtype=f32, device=dev) if output_final_state else None
+    dummy = torch.empty(1, dtype=f32, device=dev)
+    if cfg.NS == 1:
+        inits = h0
+        grid = (V // cfg.BV_f, BH)
+        _fwd_kernel[grid](q, k, v, gg, o, h0 if h0 is not None else dummy, ht if ht is not None else dummy,
+                          dummy, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V, BT=cfg.BT, BK=K,
+                          BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=h0 is not None, COMPUTE_O=True,
+                          STORE_FINAL=ht is not None, STORE_DEC=False, STORE_H=False, IP=cfg.IP,
+                          num_warps=cfg.warps_f)
+    else:
+        NS = cfg.NS
+        contrib = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
+        dec = torch.zeros(BH * NS, K if gate == 2 else 1, dtype=f32, device=dev)
+        grid = ((K // cfg.BK_s) * (V // cfg.BV_s), BH * NS)
+        _fwd_kernel[grid](q, k, v, gg, dummy, dummy, contrib, dec, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS,
+                          H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, BKA=cfg.BKA, GATE=gate,
+                          HAS_H0=False, COMPUTE_O=False, STORE_FINAL=True, STORE_DEC=gate != 0,
+                          STORE_H=False, IP=cfg.IP, num_warps=4)
+        inits = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
+        _combine_kernel[((K // cfg.BK_s) * (V // cfg.BV_s), BH)](
+            contrib, dec, h0 if h0 is not None else dummy, inits, ht if ht is not None else dummy, NS,
+            K=K, V=V, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate, HAS_H0=h0 is not None,
+            STORE_FINAL=ht is not None, num_warps=4)
+        _fwd_kernel[(V // cfg.BV_f, BH * NS)](
+            q, k, v, gg, o, inits, dummy, dummy, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V,
+            BT=cfg.BT, BK=K, BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=True, COMPUTE_O=True,
+            STORE_FINAL=False, STORE_DEC=False, STORE_H=False, IP=cfg.IP, num_warps=cfg.warps_f)
+    return o, ht, (inits if need_inits else None), cfg
+
+
+def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    gate = _gate_code(g)
+    BH = B * H
+    dev = q.device
+    f32 = torch.float32
+    NT = cfg.NT
+    gg = g if g is not None else q
+    dummy = torch.empty(1, dtype=f32, device=dev)
+    # (1) recompute the entering state of every chunk (parallel over segments)
+    hs = torch.empty(BH, NT, K, V, dtype=f32, device=dev)
+    grid = ((K // cfg.BK_s) * (V // cfg.BV_s), BH * cfg.NS)
+    _fwd_kernel[grid](q, k, v, gg, dummy, inits if inits is not None else dummy, dummy, dummy, hs, scale,
+                      T, NT, cfg.SEG, cfg.NS, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, BKA=cfg.BKA,
+                      GATE=gate, HAS_H0=inits is not None, COMPUTE_O=False, STORE_FINAL=False,
+                      STORE_DEC=False, STORE_H=True, IP=cfg.IP, num_warps=4)
+    # (2) reverse march for dh (gradient w.r.t. the state leaving each chunk) and dh0
+    dhs = torch.empty(BH, NT, K, V, dtype=f32, device=dev)
+    dh0 = torch.empty(B, H, K, V, dtype=f32, device=dev) if need_dh0 else None
+    _bwd_dh_kernel[((K // cfg.BK_s) * (V // cfg.BV_s), BH)](
+        q, gg, do, dht if dht is not None else dummy, dhs, dh0 if dh0 is not None else dummy, scale, T, NT,
+        H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate, HAS_DHT=dht is not None,
+        STORE_DH0=dh0 is not None, IP=cfg.IP, num_warps=4)
+    # (3) dv, then dq, dk and the gate terms, parallel over chunks
+    dv = torch.empty_like(v)
+    _bwd_dv_kernel[(V // cfg.BV_dv, NT, BH)](q, k, gg, do, dhs, dv, scale, T, NT, H=H, K=K, V=V, BT=cfg.BT,
+                                             BV=cfg.BV_dv, BKA=cfg.BKA, GATE=gate, IP=cfg.IP,
+                                             num_warps=4 if K <= 64 else 8)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    NK = K // cfg.BK_dq
+    if gate == 2:
+        dgl = torch.empty(B, T, H, K, dtype=f32, device=dev)
+    elif gate == 1:
+        dgl = torch.empty(NK, B, T, H, dtype=f32, device=dev)
+    else:
+        dgl = dummy
+    _bwd_dqdk_kernel[(NK, NT, BH)](q, k, v, gg, do, hs, dhs, dq, dk, dgl, scale, B, T, NT, H=H, K=K, V=V,
+                                   BT=cfg.BT, BK=cfg.BK_dq, BV=cfg.BV_dq, GATE=gate, IP=cfg.IP,
+                                   num_warps=4)
+    dg = None
+    if gate:
+        if gate == 1:
+            dgl = dgl.sum(0)
+        # dL/dB_t (B_t = g_1 + ... + g_t over the whole sequence) is q*dq - k*dk, plus the final
+        # state's sum_v S_T dS_T at t = T; dg_t is its reverse cumulative sum.
+        dg = dgl.flip(1).cumsum(1).flip(1)
+        if dht is not None and ht is not None:
+            fin = (ht * dht).sum(-1)                                          # [B, H, K]
+            dg = dg + (fin.unsqueeze(1) if gate == 2 else fin.sum(-1).unsqueeze(1))
+        dg = dg.to(g.dtype)
+    return dq, dk, dv, dg, dh0
+
+
+class _ChunkGLAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, h0, scale, output_final_state, num_segments):
+        need = any(ctx.needs_input_grad[:5])
+        o, ht, inits, cfg = _forward(q, k, v, g, scale, h0, output_final_state, need, num_segments)
+        ctx.save_for_backward(q, k, v, g, inits, ht)
+        ctx.scale = scale
+        ctx.cfg = cfg
+        ctx.has_h0 = h0 is not None
+        ctx.h0_dtype = h0.dtype if h0 is not None else None
+        return o, (ht if output_final_state else None)
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, inits, ht = ctx.saved_tensors
+        do = do.contiguous()
+        if dht is not None:
+            dht = dht.contiguous().float()
+        dq, dk, dv, dg, dh0 = _backward(q, k, v, g, ctx.scale, inits, ht, do, dht, ctx.cfg, ctx.has_h0)
+        if dh0 is not None:
+            dh0 = dh0.to(ctx.h0_dtype)
+        return dq, dk, dv, dg, dh0, None, None, None
+
+
+def _run(q, k, v, g, scale, initial_state, output_final_state, num_segments):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    _check_head_sizes(K, V)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if g is not None:
+        g = g.contiguous()
+    h0 = initial_state
+    if h0 is not None:
+        h0 = h0.contiguous()
+        if h0.dtype != torch.float32:
+            h0 = h0.float()
+    o, ht = _ChunkGLAFunction.apply(q, k, v, g, h0, float(scale), bool(output_final_state), num_segments)
+    return o, ht
+
+
+def chunk_simple_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=False, *,
+                            num_segments=None):
+    """Scalar-gated (``g`` ``[B, T, H]``) or ungated (``g=None``) chunkwise linear attention.
+
+    ``num_segments`` forces the forward's sequence split (default: chosen from the GPU's size).
+    """
+    return _run(q, k, v, g, scale, initial_state, output_final_state, num_segments)
+
+
+def chunk_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=False, *, num_segments=None):
+    """Vector-gated (``g`` ``[B, T, H, K]``) chunkwise linear attention (GLA)."""
+    return _run(q, k, v, g, scale, initial_state, output_final_state, num_segments)
