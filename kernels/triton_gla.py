@@ -105,14 +105,14 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKA: tl.constexpr,
                 GATE: tl.constexpr, HAS_H0: tl.constexpr, COMPUTE_O: tl.constexpr,
                 STORE_FINAL: tl.constexpr, STORE_DEC: tl.constexpr, STORE_H: tl.constexpr,
-                IP: tl.constexpr):
+                IP: tl.constexpr, EMU: tl.constexpr):
     """March over the chunks of one segment with the state ``S[BK, BV]`` in registers.
 
     grid = (NK * NV, B*H*NS). ``h0``/``ht``: per-(bh, segment) entering/leaving states
     ``[B*H*NS, K, V]`` fp32; ``dec``: per-(bh, segment) total log decay (``[B*H*NS, K]``);
     ``hs``: per-chunk entering states ``[B*H, NT, K, V]`` fp32. ``COMPUTE_O`` needs ``BK == K``.
     """
-    DT = k.dtype.element_ty
+    DT = tl.float32 if EMU else k.dtype.element_ty
     i_kv = tl.program_id(0)
     i_bhs = tl.program_id(1)
     NV: tl.constexpr = V // BV
@@ -173,25 +173,25 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
                 A = _gla_intra_scores(q + qk_base, k + qk_base, g + g_base, rows, mask_t, H * K, scale,
                                       K, BT, BKA)
             else:
-                A = tl.dot(q_t.to(DT), tl.trans(k_t), input_precision=IP)   # [BT, BT]
+                A = tl.dot(q_t.to(DT), tl.trans(k_t.to(DT)), input_precision=IP)   # [BT, BT]
                 causal = o_t[:, None] >= o_t[None, :]
                 if GATE == 1:
                     A = A * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
                 else:
                     A = tl.where(causal, A, 0.)
-            o_c += tl.dot(A.to(DT), v_t, input_precision=IP)
+            o_c += tl.dot(A.to(DT), v_t.to(DT), input_precision=IP)
             tl.store(o + v_base + rows[:, None] * (H * V) + o_v[None, :], o_c.to(o.dtype.element_ty),
                      mask=mask_t[:, None])
         # state update: S <- e^{b_C} S + (K * e^{b_C - b})^T V
         if GATE == 0:
-            S += tl.dot(tl.trans(k_t), v_t, input_precision=IP)
+            S += tl.dot(tl.trans(k_t.to(DT)), v_t.to(DT), input_precision=IP)
         if GATE == 1:
             kg = (k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]).to(DT)
-            S = S * tl.exp(b_c) + tl.dot(tl.trans(kg), v_t, input_precision=IP)
+            S = S * tl.exp(b_c) + tl.dot(tl.trans(kg), v_t.to(DT), input_precision=IP)
             total += b_c
         if GATE == 2:
             kg = (k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)).to(DT)
-            S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(kg), v_t, input_precision=IP)
+            S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(kg), v_t.to(DT), input_precision=IP)
             total += b_c
     if STORE_FINAL:
         tl.store(ht + i_bhs * K * V + st_offs, S)
@@ -238,9 +238,9 @@ def _combine_kernel(contrib, dec, h0, inits, ht, NS,
 def _bwd_dh_kernel(q, g, do, dht, dhs, dh0, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   GATE: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IP: tl.constexpr):
+                   GATE: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
     """Reverse march: dhs[c] = dL/d(state leaving chunk c); dS_enter = e^{b_C} dS + (Q~ e^{b})^T dO."""
-    DT = q.dtype.element_ty
+    DT = tl.float32 if EMU else q.dtype.element_ty
     i_kv = tl.program_id(0)
     i_bh = tl.program_id(1)
     NV: tl.constexpr = V // BV
@@ -289,9 +289,9 @@ def _bwd_dh_kernel(q, g, do, dht, dhs, dh0, scale, T, NT,
 def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BV: tl.constexpr, BKA: tl.constexpr,
-                   GATE: tl.constexpr, IP: tl.constexpr):
+                   GATE: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
     """dV = A^T dO + (K * e^{b_C - b}) dh, one chunk and V-block per program; grid (NV, NT, B*H)."""
-    DT = k.dtype.element_ty
+    DT = tl.float32 if EMU else k.dtype.element_ty
     i_v = tl.program_id(0)
     c = tl.program_id(1)
     i_bh = tl.program_id(2)
@@ -318,7 +318,7 @@ def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
     else:
         q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                       other=0.).to(tl.float32) * scale
-        A = tl.dot(q_t.to(DT), tl.trans(k_t), input_precision=IP)
+        A = tl.dot(q_t.to(DT), tl.trans(k_t.to(DT)), input_precision=IP)
         causal = o_t[:, None] >= o_t[None, :]
         if GATE == 1:
             g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
@@ -328,7 +328,7 @@ def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
             kg = (k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]).to(DT)
         else:
             A = tl.where(causal, A, 0.)
-            kg = k_t
+            kg = k_t.to(DT)
     dv_c = tl.dot(tl.trans(A.to(DT)), do_t.to(DT), input_precision=IP)
     dv_c += tl.dot(kg, dh.to(DT), input_precision=IP)
     tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], dv_c.to(dv.dtype.element_ty),
@@ -339,14 +339,14 @@ def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
 def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, B, T, NT,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                     GATE: tl.constexpr, IP: tl.constexpr):
+                     GATE: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
     """dQ, dK and the gate terms q*dq - k*dk for one chunk and K-block; grid (NK, NT, B*H).
 
     dQ~ = (dO h^T) e^{b} + (dP * Gamma) K,    dK = (V dh^T) e^{b_C - b} + (dP * Gamma)^T Q~,
     with dP = dO V^T (per pair, for the vector gate: sums over j resp. i of dP_ij e^{b_i - b_j} ...).
     ``dgl``: fp32 ``[B, T, H, K]`` (vector gate) or ``[NK, B, T, H]`` (scalar gate, summed later).
     """
-    DT = k.dtype.element_ty
+    DT = tl.float32 if EMU else k.dtype.element_ty
     i_k = tl.program_id(0)
     c = tl.program_id(1)
     i_bh = tl.program_id(2)
@@ -364,7 +364,8 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, B, T, NT,
     dk_i = tl.zeros([BT, BK], dtype=tl.float32)
     for vb in tl.static_range(V // BV):
         o_v = vb * BV + tl.arange(0, BV)
-        v_t = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
+        v_t = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                      other=0.).to(DT)
         do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
                        other=0.).to(DT)
         h = tl.load(hs + st_base + o_k[:, None] * V + o_v[None, :]).to(DT)
@@ -448,6 +449,9 @@ class _Cfg:
         self.BK_dq = min(K, 32 if gate == 2 else 64)
         self.BV_dq = min(V, 64)
         self.IP = "ieee" if dtype == torch.float32 else "tf32"
+        # Triton's interpreter mis-computes tl.dot on 16-bit operands, so there the dots run in
+        # float32 (operands are not rounded to 16 bits; the compiled GPU path uses tensor cores).
+        self.EMU = bool(INTERPRET)
         self.warps_f = 4 if (K * self.BV_f) <= 128 * 64 // 2 else 8
         BH = B * H
         NV = V // self.BV_f
@@ -486,7 +490,7 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
         _fwd_kernel[grid](q, k, v, gg, o, h0 if h0 is not None else dummy, ht if ht is not None else dummy,
                           dummy, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V, BT=cfg.BT, BK=K,
                           BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=h0 is not None, COMPUTE_O=True,
-                          STORE_FINAL=ht is not None, STORE_DEC=False, STORE_H=False, IP=cfg.IP,
+                          STORE_FINAL=ht is not None, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU,
                           num_warps=cfg.warps_f)
     else:
         NS = cfg.NS
@@ -496,7 +500,7 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
         _fwd_kernel[grid](q, k, v, gg, dummy, dummy, contrib, dec, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS,
                           H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, BKA=cfg.BKA, GATE=gate,
                           HAS_H0=False, COMPUTE_O=False, STORE_FINAL=True, STORE_DEC=gate != 0,
-                          STORE_H=False, IP=cfg.IP, num_warps=4)
+                          STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=4)
         inits = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
         _combine_kernel[((K // cfg.BK_s) * (V // cfg.BV_s), BH)](
             contrib, dec, h0 if h0 is not None else dummy, inits, ht if ht is not None else dummy, NS,
@@ -505,7 +509,7 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
         _fwd_kernel[(V // cfg.BV_f, BH * NS)](
             q, k, v, gg, o, inits, dummy, dummy, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V,
             BT=cfg.BT, BK=K, BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=True, COMPUTE_O=True,
-            STORE_FINAL=False, STORE_DEC=False, STORE_H=False, IP=cfg.IP, num_warps=cfg.warps_f)
+            STORE_FINAL=False, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=cfg.warps_f)
     return o, ht, (inits if need_inits else None), cfg
 
 
@@ -525,18 +529,18 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
     _fwd_kernel[grid](q, k, v, gg, dummy, inits if inits is not None else dummy, dummy, dummy, hs, scale,
                       T, NT, cfg.SEG, cfg.NS, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, BKA=cfg.BKA,
                       GATE=gate, HAS_H0=inits is not None, COMPUTE_O=False, STORE_FINAL=False,
-                      STORE_DEC=False, STORE_H=True, IP=cfg.IP, num_warps=4)
+                      STORE_DEC=False, STORE_H=True, IP=cfg.IP, EMU=cfg.EMU, num_warps=4)
     # (2) reverse march for dh (gradient w.r.t. the state leaving each chunk) and dh0
     dhs = torch.empty(BH, NT, K, V, dtype=f32, device=dev)
     dh0 = torch.empty(B, H, K, V, dtype=f32, device=dev) if need_dh0 else None
     _bwd_dh_kernel[((K // cfg.BK_s) * (V // cfg.BV_s), BH)](
         q, gg, do, dht if dht is not None else dummy, dhs, dh0 if dh0 is not None else dummy, scale, T, NT,
         H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate, HAS_DHT=dht is not None,
-        STORE_DH0=dh0 is not None, IP=cfg.IP, num_warps=4)
+        STORE_DH0=dh0 is not None, IP=cfg.IP, EMU=cfg.EMU, num_warps=4)
     # (3) dv, then dq, dk and the gate terms, parallel over chunks
     dv = torch.empty_like(v)
     _bwd_dv_kernel[(V // cfg.BV_dv, NT, BH)](q, k, gg, do, dhs, dv, scale, T, NT, H=H, K=K, V=V, BT=cfg.BT,
-                                             BV=cfg.BV_dv, BKA=cfg.BKA, GATE=gate, IP=cfg.IP,
+                                             BV=cfg.BV_dv, BKA=cfg.BKA, GATE=gate, IP=cfg.IP, EMU=cfg.EMU,
                                              num_warps=4 if K <= 64 else 8)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
@@ -548,7 +552,7 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
     else:
         dgl = dummy
     _bwd_dqdk_kernel[(NK, NT, BH)](q, k, v, gg, do, hs, dhs, dq, dk, dgl, scale, B, T, NT, H=H, K=K, V=V,
-                                   BT=cfg.BT, BK=cfg.BK_dq, BV=cfg.BV_dq, GATE=gate, IP=cfg.IP,
+                                   BT=cfg.BT, BK=cfg.BK_dq, BV=cfg.BV_dq, GATE=gate, IP=cfg.IP, EMU=cfg.EMU,
                                    num_warps=4)
     dg = None
     if gate:
