@@ -147,7 +147,8 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
         rows = c * BT + o_t
         mask_t = rows < T
         if STORE_H:
-            tl.store(hs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, S, mask=(c < NT) & (st_offs >= 0))
+            tl.store(hs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, S.to(hs.dtype.element_ty),
+                     mask=(c < NT) & (st_offs >= 0))
         k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
         v_t = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
         if GATE == 1:
@@ -260,7 +261,7 @@ def _bwd_dh_kernel(q, g, do, dht, dhs, dh0, scale, T, NT,
         dS += tl.load(dht + i_bh * K * V + st_offs)
     for cc in tl.range(0, NT):
         c = NT - 1 - cc
-        tl.store(dhs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, dS)
+        tl.store(dhs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, dS.to(dhs.dtype.element_ty))
         rows = c * BT + o_t
         mask_t = rows < T
         q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
@@ -414,6 +415,39 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, B, T, NT,
                  mask=mask_t)
 
 
+@triton.jit
+def _dg_kernel(dgl, fin, dg, T, NT, NP,
+               H: tl.constexpr, KG: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HAS_FIN: tl.constexpr):
+    """dg_t = sum_{t' >= t} dgl_t' (+ fin): a reverse march over chunks with a running carry.
+
+    ``dgl``: fp32 ``[NP, B, T, H, KG]`` partial per-position terms (summed over the NP partials);
+    ``fin``: fp32 ``[B, H, KG]``; ``dg``: ``[B, T, H, KG]`` in g's dtype. grid (KG // BK, B*H).
+    """
+    i_k = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_t = tl.arange(0, BT)
+    base = i_b * T * H * KG + i_h * KG
+    carry = tl.zeros([BK], dtype=tl.float32)
+    if HAS_FIN:
+        carry += tl.load(fin + i_bh * KG + o_k)
+    for cc in tl.range(0, NT):
+        c = NT - 1 - cc
+        rows = c * BT + o_t
+        m = (rows < T)[:, None]
+        offs = base + rows[:, None] * (H * KG) + o_k[None, :]
+        x = tl.zeros([BT, BK], dtype=tl.float32)
+        for p in tl.range(0, NP):
+            x += tl.load(dgl + p * (T * H * KG) * (tl.num_programs(1) // H) + offs, mask=m, other=0.)
+        # reverse (suffix) sum inside the chunk: total - prefix sum + own term
+        tot = tl.sum(x, axis=0)
+        rc = tot[None, :] - tl.cumsum(x, axis=0) + x + carry[None, :]
+        tl.store(dg + offs, rc.to(dg.dtype.element_ty), mask=m)
+        carry += tot
+
+
 # ----------------------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------------------
@@ -438,8 +472,8 @@ class _Cfg:
         self.BT = 16 if gate == 2 else 64
         self.NT = triton.cdiv(T, self.BT)
         # forward: full K per program (o needs the whole K sum); the state tile is K x BV.
-        if gate == 2:
-            self.BV_f = min(V, 32 if K >= 128 else 64)
+        if gate == 2:   # small chunks: the state tile may span all of V (no recomputed intra scores)
+            self.BV_f = min(V, 16384 // K)
         else:
             self.BV_f = min(V, 64 if K <= 128 else 32)
         self.BKA = min(K, 32)                  # K-slice of the vector-gate pair broadcast [BT, BT, BKA]
@@ -452,7 +486,11 @@ class _Cfg:
         # Triton's interpreter mis-computes tl.dot on 16-bit operands, so there the dots run in
         # float32 (operands are not rounded to 16 bits; the compiled GPU path uses tensor cores).
         self.EMU = bool(INTERPRET)
-        self.warps_f = 4 if (K * self.BV_f) <= 128 * 64 // 2 else 8
+        # Per-chunk states for the backward are stored in the input dtype for 16-bit inputs (the
+        # dots that read them round them to that dtype anyway, so this loses nothing) and in
+        # float32 otherwise.
+        self.state_dtype = torch.float32 if (dtype == torch.float32 or INTERPRET) else dtype
+        self.warps_f = 4 if (K * self.BV_f) <= 64 * 64 else 8
         BH = B * H
         NV = V // self.BV_f
         if num_segments is None:
@@ -524,14 +562,14 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
     gg = g if g is not None else q
     dummy = torch.empty(1, dtype=f32, device=dev)
     # (1) recompute the entering state of every chunk (parallel over segments)
-    hs = torch.empty(BH, NT, K, V, dtype=f32, device=dev)
+    hs = torch.empty(BH, NT, K, V, dtype=cfg.state_dtype, device=dev)
     grid = ((K // cfg.BK_s) * (V // cfg.BV_s), BH * cfg.NS)
     _fwd_kernel[grid](q, k, v, gg, dummy, inits if inits is not None else dummy, dummy, dummy, hs, scale,
                       T, NT, cfg.SEG, cfg.NS, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, BKA=cfg.BKA,
                       GATE=gate, HAS_H0=inits is not None, COMPUTE_O=False, STORE_FINAL=False,
                       STORE_DEC=False, STORE_H=True, IP=cfg.IP, EMU=cfg.EMU, num_warps=4)
     # (2) reverse march for dh (gradient w.r.t. the state leaving each chunk) and dh0
-    dhs = torch.empty(BH, NT, K, V, dtype=f32, device=dev)
+    dhs = torch.empty(BH, NT, K, V, dtype=cfg.state_dtype, device=dev)
     dh0 = torch.empty(B, H, K, V, dtype=f32, device=dev) if need_dh0 else None
     _bwd_dh_kernel[((K // cfg.BK_s) * (V // cfg.BV_s), BH)](
         q, gg, do, dht if dht is not None else dummy, dhs, dh0 if dh0 is not None else dummy, scale, T, NT,
@@ -556,15 +594,16 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
                                    num_warps=4)
     dg = None
     if gate:
-        if gate == 1:
-            dgl = dgl.sum(0)
         # dL/dB_t (B_t = g_1 + ... + g_t over the whole sequence) is q*dq - k*dk, plus the final
         # state's sum_v S_T dS_T at t = T; dg_t is its reverse cumulative sum.
-        dg = dgl.flip(1).cumsum(1).flip(1)
-        if dht is not None and ht is not None:
-            fin = (ht * dht).sum(-1)                                          # [B, H, K]
-            dg = dg + (fin.unsqueeze(1) if gate == 2 else fin.sum(-1).unsqueeze(1))
-        dg = dg.to(g.dtype)
+        KG = K if gate == 2 else 1
+        has_fin = dht is not None and ht is not None
+        fin = ((ht * dht).sum(-1) if gate == 2 else (ht * dht).sum((-1, -2)).unsqueeze(-1)).contiguous() \
+            if has_fin else dummy
+        dg = torch.empty_like(g)
+        BKG = min(KG, 64)
+        _dg_kernel[(KG // BKG, BH)](dgl, fin, dg, T, NT, 1 if gate == 2 else NK, H=H, KG=KG, BT=cfg.BT,
+                                    BK=BKG, HAS_FIN=has_fin, num_warps=4)
     return dq, dk, dv, dg, dh0
 
 
