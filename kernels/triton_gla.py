@@ -289,9 +289,12 @@ def _bwd_dh_kernel(q, g, do, dht, dhs, dh0, scale, T, NT,
 @triton.jit
 def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BV: tl.constexpr, BKA: tl.constexpr,
+                   BT: tl.constexpr, BV: tl.constexpr,
                    GATE: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
-    """dV = A^T dO + (K * e^{b_C - b}) dh, one chunk and V-block per program; grid (NV, NT, B*H)."""
+    """dV = A^T dO + (K * e^{b_C - b}) dh, one chunk and V-block per program; grid (NV, NT, B*H).
+
+    No gate or scalar gate (``GATE`` 0 or 1); the vector gate has :func:`_bwd_dv_gla_kernel`.
+    """
     DT = tl.float32 if EMU else k.dtype.element_ty
     i_v = tl.program_id(0)
     c = tl.program_id(1)
@@ -309,27 +312,19 @@ def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
     k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
     do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
     dh = tl.load(dhs + (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :])
-    if GATE == 2:
-        A = _gla_intra_scores(q + qk_base, k + qk_base, g + g_base, rows, mask_t, H * K, scale, K, BT, BKA)
-        g_t = tl.load(g + g_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
-                      other=0.).to(tl.float32)
+    q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                  other=0.).to(tl.float32) * scale
+    A = tl.dot(q_t.to(DT), tl.trans(k_t.to(DT)), input_precision=IP)
+    causal = o_t[:, None] >= o_t[None, :]
+    if GATE == 1:
+        g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
         b_t = tl.cumsum(g_t, axis=0)
         b_c = tl.sum(g_t, axis=0)
-        kg = (k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)).to(DT)
+        A = A * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
+        kg = (k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]).to(DT)
     else:
-        q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
-                      other=0.).to(tl.float32) * scale
-        A = tl.dot(q_t.to(DT), tl.trans(k_t.to(DT)), input_precision=IP)
-        causal = o_t[:, None] >= o_t[None, :]
-        if GATE == 1:
-            g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
-            b_t = tl.cumsum(g_t, axis=0)
-            b_c = tl.sum(g_t, axis=0)
-            A = A * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
-            kg = (k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]).to(DT)
-        else:
-            A = tl.where(causal, A, 0.)
-            kg = k_t.to(DT)
+        A = tl.where(causal, A, 0.)
+        kg = k_t.to(DT)
     dv_c = tl.dot(tl.trans(A.to(DT)), do_t.to(DT), input_precision=IP)
     dv_c += tl.dot(kg, dh.to(DT), input_precision=IP)
     tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], dv_c.to(dv.dtype.element_ty),
@@ -344,8 +339,8 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, B, T, NT,
     """dQ, dK and the gate terms q*dq - k*dk for one chunk and K-block; grid (NK, NT, B*H).
 
     dQ~ = (dO h^T) e^{b} + (dP * Gamma) K,    dK = (V dh^T) e^{b_C - b} + (dP * Gamma)^T Q~,
-    with dP = dO V^T (per pair, for the vector gate: sums over j resp. i of dP_ij e^{b_i - b_j} ...).
-    ``dgl``: fp32 ``[B, T, H, K]`` (vector gate) or ``[NK, B, T, H]`` (scalar gate, summed later).
+    with dP = dO V^T. No gate or scalar gate; the vector gate has :func:`_bwd_dqdk_gla_kernel`.
+    ``dgl``: fp32 ``[NK, B, T, H]`` partial sums over this K-block of q*dq - k*dk (scalar gate).
     """
     DT = tl.float32 if EMU else k.dtype.element_ty
     i_k = tl.program_id(0)
@@ -379,40 +374,150 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, B, T, NT,
     k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                   other=0.).to(tl.float32)
     causal = o_t[:, None] >= o_t[None, :]
-    if GATE == 2:
-        g_t = tl.load(g + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
-                      other=0.).to(tl.float32)
+    if GATE == 1:
+        g_t = tl.load(g + i_b * T * H + i_h + rows * H, mask=mask_t, other=0.).to(tl.float32)
         b_t = tl.cumsum(g_t, axis=0)
         b_c = tl.sum(g_t, axis=0)
-        diff = b_t[:, None, :] - b_t[None, :, :]                                   # [BT_i, BT_j, BK]
-        decay = tl.exp(tl.where(causal[:, :, None], diff, float("-inf")))
-        dPd = dP[:, :, None] * decay
-        dq_t = dq_i * tl.exp(b_t) + tl.sum(dPd * k_t[None, :, :], axis=1)
-        dk_t = dk_i * tl.exp(b_c[None, :] - b_t) + tl.sum(dPd * q_t[:, None, :], axis=0)
+        dPg = dP * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
+        dq_t = dq_i * tl.exp(b_t)[:, None]
+        dk_t = dk_i * tl.exp(b_c - b_t)[:, None]
     else:
-        if GATE == 1:
-            g_t = tl.load(g + i_b * T * H + i_h + rows * H, mask=mask_t, other=0.).to(tl.float32)
-            b_t = tl.cumsum(g_t, axis=0)
-            b_c = tl.sum(g_t, axis=0)
-            dPg = dP * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
-            dq_t = dq_i * tl.exp(b_t)[:, None]
-            dk_t = dk_i * tl.exp(b_c - b_t)[:, None]
-        else:
-            dPg = tl.where(causal, dP, 0.)
-            dq_t = dq_i
-            dk_t = dk_i
-        dq_t += tl.dot(dPg.to(DT), k_t.to(DT), input_precision=IP)
-        dk_t += tl.dot(tl.trans(dPg.to(DT)), q_t.to(DT), input_precision=IP)
+        dPg = tl.where(causal, dP, 0.)
+        dq_t = dq_i
+        dk_t = dk_i
+    dq_t += tl.dot(dPg.to(DT), k_t.to(DT), input_precision=IP)
+    dk_t += tl.dot(tl.trans(dPg.to(DT)), q_t.to(DT), input_precision=IP)
     # dq_t is dL/dq~ (q~ = scale q): dL/dq = scale dq_t, and q dL/dq = q~ dq_t.
     offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
     tl.store(dq + offs, (dq_t * scale).to(dq.dtype.element_ty), mask=mask_t[:, None])
     tl.store(dk + offs, dk_t.to(dk.dtype.element_ty), mask=mask_t[:, None])
-    if GATE == 2:
-        tl.store(dgl + offs, q_t * dq_t - k_t * dk_t, mask=mask_t[:, None])
     if GATE == 1:
         part = tl.sum(q_t * dq_t - k_t * dk_t, axis=1)
         tl.store(dgl + i_k * (B * T * H) + i_b * T * H + i_h + rows * H, part,
                  mask=mask_t)
+
+
+@triton.jit
+def _sub_offsets(g_ptr, c, s, T, o_k, row_stride, BT: tl.constexpr, BC: tl.constexpr):
+    """Vector gate, sub-chunk ``s`` of chunk ``c``: rows, mask, g rows [BC, BK] and the chunk-local
+    cumulative log gate at the sub-chunk's start B0 and end B1 ([BK]) and at its rows b ([BC, BK])."""
+    o_c = tl.arange(0, BT)
+    rows_c = c * BT + o_c
+    g_c = tl.load(g_ptr + rows_c[:, None] * row_stride + o_k[None, :],
+                  mask=((rows_c < T) & (o_c < s * BC))[:, None], other=0.).to(tl.float32)
+    B0 = tl.sum(g_c, axis=0)
+    rows = c * BT + s * BC + tl.arange(0, BC)
+    mask_t = rows < T
+    g_s = tl.load(g_ptr + rows[:, None] * row_stride + o_k[None, :], mask=mask_t[:, None], other=0.).to(tl.float32)
+    b = B0[None, :] + tl.cumsum(g_s, axis=0)
+    B1 = B0 + tl.sum(g_s, axis=0)
+    return rows, mask_t, b, B0, B1
+
+
+@triton.jit
+def _bwd_dv_gla_kernel(q, k, g, do, dhs, dv, scale, T, NT,
+                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       BT: tl.constexpr, BC: tl.constexpr, BV: tl.constexpr, BKA: tl.constexpr,
+                       IP: tl.constexpr, EMU: tl.constexpr):
+    """Vector gate, chunk of BT = 4 BC tokens: dV per sub-chunk, newest first, with the state
+    gradient carried across the sub-chunks on chip; grid (NV, NT, B*H).
+
+    dh_sub (gradient w.r.t. the state leaving the current sub-chunk) starts as the chunk's dh;
+    dV_s = A_ss^T dO_s + (K_s e^{B1 - b_s}) dh_sub;  dh_sub <- e^{B1 - B0} dh_sub + (Q~_s e^{b_s - B0})^T dO_s.
+    """
+    DT = tl.float32 if EMU else k.dtype.element_ty
+    i_v = tl.program_id(0)
+    c = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    qk_base = i_b * T * H * K + i_h * K
+    v_base = i_b * T * H * V + i_h * V
+    dh = tl.load(dhs + (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]).to(tl.float32)
+    for ss in tl.static_range(BT // BC):
+        s = BT // BC - 1 - ss
+        rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
+        k_s = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                      other=0.).to(tl.float32)
+        q_s = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                      other=0.).to(tl.float32) * scale
+        do_s = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                       other=0.).to(DT)
+        A = _gla_intra_scores(q + qk_base, k + qk_base, g + qk_base, rows, mask_t, H * K, scale, K, BC, BKA)
+        dv_s = tl.dot(tl.trans(A.to(DT)), do_s, input_precision=IP)
+        kg = (k_s * tl.exp(B1[None, :] - b)).to(DT)
+        dv_s += tl.dot(kg, dh.to(DT), input_precision=IP)
+        tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], dv_s.to(dv.dtype.element_ty),
+                 mask=mask_t[:, None])
+        qg = (q_s * tl.exp(b - B0[None, :])).to(DT)
+        dh = dh * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(qg), do_s, input_precision=IP)
+
+
+@triton.jit
+def _bwd_dqdk_gla_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, T, NT,
+                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                         BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                         IP: tl.constexpr, EMU: tl.constexpr):
+    """Vector gate: dQ, dK and q*dq - k*dk per sub-chunk; grid (NK, NT, B*H).
+
+    Pass 1, oldest sub-chunk first, carries the state entering the sub-chunk (h_sub, [BK, V]):
+    dQ~_s = (dO_s h_sub^T) e^{b_s - B0} + sum_j dP_ij K_j e^{b_i - b_j} (pairs inside the sub-chunk).
+    Pass 2, newest first, carries the state gradient (dh_sub):
+    dK_s = (V_s dh_sub^T) e^{B1 - b_s} + sum_i dP_ij Q~_i e^{b_i - b_j}.
+    """
+    DT = tl.float32 if EMU else k.dtype.element_ty
+    i_k = tl.program_id(0)
+    c = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = tl.arange(0, V)
+    o_i = tl.arange(0, BC)
+    causal = o_i[:, None] >= o_i[None, :]
+    qk_base = i_b * T * H * K + i_h * K
+    v_base = i_b * T * H * V + i_h * V
+    st = (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
+    h = tl.load(hs + st).to(tl.float32)
+    for s in tl.static_range(BT // BC):
+        rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
+        offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
+        k_s = tl.load(k + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
+        q_s = tl.load(q + offs, mask=mask_t[:, None], other=0.).to(tl.float32) * scale
+        v_s = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.).to(DT)
+        do_s = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                       other=0.).to(DT)
+        dP = tl.dot(do_s, tl.trans(v_s), input_precision=IP)                        # [BC, BC]
+        decay = tl.exp(tl.where(causal[:, :, None], b[:, None, :] - b[None, :, :], float("-inf")))
+        dq_s = tl.dot(do_s, tl.trans(h.to(DT)), input_precision=IP) * tl.exp(b - B0[None, :])
+        dq_s += tl.sum(dP[:, :, None] * decay * k_s[None, :, :], axis=1)
+        tl.store(dq + offs, (dq_s * scale).to(dq.dtype.element_ty), mask=mask_t[:, None])
+        tl.store(dgl + offs, q_s * dq_s, mask=mask_t[:, None])
+        kg = (k_s * tl.exp(B1[None, :] - b)).to(DT)
+        h = h * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(kg), v_s, input_precision=IP)
+    # pass 2 reads back what pass 1 stored into dgl (same program): order the two
+    tl.debug_barrier()
+    dh = tl.load(dhs + st).to(tl.float32)
+    for ss in tl.static_range(BT // BC):
+        s = BT // BC - 1 - ss
+        rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
+        offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
+        k_s = tl.load(k + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
+        q_s = tl.load(q + offs, mask=mask_t[:, None], other=0.).to(tl.float32) * scale
+        v_s = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.).to(DT)
+        do_s = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                       other=0.).to(DT)
+        dP = tl.dot(do_s, tl.trans(v_s), input_precision=IP)
+        decay = tl.exp(tl.where(causal[:, :, None], b[:, None, :] - b[None, :, :], float("-inf")))
+        dk_s = tl.dot(v_s, tl.trans(dh.to(DT)), input_precision=IP) * tl.exp(B1[None, :] - b)
+        dk_s += tl.sum(dP[:, :, None] * decay * q_s[:, None, :], axis=0)
+        tl.store(dk + offs, dk_s.to(dk.dtype.element_ty), mask=mask_t[:, None])
+        prev = tl.load(dgl + offs, mask=mask_t[:, None], other=0.)
+        tl.store(dgl + offs, prev - k_s * dk_s, mask=mask_t[:, None])
+        qg = (q_s * tl.exp(b - B0[None, :])).to(DT)
+        dh = dh * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(qg), do_s, input_precision=IP)
 
 
 @triton.jit
@@ -469,8 +574,14 @@ class _Cfg:
     """Tile sizes and launch parameters, chosen by simple rules of thumb (see NOTES_gla.md)."""
 
     def __init__(self, gate: int, B: int, T: int, H: int, K: int, V: int, dtype, device, num_segments=None):
-        self.BT = 16 if gate == 2 else 64
+        # BT: the chunk of the state marches and of the backward's stored states; BTF: the chunk of
+        # the fused forward march (16 for the vector gate, whose intra-chunk scores are formed pair
+        # by pair); BC: the vector gate's backward sub-chunk.
+        self.BT = 64
+        self.BTF = 16 if gate == 2 else 64
+        self.BC = 16
         self.NT = triton.cdiv(T, self.BT)
+        self.NTF = triton.cdiv(T, self.BTF)
         # forward: full K per program (o needs the whole K sum); the state tile is K x BV.
         if gate == 2:   # small chunks: the state tile may span all of V (no recomputed intra scores)
             self.BV_f = min(V, 16384 // K)
@@ -502,6 +613,7 @@ class _Cfg:
         num_segments = max(1, min(int(num_segments), self.NT))
         self.SEG = triton.cdiv(self.NT, num_segments)
         self.NS = triton.cdiv(self.NT, self.SEG)   # no empty segment
+        self.SEGF = self.SEG * (self.BT // self.BTF)   # the same segments in fused-forward chunks
 
 
 def _gate_code(g):
@@ -526,7 +638,7 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
         inits = h0
         grid = (V // cfg.BV_f, BH)
         _fwd_kernel[grid](q, k, v, gg, o, h0 if h0 is not None else dummy, ht if ht is not None else dummy,
-                          dummy, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V, BT=cfg.BT, BK=K,
+                          dummy, dummy, scale, T, cfg.NTF, cfg.SEGF, cfg.NS, H=H, K=K, V=V, BT=cfg.BTF, BK=K,
                           BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=h0 is not None, COMPUTE_O=True,
                           STORE_FINAL=ht is not None, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU,
                           num_warps=cfg.warps_f)
@@ -545,8 +657,8 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
             K=K, V=V, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate, HAS_H0=h0 is not None,
             STORE_FINAL=ht is not None, num_warps=4)
         _fwd_kernel[(V // cfg.BV_f, BH * NS)](
-            q, k, v, gg, o, inits, dummy, dummy, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V,
-            BT=cfg.BT, BK=K, BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=True, COMPUTE_O=True,
+            q, k, v, gg, o, inits, dummy, dummy, dummy, scale, T, cfg.NTF, cfg.SEGF, cfg.NS, H=H, K=K, V=V,
+            BT=cfg.BTF, BK=K, BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=True, COMPUTE_O=True,
             STORE_FINAL=False, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=cfg.warps_f)
     return o, ht, (inits if need_inits else None), cfg
 
@@ -577,9 +689,14 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
         STORE_DH0=dh0 is not None, IP=cfg.IP, EMU=cfg.EMU, num_warps=4)
     # (3) dv, then dq, dk and the gate terms, parallel over chunks
     dv = torch.empty_like(v)
-    _bwd_dv_kernel[(V // cfg.BV_dv, NT, BH)](q, k, gg, do, dhs, dv, scale, T, NT, H=H, K=K, V=V, BT=cfg.BT,
-                                             BV=cfg.BV_dv, BKA=cfg.BKA, GATE=gate, IP=cfg.IP, EMU=cfg.EMU,
-                                             num_warps=4 if K <= 64 else 8)
+    if gate == 2:
+        _bwd_dv_gla_kernel[(V // cfg.BV_dv, NT, BH)](q, k, g, do, dhs, dv, scale, T, NT, H=H, K=K, V=V,
+                                                     BT=cfg.BT, BC=cfg.BC, BV=cfg.BV_dv, BKA=cfg.BKA, IP=cfg.IP,
+                                                     EMU=cfg.EMU, num_warps=4 if K <= 64 else 8)
+    else:
+        _bwd_dv_kernel[(V // cfg.BV_dv, NT, BH)](q, k, gg, do, dhs, dv, scale, T, NT, H=H, K=K, V=V, BT=cfg.BT,
+                                                 BV=cfg.BV_dv, GATE=gate, IP=cfg.IP, EMU=cfg.EMU,
+                                                 num_warps=4 if K <= 64 else 8)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     NK = K // cfg.BK_dq
@@ -589,9 +706,14 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
         dgl = torch.empty(NK, B, T, H, dtype=f32, device=dev)
     else:
         dgl = dummy
-    _bwd_dqdk_kernel[(NK, NT, BH)](q, k, v, gg, do, hs, dhs, dq, dk, dgl, scale, B, T, NT, H=H, K=K, V=V,
-                                   BT=cfg.BT, BK=cfg.BK_dq, BV=cfg.BV_dq, GATE=gate, IP=cfg.IP, EMU=cfg.EMU,
-                                   num_warps=4)
+    if gate == 2:
+        _bwd_dqdk_gla_kernel[(NK, NT, BH)](q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, T, NT, H=H, K=K, V=V,
+                                           BT=cfg.BT, BC=cfg.BC, BK=cfg.BK_dq, IP=cfg.IP, EMU=cfg.EMU,
+                                           num_warps=4)
+    else:
+        _bwd_dqdk_kernel[(NK, NT, BH)](q, k, v, gg, do, hs, dhs, dq, dk, dgl, scale, B, T, NT, H=H, K=K, V=V,
+                                       BT=cfg.BT, BK=cfg.BK_dq, BV=cfg.BV_dq, GATE=gate, IP=cfg.IP,
+                                       EMU=cfg.EMU, num_warps=4)
     dg = None
     if gate:
         # dL/dB_t (B_t = g_1 + ... + g_t over the whole sequence) is q*dq - k*dk, plus the final
