@@ -521,36 +521,31 @@ def _bwd_dqdk_gla_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, T, NT,
 
 
 @triton.jit
-def _dg_kernel(dgl, fin, dg, T, NT, NP,
-               H: tl.constexpr, KG: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HAS_FIN: tl.constexpr):
-    """dg_t = sum_{t' >= t} dgl_t' (+ fin): a reverse march over chunks with a running carry.
+def _dg_kernel(dgl, carry, dg, B, T, NT, NP,
+               H: tl.constexpr, KG: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """dg_t = sum_{t' >= t} dgl_t': suffix sums inside each chunk plus the chunk's carry.
 
-    ``dgl``: fp32 ``[NP, B, T, H, KG]`` partial per-position terms (summed over the NP partials);
-    ``fin``: fp32 ``[B, H, KG]``; ``dg``: ``[B, T, H, KG]`` in g's dtype. grid (KG // BK, B*H).
+    ``dgl``: fp32 ``[NP, B, T, H, KG]`` per-position terms (summed over the NP partials);
+    ``carry``: fp32 ``[B, NT, H, KG]``, the sum over all later chunks (plus the final-state term);
+    ``dg``: ``[B, T, H, KG]`` in g's dtype. Parallel over chunks: grid (KG // BK, NT, B*H).
     """
     i_k = tl.program_id(0)
-    i_bh = tl.program_id(1)
+    c = tl.program_id(1)
+    i_bh = tl.program_id(2)
     i_b = i_bh // H
     i_h = i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
-    o_t = tl.arange(0, BT)
-    base = i_b * T * H * KG + i_h * KG
-    carry = tl.zeros([BK], dtype=tl.float32)
-    if HAS_FIN:
-        carry += tl.load(fin + i_bh * KG + o_k)
-    for cc in tl.range(0, NT):
-        c = NT - 1 - cc
-        rows = c * BT + o_t
-        m = (rows < T)[:, None]
-        offs = base + rows[:, None] * (H * KG) + o_k[None, :]
-        x = tl.zeros([BT, BK], dtype=tl.float32)
-        for p in tl.range(0, NP):
-            x += tl.load(dgl + p * (T * H * KG) * (tl.num_programs(1) // H) + offs, mask=m, other=0.)
-        # reverse (suffix) sum inside the chunk: total - prefix sum + own term
-        tot = tl.sum(x, axis=0)
-        rc = tot[None, :] - tl.cumsum(x, axis=0) + x + carry[None, :]
-        tl.store(dg + offs, rc.to(dg.dtype.element_ty), mask=m)
-        carry += tot
+    rows = c * BT + tl.arange(0, BT)
+    m = (rows < T)[:, None]
+    offs = i_b * T * H * KG + i_h * KG + rows[:, None] * (H * KG) + o_k[None, :]
+    x = tl.zeros([BT, BK], dtype=tl.float32)
+    for p in tl.range(0, NP):
+        x += tl.load(dgl + p * (B * T * H * KG) + offs, mask=m, other=0.)
+    tot = tl.sum(x, axis=0)
+    cy = tl.load(carry + ((i_b * NT + c) * H + i_h) * KG + o_k)
+    # suffix sum inside the chunk: total - prefix sum + own term
+    rc = (tot + cy)[None, :] - tl.cumsum(x, axis=0) + x
+    tl.store(dg + offs, rc.to(dg.dtype.element_ty), mask=m)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -719,13 +714,22 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
         # dL/dB_t (B_t = g_1 + ... + g_t over the whole sequence) is q*dq - k*dk, plus the final
         # state's sum_v S_T dS_T at t = T; dg_t is its reverse cumulative sum.
         KG = K if gate == 2 else 1
-        has_fin = dht is not None and ht is not None
-        fin = ((ht * dht).sum(-1) if gate == 2 else (ht * dht).sum((-1, -2)).unsqueeze(-1)).contiguous() \
-            if has_fin else dummy
+        NP = 1 if gate == 2 else NK
+        # per-chunk totals, then for each chunk the sum over all later chunks (small tensors)
+        x = dgl.view(NP, B, T, H, KG)
+        pad = NT * cfg.BT - T
+        if pad:
+            x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
+        tot = x.view(NP, B, NT, cfg.BT, H, KG).sum((0, 3))                    # [B, NT, H, KG]
+        carry = tot.flip(1).cumsum(1).flip(1) - tot                            # exclusive suffix sum
+        if dht is not None and ht is not None:
+            fin = (ht * dht).sum(-1) if gate == 2 else (ht * dht).sum((-1, -2)).unsqueeze(-1)
+            carry = carry + fin.unsqueeze(1)                                   # [B, 1, H, KG]
+        carry = carry.contiguous()
         dg = torch.empty_like(g)
         BKG = min(KG, 64)
-        _dg_kernel[(KG // BKG, BH)](dgl, fin, dg, T, NT, 1 if gate == 2 else NK, H=H, KG=KG, BT=cfg.BT,
-                                    BK=BKG, HAS_FIN=has_fin, num_warps=4)
+        _dg_kernel[(KG // BKG, NT, BH)](dgl, carry, dg, B, T, NT, NP, H=H, KG=KG, BT=cfg.BT, BK=BKG,
+                                        num_warps=4)
     return dq, dk, dv, dg, dh0
 
 
