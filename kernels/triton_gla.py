@@ -436,7 +436,7 @@ def _bwd_dv_gla_kernel(q, k, g, do, dhs, dv, scale, T, NT,
     qk_base = i_b * T * H * K + i_h * K
     v_base = i_b * T * H * V + i_h * V
     dh = tl.load(dhs + (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]).to(tl.float32)
-    for ss in tl.static_range(BT // BC):
+    for ss in tl.range(0, BT // BC):
         s = BT // BC - 1 - ss
         rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
         k_s = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
@@ -481,7 +481,7 @@ def _bwd_dqdk_gla_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, T, NT,
     v_base = i_b * T * H * V + i_h * V
     st = (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
     h = tl.load(hs + st).to(tl.float32)
-    for s in tl.static_range(BT // BC):
+    for s in tl.range(0, BT // BC):
         rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
         offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
         k_s = tl.load(k + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
@@ -500,7 +500,7 @@ def _bwd_dqdk_gla_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, T, NT,
     # pass 2 reads back what pass 1 stored into dgl (same program): order the two
     tl.debug_barrier()
     dh = tl.load(dhs + st).to(tl.float32)
-    for ss in tl.static_range(BT // BC):
+    for ss in tl.range(0, BT // BC):
         s = BT // BC - 1 - ss
         rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
         offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
@@ -704,11 +704,11 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
     if gate == 2:
         _bwd_dqdk_gla_kernel[(NK, NT, BH)](q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, T, NT, H=H, K=K, V=V,
                                            BT=cfg.BT, BC=cfg.BC, BK=cfg.BK_dq, IP=cfg.IP, EMU=cfg.EMU,
-                                           num_warps=4)
+                                           num_warps=8 if K >= 64 else 4)
     else:
         _bwd_dqdk_kernel[(NK, NT, BH)](q, k, v, gg, do, hs, dhs, dq, dk, dgl, scale, B, T, NT, H=H, K=K, V=V,
                                        BT=cfg.BT, BK=cfg.BK_dq, BV=cfg.BV_dq, GATE=gate, IP=cfg.IP,
-                                       EMU=cfg.EMU, num_warps=4)
+                                       EMU=cfg.EMU, num_warps=8 if cfg.BK_dq >= 64 else 4)
     dg = None
     if gate:
         # dL/dB_t (B_t = g_1 + ... + g_t over the whole sequence) is q*dq - k*dk, plus the final
