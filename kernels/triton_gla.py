@@ -208,8 +208,13 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
 @triton.jit
 def _combine_kernel(contrib, dec, h0, inits, ht, NS,
                     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                    GATE: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr):
-    """Sequential pass over segments: entering state of segment s+1 = e^{dec_s} S_s + contrib_s."""
+                    GATE: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
+                    REVERSE: tl.constexpr):
+    """Sequential pass over segments: entering state of segment s+1 = e^{dec_s} S_s + contrib_s.
+
+    ``REVERSE`` runs the same recursion from the last segment to the first (for state gradients:
+    the gradient entering segment s from the right is e^{dec_s} dS + contrib_s).
+    """
     i_kv = tl.program_id(0)
     i_bh = tl.program_id(1)
     NV: tl.constexpr = V // BV
@@ -221,8 +226,11 @@ def _combine_kernel(contrib, dec, h0, inits, ht, NS,
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         S += tl.load(h0 + i_bh * K * V + st_offs)
-    for s in tl.range(0, NS):
-        idx = i_bh * NS + s
+    for ss in tl.range(0, NS):
+        if REVERSE:
+            idx = i_bh * NS + (NS - 1 - ss)
+        else:
+            idx = i_bh * NS + ss
         tl.store(inits + idx * K * V + st_offs, S)
         if GATE == 1:
             d = tl.load(dec + idx + tl.arange(0, 1))
@@ -236,17 +244,26 @@ def _combine_kernel(contrib, dec, h0, inits, ht, NS,
 
 
 @triton.jit
-def _bwd_dh_kernel(q, g, do, dht, dhs, dh0, scale, T, NT,
+def _bwd_dh_kernel(q, g, do, dinit, dhs, dout, scale, T, NT, SEG_CHUNKS, NS,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   GATE: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
-    """Reverse march: dhs[c] = dL/d(state leaving chunk c); dS_enter = e^{b_C} dS + (Q~ e^{b})^T dO."""
+                   GATE: tl.constexpr, HAS_INIT: tl.constexpr, STORE_DH: tl.constexpr, STORE_OUT: tl.constexpr,
+                   IP: tl.constexpr, EMU: tl.constexpr):
+    """Reverse march over the chunks of one segment: dhs[c] = dL/d(state leaving chunk c);
+    dS_enter = e^{b_C} dS + (Q~ e^{b})^T dO. grid (NK * NV, B*H*NS).
+
+    ``dinit``: per-(bh, segment) gradient w.r.t. the state leaving the segment ``[B*H*NS, K, V]``;
+    ``dout``: the gradient w.r.t. the state entering it (the segment's contribution when started
+    from zero; the initial state's gradient when NS = 1).
+    """
     DT = tl.float32 if EMU else q.dtype.element_ty
     i_kv = tl.program_id(0)
-    i_bh = tl.program_id(1)
+    i_bhs = tl.program_id(1)
     NV: tl.constexpr = V // BV
     i_k = i_kv // NV
     i_v = i_kv % NV
+    i_bh = i_bhs // NS
+    i_s = i_bhs % NS
     i_b = i_bh // H
     i_h = i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
@@ -257,11 +274,14 @@ def _bwd_dh_kernel(q, g, do, dht, dhs, dh0, scale, T, NT,
     g_base = i_b * T * H + i_h if GATE == 1 else qk_base
     st_offs = o_k[:, None] * V + o_v[None, :]
     dS = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_DHT:
-        dS += tl.load(dht + i_bh * K * V + st_offs)
-    for cc in tl.range(0, NT):
-        c = NT - 1 - cc
-        tl.store(dhs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, dS.to(dhs.dtype.element_ty))
+    if HAS_INIT:
+        dS += tl.load(dinit + i_bhs * K * V + st_offs)
+    # chunks past NT (in the last segment) load nothing and leave dS unchanged
+    for j in tl.range(0, SEG_CHUNKS):
+        c = i_s * SEG_CHUNKS + SEG_CHUNKS - 1 - j
+        if STORE_DH:
+            tl.store(dhs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, dS.to(dhs.dtype.element_ty),
+                     mask=(c < NT) & (st_offs >= 0))
         rows = c * BT + o_t
         mask_t = rows < T
         q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
@@ -282,8 +302,8 @@ def _bwd_dh_kernel(q, g, do, dht, dhs, dh0, scale, T, NT,
             b_c = tl.sum(g_t, axis=0)
             qg = (q_t * tl.exp(b_t)).to(DT)
             dS = dS * tl.exp(b_c)[:, None] + tl.dot(tl.trans(qg), do_t.to(DT), input_precision=IP)
-    if STORE_DH0:
-        tl.store(dh0 + i_bh * K * V + st_offs, dS)
+    if STORE_OUT:
+        tl.store(dout + i_bhs * K * V + st_offs, dS)
 
 
 @triton.jit
@@ -650,7 +670,7 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
         _combine_kernel[((K // cfg.BK_s) * (V // cfg.BV_s), BH)](
             contrib, dec, h0 if h0 is not None else dummy, inits, ht if ht is not None else dummy, NS,
             K=K, V=V, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate, HAS_H0=h0 is not None,
-            STORE_FINAL=ht is not None, num_warps=4)
+            STORE_FINAL=ht is not None, REVERSE=False, num_warps=4)
         _fwd_kernel[(V // cfg.BV_f, BH * NS)](
             q, k, v, gg, o, inits, dummy, dummy, dummy, scale, T, cfg.NTF, cfg.SEGF, cfg.NS, H=H, K=K, V=V,
             BT=cfg.BTF, BK=K, BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=True, COMPUTE_O=True,
@@ -670,18 +690,36 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
     dummy = torch.empty(1, dtype=f32, device=dev)
     # (1) recompute the entering state of every chunk (parallel over segments)
     hs = torch.empty(BH, NT, K, V, dtype=cfg.state_dtype, device=dev)
-    grid = ((K // cfg.BK_s) * (V // cfg.BV_s), BH * cfg.NS)
-    _fwd_kernel[grid](q, k, v, gg, dummy, inits if inits is not None else dummy, dummy, dummy, hs, scale,
-                      T, NT, cfg.SEG, cfg.NS, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, BKA=cfg.BKA,
-                      GATE=gate, HAS_H0=inits is not None, COMPUTE_O=False, STORE_FINAL=False,
-                      STORE_DEC=False, STORE_H=True, IP=cfg.IP, EMU=cfg.EMU, num_warps=4)
-    # (2) reverse march for dh (gradient w.r.t. the state leaving each chunk) and dh0
+    NS = cfg.NS
+    NKV = (K // cfg.BK_s) * (V // cfg.BV_s)
+    split = NS > 1
+    dec = torch.zeros(BH * NS, K if gate == 2 else 1, dtype=f32, device=dev) if (split and gate) else dummy
+    _fwd_kernel[(NKV, BH * NS)](q, k, v, gg, dummy, inits if inits is not None else dummy, dummy, dec, hs,
+                                scale, T, NT, cfg.SEG, NS, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s,
+                                BKA=cfg.BKA, GATE=gate, HAS_H0=inits is not None, COMPUTE_O=False,
+                                STORE_FINAL=False, STORE_DEC=split and gate != 0, STORE_H=True, IP=cfg.IP,
+                                EMU=cfg.EMU, num_warps=4)
+    # (2) reverse march for dh (gradient w.r.t. the state leaving each chunk) and dh0; split like
+    #     the forward: per-segment contributions, a reverse combine, then the per-segment march
     dhs = torch.empty(BH, NT, K, V, dtype=cfg.state_dtype, device=dev)
     dh0 = torch.empty(B, H, K, V, dtype=f32, device=dev) if need_dh0 else None
-    _bwd_dh_kernel[((K // cfg.BK_s) * (V // cfg.BV_s), BH)](
-        q, gg, do, dht if dht is not None else dummy, dhs, dh0 if dh0 is not None else dummy, scale, T, NT,
-        H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate, HAS_DHT=dht is not None,
-        STORE_DH0=dh0 is not None, IP=cfg.IP, EMU=cfg.EMU, num_warps=4)
+    common = dict(H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate, IP=cfg.IP, EMU=cfg.EMU,
+                  num_warps=4)
+    if not split:
+        _bwd_dh_kernel[(NKV, BH)](q, gg, do, dht if dht is not None else dummy, dhs,
+                                  dh0 if dh0 is not None else dummy, scale, T, NT, NT, 1,
+                                  HAS_INIT=dht is not None, STORE_DH=True, STORE_OUT=dh0 is not None, **common)
+    else:
+        contrib = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
+        _bwd_dh_kernel[(NKV, BH * NS)](q, gg, do, dummy, dummy, contrib, scale, T, NT, cfg.SEG, NS,
+                                       HAS_INIT=False, STORE_DH=False, STORE_OUT=True, **common)
+        dinits = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
+        _combine_kernel[(NKV, BH)](contrib, dec, dht if dht is not None else dummy, dinits,
+                                   dh0 if dh0 is not None else dummy, NS, K=K, V=V, BK=cfg.BK_s, BV=cfg.BV_s,
+                                   GATE=gate, HAS_H0=dht is not None, STORE_FINAL=dh0 is not None, REVERSE=True,
+                                   num_warps=4)
+        _bwd_dh_kernel[(NKV, BH * NS)](q, gg, do, dinits, dhs, dummy, scale, T, NT, cfg.SEG, NS,
+                                       HAS_INIT=True, STORE_DH=True, STORE_OUT=False, **common)
     # (3) dv, then dq, dk and the gate terms, parallel over chunks
     dv = torch.empty_like(v)
     if gate == 2:

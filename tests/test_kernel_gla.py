@@ -141,10 +141,13 @@ def test_state_options(device, op, h0, fin):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("op", OPS)
-def test_segment_split(device, op):
-    """The forward's sequence split (segment states, combine, per-segment march) gives the same."""
-    q, k, v, g, s0 = _inputs(op, 1, 130, 2, 16, 16, torch.float32, device, seed=3)
-    _compare(op, q, k, v, g, s0, True, tol=TOL[torch.float32], num_segments=3)
+@pytest.mark.parametrize("h0,fin,T,ns", [(True, True, 130, 3), (False, False, 200, 2)])
+def test_segment_split(device, op, h0, fin, T, ns):
+    """The sequence split (segment states, combine, per-segment marches; forward and the backward's
+    state-gradient march) gives the same results, also with a shorter last segment (T=200: 4 chunks
+    of 64 in 2 segments; 13 GLA steps of 16)."""
+    q, k, v, g, s0 = _inputs(op, 1, T, 2, 16, 16, torch.float32, device, h0=h0, seed=3)
+    _compare(op, q, k, v, g, s0, fin, tol=TOL[torch.float32], num_segments=ns)
 
 
 @pytest.mark.parametrize("device", DEVICES)
