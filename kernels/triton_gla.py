@@ -620,10 +620,13 @@ class _Cfg:
         BH = B * H
         NV = V // self.BV_f
         if num_segments is None:
-            want = 2 * _num_sms(device)
+            # Split the sequence only when the marches would not fill one wave of the GPU (the
+            # big forward programs run one per SM); then aim at about two waves, with segments of
+            # at least four chunks. Each split costs one extra read of k, v (and g).
+            sms = _num_sms(device)
             ns = 1
-            if BH * NV < want and self.NT >= 8:
-                ns = min(triton.cdiv(want, BH * NV), self.NT // 4)
+            if BH * NV < sms and self.NT >= 8:
+                ns = min((2 * sms) // (BH * NV), self.NT // 4)
             num_segments = max(1, ns)
         num_segments = max(1, min(int(num_segments), self.NT))
         self.SEG = triton.cdiv(self.NT, num_segments)
