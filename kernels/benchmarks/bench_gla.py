@@ -1,0 +1,249 @@
+"""Benchmark: our Triton chunk_linear_attn / chunk_simple_gla / chunk_gla against fla's.
+
+Usage (on a GPU)::
+
+    python -m kernels.benchmarks.bench_gla            # full run, prints a table
+    python -m kernels.benchmarks.bench_gla --quick    # one shape, fewer repetitions
+    python -m kernels.benchmarks.bench_gla --write    # also writes kernels/results/bench_gla.json
+
+Shapes: bfloat16, H = 16, K = V = 128, B*T = 65,536 tokens with T in {2048, 8192, 32768}, plus
+B = 1, T = 32768. Passes: ``fwd`` (inputs without grad) and ``fwdbwd`` (forward + backward of
+``(o * do).sum()`` via ``torch.autograd.grad``). Times are medians of ``triton.testing.do_bench``
+(``harness.bench_ms``). No initial state, no final state (the training configuration).
+
+Inputs are realistic and never zero: q, k, v standard normal (keys are *not* L2-normalised, as in
+fla's own tests), log gates ``g = logsigmoid(N(0, 1))`` (scalar ``[B, T, H]`` for simple GLA, per
+key channel ``[B, T, H, K]`` for GLA), scale ``K ** -0.5``.
+
+Accuracy: outputs and gradients of ours and fla's, against the float64 chunkwise reference of
+:mod:`kernels.reference`, as fla's ``err_ratio`` (RMS(x - ref) / RMS(ref)). To bound memory the
+check runs on a slice: batch element 0 and the first ``min(T, 8192)`` tokens (``err_T`` in the
+record), all 16 heads.
+
+fla is imported with ``FLA_DISABLE_BACKEND_DISPATCH=1`` (its plain Triton path); every fla call is
+wrapped, and a failure (fla 0.6.0 refuses some backward passes on Triton 3.6 / Hopper) is recorded
+as ``{"ms": null, "note": <error>}`` rather than worked around.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imported anywhere
+
+SHAPES_FULL = [(32, 2048), (8, 8192), (2, 32768), (1, 32768)]     # (B, T)
+SHAPES_QUICK = [(32, 2048)]
+OPS = ["linear_attn", "simple_gla", "gla"]
+H, K, V = 16, 128, 128
+ERR_T_MAX = 8192
+
+
+def _parse(argv=None):
+    p = argparse.ArgumentParser(prog="python -m kernels.benchmarks.bench_gla",
+                                description="Time our Triton chunk_linear_attn / chunk_simple_gla / "
+                                            "chunk_gla against fla's on a GPU (bf16, H=16, K=V=128).")
+    p.add_argument("--quick", action="store_true", help="one shape (B=32, T=2048) and fewer repetitions")
+    p.add_argument("--write", action="store_true", help="write kernels/results/bench_gla.json")
+    p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
+    p.add_argument("--no-fla", action="store_true", help="time only our kernels")
+    return p.parse_args(argv)
+
+
+def _fla_fns():
+    """fla's three ops, or the import error as a string."""
+    try:
+        from fla.ops.gla import chunk_gla
+        from fla.ops.linear_attn import chunk_linear_attn
+        from fla.ops.simple_gla import chunk_simple_gla
+    except Exception as e:  # pragma: no cover - depends on the machine
+        return f"import fla failed: {type(e).__name__}: {e}"
+    return {
+        "linear_attn": lambda q, k, v, g: chunk_linear_attn(q, k, v, scale=K ** -0.5, normalize=False)[0],
+        "simple_gla": lambda q, k, v, g: chunk_simple_gla(q, k, v, g=g, scale=K ** -0.5)[0],
+        "gla": lambda q, k, v, g: chunk_gla(q, k, v, g, scale=K ** -0.5)[0],
+    }
+
+
+def _our_fns():
+    import kernels
+    return {
+        "linear_attn": lambda q, k, v, g: kernels.chunk_linear_attn(q, k, v, scale=K ** -0.5)[0],
+        "simple_gla": lambda q, k, v, g: kernels.chunk_simple_gla(q, k, v, g, scale=K ** -0.5)[0],
+        "gla": lambda q, k, v, g: kernels.chunk_gla(q, k, v, g, scale=K ** -0.5)[0],
+    }
+
+
+def _inputs(op, B, T, dtype, device, seed=0):
+    import torch
+    import torch.nn.functional as F
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, T, H, K, device=device, dtype=dtype, generator=gen)
+    k = torch.randn(B, T, H, K, device=device, dtype=dtype, generator=gen)
+    v = torch.randn(B, T, H, V, device=device, dtype=dtype, generator=gen)
+    if op == "linear_attn":
+        g = None
+    elif op == "simple_gla":
+        g = F.logsigmoid(torch.randn(B, T, H, device=device, dtype=torch.float32, generator=gen)).to(dtype)
+    else:
+        g = F.logsigmoid(torch.randn(B, T, H, K, device=device, dtype=torch.float32, generator=gen)).to(dtype)
+    do = torch.randn(B, T, H, V, device=device, dtype=dtype, generator=gen)
+    return q, k, v, g, do
+
+
+def _grads(fn, q, k, v, g, do):
+    import torch
+    leaves = [x.detach().requires_grad_(True) for x in (q, k, v) + ((g,) if g is not None else ())]
+    o = fn(*leaves[:3], leaves[3] if g is not None else None)
+    grads = torch.autograd.grad(o, leaves, do)
+    names = ["dq", "dk", "dv", "dg"][:len(leaves)]
+    return o.detach(), dict(zip(names, grads))
+
+
+def _reference(op, q, k, v, g, do):
+    """float64 chunkwise reference (kernels.reference) on float64 copies: o and gradients."""
+    import torch
+    from kernels import reference
+    q, k, v, do = (x.to(torch.float64) for x in (q, k, v, do))
+    g = None if g is None else g.to(torch.float64)
+    if op == "gla":
+        fn = lambda q, k, v, g: reference.chunk_gla_ref(q, k, v, g, K ** -0.5)[0]  # noqa: E731
+    else:
+        fn = lambda q, k, v, g: reference.chunk_scalar_ref(q, k, v, g, None, K ** -0.5)[0]  # noqa: E731
+    return _grads(fn, q, k, v, g, do)
+
+
+def _errors(fn, op, sl, ref):
+    """err_ratio of fn's o and grads vs the float64 reference on the slice ``sl``."""
+    from kernels.benchmarks.harness import err_ratio
+    o, grads = _grads(fn, *sl)
+    o_ref, grads_ref = ref
+    err = {"o": err_ratio(o, o_ref)}
+    for name in grads_ref:
+        err[name] = err_ratio(grads[name], grads_ref[name])
+    return err
+
+
+def _short(e: BaseException) -> str:
+    msg = f"{type(e).__name__}: {e}".strip().replace("\n", " ")
+    return msg[:300]
+
+
+def main(argv=None):
+    args = _parse(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("bench_gla needs a CUDA GPU (the comparison is against fla's GPU kernels); nothing to do.")
+        return 1
+    from kernels.benchmarks import harness
+    dtype = torch.bfloat16
+    device = "cuda"
+    shapes = SHAPES_QUICK if args.quick else SHAPES_FULL
+    warmup, rep = (5, 20) if args.quick else (10, 50)
+    ops = [o for o in args.ops.split(",") if o]
+    for o in ops:
+        if o not in OPS:
+            raise SystemExit(f"--ops: unknown op {o!r}; choose from {OPS}")
+    ours = _our_fns()
+    fla = {} if args.no_fla else _fla_fns()
+    fla_import_error = fla if isinstance(fla, str) else None
+    impls = [("ours", ours)] + ([] if args.no_fla else [("fla", fla)])
+    records = []
+    for op in ops:
+        for B, T in shapes:
+            q, k, v, g, do = _inputs(op, B, T, dtype, device)
+            err_T = min(T, ERR_T_MAX)
+            sl = tuple(None if x is None else x[:1, :err_T].contiguous() for x in (q, k, v, g, do))
+            try:
+                ref = _reference(op, *sl)
+            except Exception as e:  # pragma: no cover
+                ref = None
+                print(f"[{op} T={T}] reference failed: {_short(e)}", file=sys.stderr)
+            torch.cuda.empty_cache()
+            for impl, fns in impls:
+                base = {"impl": impl, "op": op, "T": T, "B": B, "H": H, "K": K, "V": V,
+                        "dtype": "bfloat16", "err_T": err_T}
+                if fla_import_error is not None and impl == "fla":
+                    for pass_ in ("fwd", "fwdbwd"):
+                        records.append(dict(base, **{"pass": pass_, "ms": None, "err": None,
+                                                     "note": fla_import_error}))
+                    continue
+                fn = fns[op]
+                err, err_note = None, ""
+                if ref is not None:
+                    try:
+                        err = _errors(fn, op, sl, ref)
+                    except Exception as e:
+                        err_note = "accuracy check failed: " + _short(e)
+                torch.cuda.empty_cache()
+                # forward
+                try:
+                    ms = harness.bench_ms(lambda: fn(q, k, v, g), warmup=warmup, rep=rep)
+                    note = err_note
+                except Exception as e:
+                    ms, note = None, _short(e)
+                records.append(dict(base, **{"pass": "fwd", "ms": ms,
+                                             "err": None if err is None else {"o": err["o"]},
+                                             "note": note}))
+                # forward + backward
+                leaves = [x.detach().requires_grad_(True) for x in (q, k, v) + ((g,) if g is not None else ())]
+
+                def fwdbwd():
+                    o = fn(*leaves[:3], leaves[3] if g is not None else None)
+                    return torch.autograd.grad(o, leaves, do)
+                try:
+                    ms = harness.bench_ms(fwdbwd, warmup=warmup, rep=rep)
+                    note = err_note
+                except Exception as e:
+                    ms, note = None, _short(e)
+                    if os.environ.get("BENCH_GLA_TRACEBACK"):
+                        traceback.print_exc()
+                records.append(dict(base, **{"pass": "fwdbwd", "ms": ms, "err": err, "note": note}))
+                del leaves
+                torch.cuda.empty_cache()
+                r = records[-2:]
+                print(f"{impl:4s} {op:11s} B={B:2d} T={T:5d}  fwd {r[0]['ms']}  fwdbwd {r[1]['ms']}  "
+                      f"err {err} {r[0]['note'] or ''} {r[1]['note'] or ''}", flush=True)
+            del q, k, v, g, do, sl, ref
+            torch.cuda.empty_cache()
+
+    if args.write:
+        config = {"dtype": "bfloat16", "H": H, "K": K, "V": V, "shapes": shapes, "ops": ops,
+                  "warmup_ms": warmup, "rep_ms": rep, "err_T_max": ERR_T_MAX,
+                  "inputs": "q,k,v ~ N(0,1) (keys not normalised); g = logsigmoid(N(0,1)); scale K^-0.5; "
+                            "no initial/final state",
+                  "fla_env": {"FLA_DISABLE_BACKEND_DISPATCH": os.environ.get("FLA_DISABLE_BACKEND_DISPATCH")}}
+        path = harness.write_results("bench_gla", config, records)
+        print(f"wrote {path}")
+
+    # summary table (last)
+    def find(impl, op, B, T, pass_):
+        for r in records:
+            if (r["impl"], r["op"], r["B"], r["T"], r["pass"]) == (impl, op, B, T, pass_):
+                return r
+        return None
+    print()
+    hdr = f"{'op':11s} {'B':>3s} {'T':>6s} {'pass':7s} {'ours ms':>9s} {'fla ms':>9s} {'ours/fla':>9s} " \
+          f"{'max err ours':>13s} {'max err fla':>12s}"
+    print(hdr)
+    print("-" * len(hdr))
+    for op in ops:
+        for B, T in shapes:
+            for pass_ in ("fwd", "fwdbwd"):
+                a = find("ours", op, B, T, pass_)
+                b = find("fla", op, B, T, pass_)
+                ma = a["ms"] if a else None
+                mb = b["ms"] if b else None
+                ratio = f"{ma / mb:9.3f}" if (ma and mb) else f"{'-':>9s}"
+                ea = max(a["err"].values()) if a and a.get("err") else None
+                eb = max(b["err"].values()) if b and b.get("err") else None
+                fmt = lambda x, w: f"{x:{w}.3f}" if x is not None else f"{'-':>{w}s}"  # noqa: E731
+                fe = lambda x, w: f"{x:{w}.2e}" if x is not None else f"{'-':>{w}s}"  # noqa: E731
+                print(f"{op:11s} {B:3d} {T:6d} {pass_:7s} {fmt(ma, 9)} {fmt(mb, 9)} {ratio} "
+                      f"{fe(ea, 13)} {fe(eb, 12)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,828 @@
+"""Triton kernels for chunkwise (gated) linear attention: ``chunk_linear_attn``, ``chunk_simple_gla``
+and ``chunk_gla``, forward and backward.
+
+Layout as in fla: ``q, k`` ``[B, T, H, K]``, ``v`` ``[B, T, H, V]``; log gates ``g`` ``[B, T, H]``
+(scalar, ``GATE == 1``) or ``[B, T, H, K]`` (vector, ``GATE == 2``); no gate is ``GATE == 0``.
+States are ``[K, V]`` per head (fla's orientation)::
+
+    S_t = exp(g_t) S_{t-1} + k_t v_t^T,      o_t = scale * S_t^T q_t.
+
+Inside a chunk of ``BT`` tokens, with ``b`` the chunk-local cumulative log gate (``b_i = g_1 + ... +
+g_i``, ``b_C`` its value at the chunk's last token) and ``S`` the state entering the chunk::
+
+    O     = (Q~ * e^{b}) S + (Q~ K^T * Gamma) V,        Gamma_ij = e^{b_i - b_j} (i >= j), 0 else
+    S_new = e^{b_C} S + (K * e^{b_C - b})^T V                            (Q~ = scale * Q)
+
+Only *differences* of cumulative log gates inside one chunk appear in exponents, and every exponent
+is <= 0, so nothing overflows however harsh the gates are. For the vector gate the intra-chunk
+score ``sum_d q_id k_jd e^{b_id - b_jd}`` is formed pair by pair (a ``[BT, BT, BKA]`` broadcast)
+with small chunks (``BT = 16``), which is exact and stable but costs ``BT`` exponentials per score.
+
+Forward (no per-chunk states written to HBM): one program per (batch*head, V-block) marches over
+the chunks with the state in registers, writing only ``o``. When batch*heads*V-blocks is too small
+to fill the GPU, the sequence is cut into ``NS`` segments: (1) every segment's own contribution to
+the state (from zero) and its total decay, in parallel; (2) a short sequential combine gives each
+segment's entering state; (3) the fused forward runs per segment from that state.
+
+Backward: (1) the per-chunk entering states ``h`` are recomputed (in parallel over segments, from
+the segment entering states saved by the forward); (2) a reverse march gives ``dh`` (the gradient
+w.r.t. the state leaving each chunk) and the initial state's gradient; (3) two kernels parallel over
+chunks give ``dv`` and ``dq, dk`` plus the per-position gate terms ``q*dq - k*dk``, whose reverse
+cumulative sum over the sequence (plus the final-state term ``sum_v S_T * dS_T``) is ``dg``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import INTERPRET, next_pow2
+
+__all__ = ["chunk_simple_gla_triton", "chunk_gla_triton", "SUPPORTED_HEAD_SIZES"]
+
+SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256)
+_NUM_SMS_DEFAULT = 132
+
+
+def _patch_interpreter_loop_bounds():
+    """Let Triton's interpreter use runtime integers as loop bounds under NumPy >= 2.
+
+    The interpreter holds every scalar as a one-element array and turns it into a Python int with
+    ``int(array)``, which NumPy 2 rejects for arrays of shape ``(1,)``; so ``tl.range(0, n)`` with a
+    runtime ``n`` fails in the interpreter (the compiler is unaffected). The patch reads the single
+    element instead. It is idempotent, and applied only when the interpreter is in use.
+    """
+    try:
+        from triton.runtime import interpreter as _interp
+    except Exception:  # pragma: no cover
+        return
+    if getattr(_interp, "_lattn_index_patch", False):
+        return
+    orig = _interp._patch_lang_tensor
+
+    def patched(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    _interp._patch_lang_tensor = patched
+    _interp._lattn_index_patch = True
+
+
+if INTERPRET:
+    _patch_interpreter_loop_bounds()
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _gla_intra_scores(q_ptr, k_ptr, g_ptr, rows, mask_t, row_stride, scale,
+                      K: tl.constexpr, BT: tl.constexpr, BKA: tl.constexpr):
+    """Vector gate: A_ij = sum_d (scale q_id) k_jd exp(b_id - b_jd) for j <= i, else 0 ([BT, BT])."""
+    o_d = tl.arange(0, BKA)
+    o_i = tl.arange(0, BT)
+    causal = o_i[:, None] >= o_i[None, :]
+    A = tl.zeros([BT, BT], dtype=tl.float32)
+    for kb in tl.static_range(K // BKA):
+        offs = rows[:, None] * row_stride + kb * BKA + o_d[None, :]
+        m2 = mask_t[:, None]
+        qb = tl.load(q_ptr + offs, mask=m2, other=0.).to(tl.float32) * scale
+        kk = tl.load(k_ptr + offs, mask=m2, other=0.).to(tl.float32)
+        gb = tl.load(g_ptr + offs, mask=m2, other=0.).to(tl.float32)
+        bb = tl.cumsum(gb, axis=0)
+        diff = bb[:, None, :] - bb[None, :, :]                                   # [BT, BT, BKA]
+        diff = tl.where(causal[:, :, None], diff, float("-inf"))
+        A += tl.sum(qb[:, None, :] * kk[None, :, :] * tl.exp(diff), axis=2)
+    return A
+
+
+@triton.jit
+def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKA: tl.constexpr,
+                GATE: tl.constexpr, HAS_H0: tl.constexpr, COMPUTE_O: tl.constexpr,
+                STORE_FINAL: tl.constexpr, STORE_DEC: tl.constexpr, STORE_H: tl.constexpr,
+                IP: tl.constexpr, EMU: tl.constexpr):
+    """March over the chunks of one segment with the state ``S[BK, BV]`` in registers.
+
+    grid = (NK * NV, B*H*NS). ``h0``/``ht``: per-(bh, segment) entering/leaving states
+    ``[B*H*NS, K, V]`` fp32; ``dec``: per-(bh, segment) total log decay (``[B*H*NS, K]``);
+    ``hs``: per-chunk entering states ``[B*H, NT, K, V]`` fp32. ``COMPUTE_O`` needs ``BK == K``.
+    """
+    DT = tl.float32 if EMU else k.dtype.element_ty
+    i_kv = tl.program_id(0)
+    i_bhs = tl.program_id(1)
+    NV: tl.constexpr = V // BV
+    i_k = i_kv // NV
+    i_v = i_kv % NV
+    i_bh = i_bhs // NS
+    i_s = i_bhs % NS
+    i_b = i_bh // H
+    i_h = i_bh % H
+
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    qk_base = i_b * T * H * K + i_h * K
+    v_base = i_b * T * H * V + i_h * V
+    g_base = i_b * T * H + i_h if GATE == 1 else qk_base
+
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    st_offs = o_k[:, None] * V + o_v[None, :]
+    if HAS_H0:
+        S += tl.load(h0 + i_bhs * K * V + st_offs)
+    if GATE == 2:
+        total = tl.zeros([BK], dtype=tl.float32)
+    else:
+        total = tl.zeros([1], dtype=tl.float32)
+
+    # The last segment may be shorter: its chunks past NT load nothing (masked: k = v = 0, g = 0),
+    # which leaves S unchanged, and store nothing. (Loop bounds are host integers, not derived
+    # from program ids, so the interpreter and the compiler treat them alike.)
+    for j in tl.range(0, SEG_CHUNKS):
+        c = i_s * SEG_CHUNKS + j
+        rows = c * BT + o_t
+        mask_t = rows < T
+        if STORE_H:
+            tl.store(hs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, S.to(hs.dtype.element_ty),
+                     mask=(c < NT) & (st_offs >= 0))
+        k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
+        v_t = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
+        if GATE == 1:
+            g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
+            b_t = tl.cumsum(g_t, axis=0)
+            b_c = tl.sum(g_t, axis=0)
+        if GATE == 2:
+            g_t = tl.load(g + g_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                          other=0.).to(tl.float32)
+            b_t = tl.cumsum(g_t, axis=0)
+            b_c = tl.sum(g_t, axis=0)
+        if COMPUTE_O:
+            q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                          other=0.).to(tl.float32) * scale
+            if GATE == 2:
+                qg = (q_t * tl.exp(b_t)).to(DT)
+            else:
+                qg = q_t.to(DT)
+            o_c = tl.dot(qg, S.to(DT), input_precision=IP)                   # [BT, BV]
+            if GATE == 1:
+                o_c = o_c * tl.exp(b_t)[:, None]
+            if GATE == 2:
+                A = _gla_intra_scores(q + qk_base, k + qk_base, g + g_base, rows, mask_t, H * K, scale,
+                                      K, BT, BKA)
+            else:
+                A = tl.dot(q_t.to(DT), tl.trans(k_t.to(DT)), input_precision=IP)   # [BT, BT]
+                causal = o_t[:, None] >= o_t[None, :]
+                if GATE == 1:
+                    A = A * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
+                else:
+                    A = tl.where(causal, A, 0.)
+            o_c += tl.dot(A.to(DT), v_t.to(DT), input_precision=IP)
+            tl.store(o + v_base + rows[:, None] * (H * V) + o_v[None, :], o_c.to(o.dtype.element_ty),
+                     mask=mask_t[:, None])
+        # state update: S <- e^{b_C} S + (K * e^{b_C - b})^T V
+        if GATE == 0:
+            S += tl.dot(tl.trans(k_t.to(DT)), v_t.to(DT), input_precision=IP)
+        if GATE == 1:
+            kg = (k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]).to(DT)
+            S = S * tl.exp(b_c) + tl.dot(tl.trans(kg), v_t.to(DT), input_precision=IP)
+            total += b_c
+        if GATE == 2:
+            kg = (k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)).to(DT)
+            S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(kg), v_t.to(DT), input_precision=IP)
+            total += b_c
+    if STORE_FINAL:
+        tl.store(ht + i_bhs * K * V + st_offs, S)
+    if STORE_DEC:
+        if GATE == 2:
+            if i_v == 0:
+                tl.store(dec + i_bhs * K + o_k, total)
+        if GATE == 1:
+            if i_kv == 0:
+                tl.store(dec + i_bhs + tl.arange(0, 1), total)
+
+
+@triton.jit
+def _combine_kernel(contrib, dec, h0, inits, ht, NS,
+                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                    GATE: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
+                    REVERSE: tl.constexpr):
+    """Sequential pass over segments: entering state of segment s+1 = e^{dec_s} S_s + contrib_s.
+
+    ``REVERSE`` runs the same recursion from the last segment to the first (for state gradients:
+    the gradient entering segment s from the right is e^{dec_s} dS + contrib_s).
+    """
+    i_kv = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    NV: tl.constexpr = V // BV
+    i_k = i_kv // NV
+    i_v = i_kv % NV
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    st_offs = o_k[:, None] * V + o_v[None, :]
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        S += tl.load(h0 + i_bh * K * V + st_offs)
+    for ss in tl.range(0, NS):
+        if REVERSE:
+            idx = i_bh * NS + (NS - 1 - ss)
+        else:
+            idx = i_bh * NS + ss
+        tl.store(inits + idx * K * V + st_offs, S)
+        if GATE == 1:
+            d = tl.load(dec + idx + tl.arange(0, 1))
+            S = S * tl.exp(d)[:, None]
+        if GATE == 2:
+            d = tl.load(dec + idx * K + o_k)
+            S = S * tl.exp(d)[:, None]
+        S += tl.load(contrib + idx * K * V + st_offs)
+    if STORE_FINAL:
+        tl.store(ht + i_bh * K * V + st_offs, S)
+
+
+@triton.jit
+def _bwd_dh_kernel(q, g, do, dinit, dhs, dout, scale, T, NT, SEG_CHUNKS, NS,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   GATE: tl.constexpr, HAS_INIT: tl.constexpr, STORE_DH: tl.constexpr, STORE_OUT: tl.constexpr,
+                   IP: tl.constexpr, EMU: tl.constexpr):
+    """Reverse march over the chunks of one segment: dhs[c] = dL/d(state leaving chunk c);
+    dS_enter = e^{b_C} dS + (Q~ e^{b})^T dO. grid (NK * NV, B*H*NS).
+
+    ``dinit``: per-(bh, segment) gradient w.r.t. the state leaving the segment ``[B*H*NS, K, V]``;
+    ``dout``: the gradient w.r.t. the state entering it (the segment's contribution when started
+    from zero; the initial state's gradient when NS = 1).
+    """
+    DT = tl.float32 if EMU else q.dtype.element_ty
+    i_kv = tl.program_id(0)
+    i_bhs = tl.program_id(1)
+    NV: tl.constexpr = V // BV
+    i_k = i_kv // NV
+    i_v = i_kv % NV
+    i_bh = i_bhs // NS
+    i_s = i_bhs % NS
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    qk_base = i_b * T * H * K + i_h * K
+    v_base = i_b * T * H * V + i_h * V
+    g_base = i_b * T * H + i_h if GATE == 1 else qk_base
+    st_offs = o_k[:, None] * V + o_v[None, :]
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_INIT:
+        dS += tl.load(dinit + i_bhs * K * V + st_offs)
+    # chunks past NT (in the last segment) load nothing and leave dS unchanged
+    for j in tl.range(0, SEG_CHUNKS):
+        c = i_s * SEG_CHUNKS + SEG_CHUNKS - 1 - j
+        if STORE_DH:
+            tl.store(dhs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, dS.to(dhs.dtype.element_ty),
+                     mask=(c < NT) & (st_offs >= 0))
+        rows = c * BT + o_t
+        mask_t = rows < T
+        q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                      other=0.).to(tl.float32) * scale
+        do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
+        if GATE == 0:
+            dS += tl.dot(tl.trans(q_t.to(DT)), do_t.to(DT), input_precision=IP)
+        if GATE == 1:
+            g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
+            b_t = tl.cumsum(g_t, axis=0)
+            b_c = tl.sum(g_t, axis=0)
+            qg = (q_t * tl.exp(b_t)[:, None]).to(DT)
+            dS = dS * tl.exp(b_c) + tl.dot(tl.trans(qg), do_t.to(DT), input_precision=IP)
+        if GATE == 2:
+            g_t = tl.load(g + g_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                          other=0.).to(tl.float32)
+            b_t = tl.cumsum(g_t, axis=0)
+            b_c = tl.sum(g_t, axis=0)
+            qg = (q_t * tl.exp(b_t)).to(DT)
+            dS = dS * tl.exp(b_c)[:, None] + tl.dot(tl.trans(qg), do_t.to(DT), input_precision=IP)
+    if STORE_OUT:
+        tl.store(dout + i_bhs * K * V + st_offs, dS)
+
+
+@triton.jit
+def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BV: tl.constexpr,
+                   GATE: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
+    """dV = A^T dO + (K * e^{b_C - b}) dh, one chunk and V-block per program; grid (NV, NT, B*H).
+
+    No gate or scalar gate (``GATE`` 0 or 1); the vector gate has :func:`_bwd_dv_gla_kernel`.
+    """
+    DT = tl.float32 if EMU else k.dtype.element_ty
+    i_v = tl.program_id(0)
+    c = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    rows = c * BT + o_t
+    mask_t = rows < T
+    qk_base = i_b * T * H * K + i_h * K
+    v_base = i_b * T * H * V + i_h * V
+    g_base = i_b * T * H + i_h if GATE == 1 else qk_base
+    k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
+    do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
+    dh = tl.load(dhs + (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :])
+    q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                  other=0.).to(tl.float32) * scale
+    A = tl.dot(q_t.to(DT), tl.trans(k_t.to(DT)), input_precision=IP)
+    causal = o_t[:, None] >= o_t[None, :]
+    if GATE == 1:
+        g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
+        b_t = tl.cumsum(g_t, axis=0)
+        b_c = tl.sum(g_t, axis=0)
+        A = A * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
+        kg = (k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]).to(DT)
+    else:
+        A = tl.where(causal, A, 0.)
+        kg = k_t.to(DT)
+    dv_c = tl.dot(tl.trans(A.to(DT)), do_t.to(DT), input_precision=IP)
+    dv_c += tl.dot(kg, dh.to(DT), input_precision=IP)
+    tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], dv_c.to(dv.dtype.element_ty),
+             mask=mask_t[:, None])
+
+
+@triton.jit
+def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, B, T, NT,
+                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     GATE: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
+    """dQ, dK and the gate terms q*dq - k*dk for one chunk and K-block; grid (NK, NT, B*H).
+
+    dQ~ = (dO h^T) e^{b} + (dP * Gamma) K,    dK = (V dh^T) e^{b_C - b} + (dP * Gamma)^T Q~,
+    with dP = dO V^T. No gate or scalar gate; the vector gate has :func:`_bwd_dqdk_gla_kernel`.
+    ``dgl``: fp32 ``[NK, B, T, H]`` partial sums over this K-block of q*dq - k*dk (scalar gate).
+    """
+    DT = tl.float32 if EMU else k.dtype.element_ty
+    i_k = tl.program_id(0)
+    c = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_t = tl.arange(0, BT)
+    rows = c * BT + o_t
+    mask_t = rows < T
+    qk_base = i_b * T * H * K + i_h * K
+    v_base = i_b * T * H * V + i_h * V
+    st_base = (i_bh * NT + c).to(tl.int64) * K * V
+    dP = tl.zeros([BT, BT], dtype=tl.float32)
+    dq_i = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_i = tl.zeros([BT, BK], dtype=tl.float32)
+    for vb in tl.static_range(V // BV):
+        o_v = vb * BV + tl.arange(0, BV)
+        v_t = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                      other=0.).to(DT)
+        do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                       other=0.).to(DT)
+        h = tl.load(hs + st_base + o_k[:, None] * V + o_v[None, :]).to(DT)
+        dh = tl.load(dhs + st_base + o_k[:, None] * V + o_v[None, :]).to(DT)
+        dP += tl.dot(do_t, tl.trans(v_t), input_precision=IP)
+        dq_i += tl.dot(do_t, tl.trans(h), input_precision=IP)
+        dk_i += tl.dot(v_t, tl.trans(dh), input_precision=IP)
+    q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                  other=0.).to(tl.float32) * scale
+    k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                  other=0.).to(tl.float32)
+    causal = o_t[:, None] >= o_t[None, :]
+    if GATE == 1:
+        g_t = tl.load(g + i_b * T * H + i_h + rows * H, mask=mask_t, other=0.).to(tl.float32)
+        b_t = tl.cumsum(g_t, axis=0)
+        b_c = tl.sum(g_t, axis=0)
+        dPg = dP * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
+        dq_t = dq_i * tl.exp(b_t)[:, None]
+        dk_t = dk_i * tl.exp(b_c - b_t)[:, None]
+    else:
+        dPg = tl.where(causal, dP, 0.)
+        dq_t = dq_i
+        dk_t = dk_i
+    dq_t += tl.dot(dPg.to(DT), k_t.to(DT), input_precision=IP)
+    dk_t += tl.dot(tl.trans(dPg.to(DT)), q_t.to(DT), input_precision=IP)
+    # dq_t is dL/dq~ (q~ = scale q): dL/dq = scale dq_t, and q dL/dq = q~ dq_t.
+    offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
+    tl.store(dq + offs, (dq_t * scale).to(dq.dtype.element_ty), mask=mask_t[:, None])
+    tl.store(dk + offs, dk_t.to(dk.dtype.element_ty), mask=mask_t[:, None])
+    if GATE == 1:
+        part = tl.sum(q_t * dq_t - k_t * dk_t, axis=1)
+        tl.store(dgl + i_k * (B * T * H) + i_b * T * H + i_h + rows * H, part,
+                 mask=mask_t)
+
+
+@triton.jit
+def _sub_offsets(g_ptr, c, s, T, o_k, row_stride, BT: tl.constexpr, BC: tl.constexpr):
+    """Vector gate, sub-chunk ``s`` of chunk ``c``: rows, mask, g rows [BC, BK] and the chunk-local
+    cumulative log gate at the sub-chunk's start B0 and end B1 ([BK]) and at its rows b ([BC, BK])."""
+    o_c = tl.arange(0, BT)
+    rows_c = c * BT + o_c
+    g_c = tl.load(g_ptr + rows_c[:, None] * row_stride + o_k[None, :],
+                  mask=((rows_c < T) & (o_c < s * BC))[:, None], other=0.).to(tl.float32)
+    B0 = tl.sum(g_c, axis=0)
+    rows = c * BT + s * BC + tl.arange(0, BC)
+    mask_t = rows < T
+    g_s = tl.load(g_ptr + rows[:, None] * row_stride + o_k[None, :], mask=mask_t[:, None], other=0.).to(tl.float32)
+    b = B0[None, :] + tl.cumsum(g_s, axis=0)
+    B1 = B0 + tl.sum(g_s, axis=0)
+    return rows, mask_t, b, B0, B1
+
+
+@triton.jit
+def _bwd_dv_gla_kernel(q, k, g, do, dhs, dv, scale, T, NT,
+                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       BT: tl.constexpr, BC: tl.constexpr, BV: tl.constexpr, BKA: tl.constexpr,
+                       IP: tl.constexpr, EMU: tl.constexpr):
+    """Vector gate, chunk of BT = 4 BC tokens: dV per sub-chunk, newest first, with the state
+    gradient carried across the sub-chunks on chip; grid (NV, NT, B*H).
+
+    dh_sub (gradient w.r.t. the state leaving the current sub-chunk) starts as the chunk's dh;
+    dV_s = A_ss^T dO_s + (K_s e^{B1 - b_s}) dh_sub;  dh_sub <- e^{B1 - B0} dh_sub + (Q~_s e^{b_s - B0})^T dO_s.
+    """
+    DT = tl.float32 if EMU else k.dtype.element_ty
+    i_v = tl.program_id(0)
+    c = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    qk_base = i_b * T * H * K + i_h * K
+    v_base = i_b * T * H * V + i_h * V
+    dh = tl.load(dhs + (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]).to(tl.float32)
+    for ss in tl.range(0, BT // BC):
+        s = BT // BC - 1 - ss
+        rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
+        k_s = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                      other=0.).to(tl.float32)
+        q_s = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                      other=0.).to(tl.float32) * scale
+        do_s = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                       other=0.).to(DT)
+        A = _gla_intra_scores(q + qk_base, k + qk_base, g + qk_base, rows, mask_t, H * K, scale, K, BC, BKA)
+        dv_s = tl.dot(tl.trans(A.to(DT)), do_s, input_precision=IP)
+        kg = (k_s * tl.exp(B1[None, :] - b)).to(DT)
+        dv_s += tl.dot(kg, dh.to(DT), input_precision=IP)
+        tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], dv_s.to(dv.dtype.element_ty),
+                 mask=mask_t[:, None])
+        qg = (q_s * tl.exp(b - B0[None, :])).to(DT)
+        dh = dh * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(qg), do_s, input_precision=IP)
+
+
+@triton.jit
+def _bwd_dqdk_gla_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, T, NT,
+                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                         BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                         IP: tl.constexpr, EMU: tl.constexpr):
+    """Vector gate: dQ, dK and q*dq - k*dk per sub-chunk; grid (NK, NT, B*H).
+
+    Pass 1, oldest sub-chunk first, carries the state entering the sub-chunk (h_sub, [BK, V]):
+    dQ~_s = (dO_s h_sub^T) e^{b_s - B0} + sum_j dP_ij K_j e^{b_i - b_j} (pairs inside the sub-chunk).
+    Pass 2, newest first, carries the state gradient (dh_sub):
+    dK_s = (V_s dh_sub^T) e^{B1 - b_s} + sum_i dP_ij Q~_i e^{b_i - b_j}.
+    """
+    DT = tl.float32 if EMU else k.dtype.element_ty
+    i_k = tl.program_id(0)
+    c = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = tl.arange(0, V)
+    o_i = tl.arange(0, BC)
+    causal = o_i[:, None] >= o_i[None, :]
+    qk_base = i_b * T * H * K + i_h * K
+    v_base = i_b * T * H * V + i_h * V
+    st = (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
+    h = tl.load(hs + st).to(tl.float32)
+    for s in tl.range(0, BT // BC):
+        rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
+        offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
+        k_s = tl.load(k + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
+        q_s = tl.load(q + offs, mask=mask_t[:, None], other=0.).to(tl.float32) * scale
+        v_s = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.).to(DT)
+        do_s = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                       other=0.).to(DT)
+        dP = tl.dot(do_s, tl.trans(v_s), input_precision=IP)                        # [BC, BC]
+        decay = tl.exp(tl.where(causal[:, :, None], b[:, None, :] - b[None, :, :], float("-inf")))
+        dq_s = tl.dot(do_s, tl.trans(h.to(DT)), input_precision=IP) * tl.exp(b - B0[None, :])
+        dq_s += tl.sum(dP[:, :, None] * decay * k_s[None, :, :], axis=1)
+        tl.store(dq + offs, (dq_s * scale).to(dq.dtype.element_ty), mask=mask_t[:, None])
+        tl.store(dgl + offs, q_s * dq_s, mask=mask_t[:, None])
+        kg = (k_s * tl.exp(B1[None, :] - b)).to(DT)
+        h = h * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(kg), v_s, input_precision=IP)
+    # pass 2 reads back what pass 1 stored into dgl (same program): order the two
+    tl.debug_barrier()
+    dh = tl.load(dhs + st).to(tl.float32)
+    for ss in tl.range(0, BT // BC):
+        s = BT // BC - 1 - ss
+        rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
+        offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
+        k_s = tl.load(k + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
+        q_s = tl.load(q + offs, mask=mask_t[:, None], other=0.).to(tl.float32) * scale
+        v_s = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.).to(DT)
+        do_s = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                       other=0.).to(DT)
+        dP = tl.dot(do_s, tl.trans(v_s), input_precision=IP)
+        decay = tl.exp(tl.where(causal[:, :, None], b[:, None, :] - b[None, :, :], float("-inf")))
+        dk_s = tl.dot(v_s, tl.trans(dh.to(DT)), input_precision=IP) * tl.exp(B1[None, :] - b)
+        dk_s += tl.sum(dP[:, :, None] * decay * q_s[:, None, :], axis=0)
+        tl.store(dk + offs, dk_s.to(dk.dtype.element_ty), mask=mask_t[:, None])
+        prev = tl.load(dgl + offs, mask=mask_t[:, None], other=0.)
+        tl.store(dgl + offs, prev - k_s * dk_s, mask=mask_t[:, None])
+        qg = (q_s * tl.exp(b - B0[None, :])).to(DT)
+        dh = dh * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(qg), do_s, input_precision=IP)
+
+
+@triton.jit
+def _dg_kernel(dgl, carry, dg, B, T, NT, NP,
+               H: tl.constexpr, KG: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """dg_t = sum_{t' >= t} dgl_t': suffix sums inside each chunk plus the chunk's carry.
+
+    ``dgl``: fp32 ``[NP, B, T, H, KG]`` per-position terms (summed over the NP partials);
+    ``carry``: fp32 ``[B, NT, H, KG]``, the sum over all later chunks (plus the final-state term);
+    ``dg``: ``[B, T, H, KG]`` in g's dtype. Parallel over chunks: grid (KG // BK, NT, B*H).
+    """
+    i_k = tl.program_id(0)
+    c = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    rows = c * BT + tl.arange(0, BT)
+    m = (rows < T)[:, None]
+    offs = i_b * T * H * KG + i_h * KG + rows[:, None] * (H * KG) + o_k[None, :]
+    x = tl.zeros([BT, BK], dtype=tl.float32)
+    for p in tl.range(0, NP):
+        x += tl.load(dgl + p * (B * T * H * KG) + offs, mask=m, other=0.)
+    tot = tl.sum(x, axis=0)
+    cy = tl.load(carry + ((i_b * NT + c) * H + i_h) * KG + o_k)
+    # suffix sum inside the chunk: total - prefix sum + own term
+    rc = (tot + cy)[None, :] - tl.cumsum(x, axis=0) + x
+    tl.store(dg + offs, rc.to(dg.dtype.element_ty), mask=m)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+
+def _check_head_sizes(K: int, V: int):
+    for name, d in (("K (head size of q and k)", K), ("V (head size of v)", V)):
+        if d not in SUPPORTED_HEAD_SIZES:
+            raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_SIZES} for the Triton GLA kernels; "
+                             f"got {d}")
+
+
+def _num_sms(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return _NUM_SMS_DEFAULT
+
+
+class _Cfg:
+    """Tile sizes and launch parameters, chosen by simple rules of thumb (see NOTES_gla.md)."""
+
+    def __init__(self, gate: int, B: int, T: int, H: int, K: int, V: int, dtype, device, num_segments=None):
+        # BT: the chunk of the state marches and of the backward's stored states; BTF: the chunk of
+        # the fused forward march (16 for the vector gate, whose intra-chunk scores are formed pair
+        # by pair); BC: the vector gate's backward sub-chunk.
+        self.BT = 64
+        self.BTF = 16 if gate == 2 else 64
+        self.BC = 16
+        self.NT = triton.cdiv(T, self.BT)
+        self.NTF = triton.cdiv(T, self.BTF)
+        # forward: full K per program (o needs the whole K sum); the state tile is K x BV.
+        if gate == 2:   # small chunks: the state tile may span all of V (no recomputed intra scores)
+            self.BV_f = min(V, 16384 // K)
+        else:
+            self.BV_f = min(V, 64 if K <= 128 else 32)
+        self.BKA = min(K, 32)                  # K-slice of the vector-gate pair broadcast [BT, BT, BKA]
+        self.BK_s = min(K, 64)                 # state-only marches tile K as well
+        self.BV_s = min(V, 64)
+        self.BV_dv = min(V, 64)
+        self.BK_dq = min(K, 32 if gate == 2 else 64)
+        self.BV_dq = min(V, 64)
+        self.IP = "ieee" if dtype == torch.float32 else "tf32"
+        # Triton's interpreter mis-computes tl.dot on 16-bit operands, so there the dots run in
+        # float32 (operands are not rounded to 16 bits; the compiled GPU path uses tensor cores).
+        self.EMU = bool(INTERPRET)
+        # Per-chunk states for the backward are stored in the input dtype for 16-bit inputs (the
+        # dots that read them round them to that dtype anyway, so this loses nothing) and in
+        # float32 otherwise.
+        self.state_dtype = torch.float32 if (dtype == torch.float32 or INTERPRET) else dtype
+        self.warps_f = 4 if (K * self.BV_f) <= 64 * 64 else 8
+        BH = B * H
+        NV = V // self.BV_f
+        if num_segments is None:
+            # Split the sequence only when the marches would not fill one wave of the GPU (the
+            # big forward programs run one per SM); then aim at about two waves, with segments of
+            # at least four chunks. Each split costs one extra read of k, v (and g).
+            sms = _num_sms(device)
+            ns = 1
+            if BH * NV < sms and self.NT >= 8:
+                ns = min((2 * sms) // (BH * NV), self.NT // 4)
+            num_segments = max(1, ns)
+        num_segments = max(1, min(int(num_segments), self.NT))
+        self.SEG = triton.cdiv(self.NT, num_segments)
+        self.NS = triton.cdiv(self.NT, self.SEG)   # no empty segment
+        self.SEGF = self.SEG * (self.BT // self.BTF)   # the same segments in fused-forward chunks
+
+
+def _gate_code(g):
+    if g is None:
+        return 0
+    return 1 if g.dim() == 3 else 2
+
+
+def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments=None):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    gate = _gate_code(g)
+    cfg = _Cfg(gate, B, T, H, K, V, q.dtype, q.device, num_segments)
+    BH = B * H
+    dev = q.device
+    f32 = torch.float32
+    o = torch.empty(B, T, H, V, dtype=v.dtype, device=dev)
+    gg = g if g is not None else q                 # placeholder pointer when there is no gate
+    ht = torch.empty(B, H, K, V, dtype=f32, device=dev) if output_final_state else None
+    dummy = torch.empty(1, dtype=f32, device=dev)
+    if cfg.NS == 1:
+        inits = h0
+        grid = (V // cfg.BV_f, BH)
+        _fwd_kernel[grid](q, k, v, gg, o, h0 if h0 is not None else dummy, ht if ht is not None else dummy,
+                          dummy, dummy, scale, T, cfg.NTF, cfg.SEGF, cfg.NS, H=H, K=K, V=V, BT=cfg.BTF, BK=K,
+                          BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=h0 is not None, COMPUTE_O=True,
+                          STORE_FINAL=ht is not None, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU,
+                          num_warps=cfg.warps_f)
+    else:
+        NS = cfg.NS
+        contrib = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
+        dec = torch.zeros(BH * NS, K if gate == 2 else 1, dtype=f32, device=dev)
+        grid = ((K // cfg.BK_s) * (V // cfg.BV_s), BH * NS)
+        _fwd_kernel[grid](q, k, v, gg, dummy, dummy, contrib, dec, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS,
+                          H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, BKA=cfg.BKA, GATE=gate,
+                          HAS_H0=False, COMPUTE_O=False, STORE_FINAL=True, STORE_DEC=gate != 0,
+                          STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=4)
+        inits = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
+        _combine_kernel[((K // cfg.BK_s) * (V // cfg.BV_s), BH)](
+            contrib, dec, h0 if h0 is not None else dummy, inits, ht if ht is not None else dummy, NS,
+            K=K, V=V, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate, HAS_H0=h0 is not None,
+            STORE_FINAL=ht is not None, REVERSE=False, num_warps=4)
+        _fwd_kernel[(V // cfg.BV_f, BH * NS)](
+            q, k, v, gg, o, inits, dummy, dummy, dummy, scale, T, cfg.NTF, cfg.SEGF, cfg.NS, H=H, K=K, V=V,
+            BT=cfg.BTF, BK=K, BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=True, COMPUTE_O=True,
+            STORE_FINAL=False, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=cfg.warps_f)
+    return o, ht, (inits if need_inits else None), cfg
+
+
+def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    gate = _gate_code(g)
+    BH = B * H
+    dev = q.device
+    f32 = torch.float32
+    NT = cfg.NT
+    gg = g if g is not None else q
+    dummy = torch.empty(1, dtype=f32, device=dev)
+    # (1) recompute the entering state of every chunk (parallel over segments)
+    hs = torch.empty(BH, NT, K, V, dtype=cfg.state_dtype, device=dev)
+    NS = cfg.NS
+    NKV = (K // cfg.BK_s) * (V // cfg.BV_s)
+    split = NS > 1
+    dec = torch.zeros(BH * NS, K if gate == 2 else 1, dtype=f32, device=dev) if (split and gate) else dummy
+    _fwd_kernel[(NKV, BH * NS)](q, k, v, gg, dummy, inits if inits is not None else dummy, dummy, dec, hs,
+                                scale, T, NT, cfg.SEG, NS, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s,
+                                BKA=cfg.BKA, GATE=gate, HAS_H0=inits is not None, COMPUTE_O=False,
+                                STORE_FINAL=False, STORE_DEC=split and gate != 0, STORE_H=True, IP=cfg.IP,
+                                EMU=cfg.EMU, num_warps=4)
+    # (2) reverse march for dh (gradient w.r.t. the state leaving each chunk) and dh0; split like
+    #     the forward: per-segment contributions, a reverse combine, then the per-segment march
+    dhs = torch.empty(BH, NT, K, V, dtype=cfg.state_dtype, device=dev)
+    dh0 = torch.empty(B, H, K, V, dtype=f32, device=dev) if need_dh0 else None
+    common = dict(H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate, IP=cfg.IP, EMU=cfg.EMU,
+                  num_warps=4)
+    if not split:
+        _bwd_dh_kernel[(NKV, BH)](q, gg, do, dht if dht is not None else dummy, dhs,
+                                  dh0 if dh0 is not None else dummy, scale, T, NT, NT, 1,
+                                  HAS_INIT=dht is not None, STORE_DH=True, STORE_OUT=dh0 is not None, **common)
+    else:
+        contrib = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
+        _bwd_dh_kernel[(NKV, BH * NS)](q, gg, do, dummy, dummy, contrib, scale, T, NT, cfg.SEG, NS,
+                                       HAS_INIT=False, STORE_DH=False, STORE_OUT=True, **common)
+        dinits = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
+        _combine_kernel[(NKV, BH)](contrib, dec, dht if dht is not None else dummy, dinits,
+                                   dh0 if dh0 is not None else dummy, NS, K=K, V=V, BK=cfg.BK_s, BV=cfg.BV_s,
+                                   GATE=gate, HAS_H0=dht is not None, STORE_FINAL=dh0 is not None, REVERSE=True,
+                                   num_warps=4)
+        _bwd_dh_kernel[(NKV, BH * NS)](q, gg, do, dinits, dhs, dummy, scale, T, NT, cfg.SEG, NS,
+                                       HAS_INIT=True, STORE_DH=True, STORE_OUT=False, **common)
+    # (3) dv, then dq, dk and the gate terms, parallel over chunks
+    dv = torch.empty_like(v)
+    if gate == 2:
+        _bwd_dv_gla_kernel[(V // cfg.BV_dv, NT, BH)](q, k, g, do, dhs, dv, scale, T, NT, H=H, K=K, V=V,
+                                                     BT=cfg.BT, BC=cfg.BC, BV=cfg.BV_dv, BKA=cfg.BKA, IP=cfg.IP,
+                                                     EMU=cfg.EMU, num_warps=4 if K <= 64 else 8)
+    else:
+        _bwd_dv_kernel[(V // cfg.BV_dv, NT, BH)](q, k, gg, do, dhs, dv, scale, T, NT, H=H, K=K, V=V, BT=cfg.BT,
+                                                 BV=cfg.BV_dv, GATE=gate, IP=cfg.IP, EMU=cfg.EMU,
+                                                 num_warps=4 if K <= 64 else 8)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    NK = K // cfg.BK_dq
+    if gate == 2:
+        dgl = torch.empty(B, T, H, K, dtype=f32, device=dev)
+    elif gate == 1:
+        dgl = torch.empty(NK, B, T, H, dtype=f32, device=dev)
+    else:
+        dgl = dummy
+    if gate == 2:
+        _bwd_dqdk_gla_kernel[(NK, NT, BH)](q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, T, NT, H=H, K=K, V=V,
+                                           BT=cfg.BT, BC=cfg.BC, BK=cfg.BK_dq, IP=cfg.IP, EMU=cfg.EMU,
+                                           num_warps=8 if K >= 64 else 4)
+    else:
+        _bwd_dqdk_kernel[(NK, NT, BH)](q, k, v, gg, do, hs, dhs, dq, dk, dgl, scale, B, T, NT, H=H, K=K, V=V,
+                                       BT=cfg.BT, BK=cfg.BK_dq, BV=cfg.BV_dq, GATE=gate, IP=cfg.IP,
+                                       EMU=cfg.EMU, num_warps=8 if cfg.BK_dq >= 64 else 4)
+    dg = None
+    if gate:
+        # dL/dB_t (B_t = g_1 + ... + g_t over the whole sequence) is q*dq - k*dk, plus the final
+        # state's sum_v S_T dS_T at t = T; dg_t is its reverse cumulative sum.
+        KG = K if gate == 2 else 1
+        NP = 1 if gate == 2 else NK
+        # per-chunk totals, then for each chunk the sum over all later chunks (small tensors)
+        x = dgl.view(NP, B, T, H, KG)
+        pad = NT * cfg.BT - T
+        if pad:
+            x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
+        tot = x.view(NP, B, NT, cfg.BT, H, KG).sum((0, 3))                    # [B, NT, H, KG]
+        carry = tot.flip(1).cumsum(1).flip(1) - tot                            # exclusive suffix sum
+        if dht is not None and ht is not None:
+            fin = (ht * dht).sum(-1) if gate == 2 else (ht * dht).sum((-1, -2)).unsqueeze(-1)
+            carry = carry + fin.unsqueeze(1)                                   # [B, 1, H, KG]
+        carry = carry.contiguous()
+        dg = torch.empty_like(g)
+        BKG = min(KG, 64)
+        _dg_kernel[(KG // BKG, NT, BH)](dgl, carry, dg, B, T, NT, NP, H=H, KG=KG, BT=cfg.BT, BK=BKG,
+                                        num_warps=4)
+    return dq, dk, dv, dg, dh0
+
+
+class _ChunkGLAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, h0, scale, output_final_state, num_segments):
+        need = any(ctx.needs_input_grad[:5])
+        o, ht, inits, cfg = _forward(q, k, v, g, scale, h0, output_final_state, need, num_segments)
+        ctx.save_for_backward(q, k, v, g, inits, ht)
+        ctx.scale = scale
+        ctx.cfg = cfg
+        ctx.has_h0 = h0 is not None
+        ctx.h0_dtype = h0.dtype if h0 is not None else None
+        return o, (ht if output_final_state else None)
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, inits, ht = ctx.saved_tensors
+        do = do.contiguous()
+        if dht is not None:
+            dht = dht.contiguous().float()
+        dq, dk, dv, dg, dh0 = _backward(q, k, v, g, ctx.scale, inits, ht, do, dht, ctx.cfg, ctx.has_h0)
+        if dh0 is not None:
+            dh0 = dh0.to(ctx.h0_dtype)
+        return dq, dk, dv, dg, dh0, None, None, None
+
+
+def _run(q, k, v, g, scale, initial_state, output_final_state, num_segments):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    _check_head_sizes(K, V)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if g is not None:
+        g = g.contiguous()
+    h0 = initial_state
+    if h0 is not None:
+        h0 = h0.contiguous()
+        if h0.dtype != torch.float32:
+            h0 = h0.float()
+    o, ht = _ChunkGLAFunction.apply(q, k, v, g, h0, float(scale), bool(output_final_state), num_segments)
+    return o, ht
+
+
+def chunk_simple_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=False, *,
+                            num_segments=None):
+    """Scalar-gated (``g`` ``[B, T, H]``) or ungated (``g=None``) chunkwise linear attention.
+
+    ``num_segments`` forces the forward's sequence split (default: chosen from the GPU's size).
+    """
+    return _run(q, k, v, g, scale, initial_state, output_final_state, num_segments)
+
+
+def chunk_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=False, *, num_segments=None):
+    """Vector-gated (``g`` ``[B, T, H, K]``) chunkwise linear attention (GLA)."""
+    return _run(q, k, v, g, scale, initial_state, output_final_state, num_segments)

@@ -1,0 +1,209 @@
+"""The Triton kernels of chunk_linear_attn, chunk_simple_gla and chunk_gla against float64 references.
+
+On CPU the kernels run through Triton's interpreter (``backend="triton"``); with CUDA the same tests
+also run compiled on the GPU, plus a few larger GPU-only shapes. The oracle is the token-by-token
+recurrence :func:`kernels.reference.recurrent_ref` (the chunkwise references for the large GPU
+shapes) evaluated in float64 on float64 copies of the same inputs; gradients come from autograd
+through it. Errors are fla's RMS ratio ``RMS(x - ref) / RMS(ref)`` (``harness.err_ratio``).
+
+Tolerances:
+- float32, 1e-5: every accumulation is float32 and the dots run in IEEE float32 (``input_precision=
+  "ieee"``); with at most a few hundred terms per sum the float32 rounding (unit roundoff 6e-8)
+  gives ratios of order 1e-7, measured 1e-7 here, so 1e-5 leaves two orders of margin while still
+  catching any wrong term (a wrong term gives ratios of order 1e-2 to 1).
+- float16/bfloat16, 2e-2: inputs are rounded to 16 bits before both paths see them, but the kernel
+  rounds matmul operands (gated keys, scores, the state) and its outputs and gradients to 16 bits
+  (bfloat16 unit roundoff 2^-8 = 3.9e-3); a few such roundings in a chain give a few times 1e-3.
+- harsh gates: the gate gradient is the reverse cumulative sum of ``q*dq - k*dk`` (plus
+  ``sum_v S_T * dS_T``), terms that cancel exactly in exact arithmetic when the gates wipe the
+  state; there the true ``dg`` is tiny and float32 leaves an absolute error of about unit roundoff
+  times the size of the cancelling terms, so ``dg`` is checked against that scale (1e-5 of it).
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels.benchmarks.harness import err_ratio
+from kernels.reference import chunk_gla_ref, chunk_scalar_ref, recurrent_ref
+from kernels.triton_gla import chunk_gla_triton, chunk_simple_gla_triton
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+OPS = ["linear_attn", "simple_gla", "gla"]
+TOL = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+
+
+def _inputs(op, B, T, H, K, V, dtype, device, *, h0=True, harsh=False, noncontig=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        if noncontig:   # a [B, H, T, D] buffer seen as [B, T, H, D]: strided, not contiguous
+            x = torch.randn(shape[0], shape[2], shape[1], *shape[3:], generator=gen).transpose(1, 2)
+            assert not x.is_contiguous()
+            return x
+        return torch.randn(*shape, generator=gen)
+
+    q, k, v = rnd(B, T, H, K), rnd(B, T, H, K), rnd(B, T, H, V)
+    if op == "linear_attn":
+        g = None
+    else:
+        g = F.logsigmoid(rnd(B, T, H) if op == "simple_gla" else rnd(B, T, H, K))
+        if harsh:   # per-step decays down to e^-100: the state is wiped within a token or two
+            g = g * 40.0 - 5.0 * torch.rand(g.shape, generator=gen)
+    s0 = torch.randn(B, H, K, V, generator=gen) if h0 else None
+    cast = lambda x: None if x is None else x.to(device=device, dtype=dtype)  # noqa: E731
+    s0 = None if s0 is None else s0.to(device)
+    return cast(q), cast(k), cast(v), cast(g), s0
+
+
+def _triton(op, q, k, v, g, s0, fin, num_segments=None):
+    scale = q.shape[-1] ** -0.5
+    if op == "gla":
+        return chunk_gla_triton(q, k, v, g, scale, s0, fin, num_segments=num_segments)
+    return chunk_simple_gla_triton(q, k, v, g, scale, s0, fin, num_segments=num_segments)
+
+
+def _leaves(*xs):
+    return [None if x is None else x.detach().requires_grad_(True) for x in xs]
+
+
+def _run_and_grad(fn, ins, do, dht, fin):
+    o, ht = fn(*ins)
+    loss = (o.to(torch.float64) * do).sum()
+    if fin:
+        loss = loss + (ht.to(torch.float64) * dht).sum()
+    loss.backward()
+    return o, ht, [None if x is None else x.grad for x in ins]
+
+
+def _compare(op, q, k, v, g, s0, fin, *, tol, ref="recurrent", num_segments=None, dg_abs=False):
+    """Run the Triton op and the float64 reference; assert outputs, final state and all grads."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64).to(q.device)
+    dht = torch.randn(B, H, K, V, generator=gen, dtype=torch.float64).to(q.device) if fin else None
+
+    ins = _leaves(q, k, v, g, s0)
+    o, ht, grads = _run_and_grad(lambda q, k, v, g, s0: _triton(op, q, k, v, g, s0, fin, num_segments),
+                                 ins, do, dht, fin)
+    ins64 = _leaves(*(None if x is None else x.detach().to(torch.float64) for x in (q, k, v, g, s0)))
+
+    def reference(q, k, v, g, s0):
+        if ref == "recurrent":
+            return recurrent_ref(q, k, v, g, None, scale, s0, fin)
+        if op == "gla":
+            return chunk_gla_ref(q, k, v, g, scale, s0, fin)
+        return chunk_scalar_ref(q, k, v, g, None, scale, s0, fin)
+
+    o64, ht64, grads64 = _run_and_grad(reference, ins64, do, dht, fin)
+
+    assert o.dtype == v.dtype and o.shape == (B, T, H, V)
+    assert err_ratio(o, o64) <= tol, f"o: {err_ratio(o, o64):.3g} > {tol}"
+    if fin:
+        assert ht.dtype == torch.float32 and ht.shape == (B, H, K, V)
+        assert err_ratio(ht, ht64) <= tol, f"final state: {err_ratio(ht, ht64):.3g} > {tol}"
+    else:
+        assert ht is None
+    for name, x, gr, gr64 in zip(("dq", "dk", "dv", "dg", "dh0"), (q, k, v, g, s0), grads, grads64):
+        if x is None:
+            continue
+        assert gr is not None and gr.shape == x.shape and gr.dtype == x.dtype, name
+        assert torch.isfinite(gr).all(), name
+        if name == "dg" and dg_abs:
+            # dg is a difference of terms of the size of q*dq and k*dk (see the module docstring)
+            scale_terms = max((q.double() * grads[0].double()).abs().max().item(),
+                              (k.double() * grads[1].double()).abs().max().item(), 1.0)
+            if fin:
+                scale_terms = max(scale_terms, (ht.double() * dht).sum(-1).abs().max().item())
+            err = (gr.double() - gr64).abs().max().item()
+            assert err <= 1e-5 * scale_terms, f"dg: {err:.3g} > 1e-5 * {scale_terms:.3g}"
+        else:
+            assert err_ratio(gr, gr64) <= tol, f"{name}: {err_ratio(gr, gr64):.3g} > {tol}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("T", [1, 5, 63, 65, 130])
+def test_odd_lengths_float32(device, op, T):
+    q, k, v, g, s0 = _inputs(op, 1, T, 2, 16, 16, torch.float32, device)
+    _compare(op, q, k, v, g, s0, True, tol=TOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("h0,fin", [(False, False), (False, True), (True, False)])
+def test_state_options(device, op, h0, fin):
+    q, k, v, g, s0 = _inputs(op, 2, 65, 2, 16, 16, torch.float32, device, h0=h0, seed=2)
+    _compare(op, q, k, v, g, s0, fin, tol=TOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("h0,fin,T,ns", [(True, True, 130, 3), (False, False, 200, 2)])
+def test_segment_split(device, op, h0, fin, T, ns):
+    """The sequence split (segment states, combine, per-segment marches; forward and the backward's
+    state-gradient march) gives the same results, also with a shorter last segment (T=200: 4 chunks
+    of 64 in 2 segments; 13 GLA steps of 16)."""
+    q, k, v, g, s0 = _inputs(op, 1, T, 2, 16, 16, torch.float32, device, h0=h0, seed=3)
+    _compare(op, q, k, v, g, s0, fin, tol=TOL[torch.float32], num_segments=ns)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["simple_gla", "gla"])
+def test_harsh_gates(device, op):
+    q, k, v, g, s0 = _inputs(op, 1, 130, 2, 16, 16, torch.float32, device, harsh=True, seed=4)
+    assert g.min() < -60
+    _compare(op, q, k, v, g, s0, True, tol=TOL[torch.float32], dg_abs=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision(device, op, dtype):
+    q, k, v, g, s0 = _inputs(op, 1, 65, 2, 16, 16, dtype, device, seed=5)
+    _compare(op, q, k, v, g, s0, True, tol=TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", OPS)
+def test_noncontiguous_and_mixed_head_sizes(device, op):
+    q, k, v, g, s0 = _inputs(op, 1, 33, 2, 32, 16, torch.float32, device, noncontig=True, seed=6)
+    assert not q.is_contiguous() and not v.is_contiguous()
+    _compare(op, q, k, v, g, s0, True, tol=TOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", OPS)
+def test_public_op_dispatches_to_triton(device, op):
+    """kernels.<op>(..., backend="triton") runs this kernel; backend="torch" agrees with it."""
+    q, k, v, g, s0 = _inputs(op, 1, 20, 2, 16, 16, torch.float32, device, seed=7)
+    fn = {"linear_attn": kernels.chunk_linear_attn, "simple_gla": kernels.chunk_simple_gla,
+          "gla": kernels.chunk_gla}[op]
+    args = (q, k, v) if g is None else (q, k, v, g)
+    o_tr, ht_tr = fn(*args, initial_state=s0, output_final_state=True, backend="triton")
+    o_ker, ht_ker = _triton(op, q, k, v, g, s0, True)
+    assert torch.equal(o_tr, o_ker) and torch.equal(ht_tr, ht_ker)
+    o_th, ht_th = fn(*args, initial_state=s0, output_final_state=True, backend="torch")
+    assert err_ratio(o_tr, o_th) <= 1e-5 and err_ratio(ht_tr, ht_th) <= 1e-5
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("K,V", [(24, 16), (16, 8), (512, 16), (16, 48)])
+def test_bad_head_sizes_raise(op, K, V):
+    q, k, v, g, _ = _inputs(op, 1, 4, 1, K, V, torch.float32, "cpu", h0=False)
+    fn = {"linear_attn": kernels.chunk_linear_attn, "simple_gla": kernels.chunk_simple_gla,
+          "gla": kernels.chunk_gla}[op]
+    args = (q, k, v) if g is None else (q, k, v, g)
+    with pytest.raises(ValueError, match="must be one of"):
+        fn(*args, backend="triton")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only shapes (compiled kernels)")
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,num_segments", [(2049, None), (2049, 5), (1000, None)])
+def test_gpu_large(op, dtype, T, num_segments):
+    q, k, v, g, s0 = _inputs(op, 1, T, 2, 128, 128, dtype, "cuda", seed=8)
+    _compare(op, q, k, v, g, s0, True, tol=TOL[dtype], ref="chunk", num_segments=num_segments)
