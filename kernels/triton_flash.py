@@ -13,6 +13,15 @@ sequence-tail) mask. Query blocks are launched longest-work first within each he
 also chooses between "heads inner" order (the whole grid longest-first) and "blocks inner" order
 (the programs running together share one head's keys and values in L2).
 
+Launch plan (:func:`_launch_plan`, from the H200 sweep in ``kernels/results/logs/explore_flash.json``,
+see ``kernels/NOTES_flash.md`` round 2), for causal float16/bfloat16 inputs with ``D = 128``:
+
+- ``T <= 2048``: the pointer kernel with 64 x 64 tiles, 4 warps, 3 stages (two CTAs per SM);
+- ``T > 2048`` with packed heads (``stride(2) == D``, 16-byte aligned rows): the TMA variant
+  (device-side tensor descriptors for Q/K/V/O), 128 x 128 tiles, 8 warps, 3 stages;
+- otherwise (non-packed heads, float32, other ``D``, non-causal, the interpreter): the pointer
+  kernel, autotuned (16-bit, ``D >= 64``, ``T >= 512`` on a GPU) or with a fixed tiling.
+
 Precision: float32 inputs use ``input_precision="ieee"`` for both products (on a GPU this avoids
 TF32 and makes the result agree with the interpreter's exact float32 arithmetic); float16/bfloat16
 use the tensor-core path, with the probabilities cast to the value dtype before ``P V`` and all
@@ -221,24 +230,61 @@ def _fixed_config(T: int, D: int, dtype: torch.dtype):
     return (64, 64, 4, 3, False) if T <= 256 else (128, 64, 8, 3, False)
 
 
-def _use_autotune(T: int, D: int, dtype: torch.dtype) -> bool:
-    return (not INTERPRET) and dtype in (torch.float16, torch.bfloat16) and D >= 64 and T >= 512
+def _autotune_shape(T: int, D: int, dtype: torch.dtype) -> bool:
+    """Shapes where the pointer kernel is autotuned on a GPU (16-bit, D >= 64, T >= 512)."""
+    return dtype in (torch.float16, torch.bfloat16) and D >= 64 and T >= 512
+
+
+# Production choices for causal 16-bit D = 128 (the sweep's shapes; kernels/results/logs/explore_flash.json):
+# at T = 1024 the 64 x 64 / 4-warp tiling was the fastest variant (two CTAs per SM overlap one CTA's
+# softmax with the other's MMAs), at T = 4096 and 16384 the TMA variant with BLOCK_N = 128 (TMA takes
+# the K/V address arithmetic out of the registers: 204 instead of 255 + spill). T = 2048 and 8192 were
+# not in the sweep; the threshold sits between the measured 1024 (short wins) and 4096 (TMA wins).
+SHORT_T_MAX = 2048
+SHORT_CONFIG = (64, 64, 4, 3, False)     # (BLOCK_M, BLOCK_N, num_warps, num_stages, HEADS_INNER)
+TMA_CONFIG = dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, TMA=True)
+
+
+def _tma_compatible(x: torch.Tensor) -> bool:
+    """Device-side TMA descriptors over ``[T, H·D]`` need packed heads and 16-byte aligned rows/base."""
+    es = x.element_size()
+    return (x.stride(-1) == 1 and x.stride(2) == x.shape[3] and (x.stride(1) * es) % 16 == 0
+            and (x.stride(0) * es) % 16 == 0 and x.data_ptr() % 16 == 0)
+
+
+def _launch_plan(q, k, v, causal: bool, interpret: bool = INTERPRET):
+    """``("short", cfg)``, ``("tma", variant)``, ``("autotune", None)`` or ``("fixed", cfg)``.
+
+    ``interpret=False`` lets a CPU test check the GPU decision without a GPU.
+    """
+    B, T, H, D = q.shape
+    if not interpret and causal and q.dtype in (torch.float16, torch.bfloat16) and D == 128:
+        if T <= SHORT_T_MAX:
+            return "short", SHORT_CONFIG
+        if all(_tma_compatible(x) for x in (q, k, v)):
+            return "tma", dict(TMA_CONFIG)
+    if not interpret and _autotune_shape(T, D, q.dtype):
+        return "autotune", None
+    return "fixed", _fixed_config(T, D, q.dtype)
 
 
 def _flash_forward(q, k, v, scale: float, causal: bool) -> torch.Tensor:
     B, T, H, D = q.shape
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    kind, cfg = _launch_plan(q, k, v, causal)
+    if kind == "tma":
+        return flash_forward_variant(q, k, v, scale, causal, **cfg)
     o = torch.empty((B, T, H, D), dtype=v.dtype, device=v.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"   # "tf32" is ignored for 16-bit inputs
     t_bucket = min(max(next_pow2(T), 1024), 8192)   # autotune key: <=1024, 2048, 4096, >=8192
     args = (q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
             T, H, B * H, float(scale) * _LOG2E, t_bucket)
-    if _use_autotune(T, D, q.dtype):
+    if kind == "autotune":
         def grid(meta):
             return (triton.cdiv(T, meta["BLOCK_M"]) * B * H,)
         _attn_fwd_tuned[grid](*args, D=D, CAUSAL=causal, PRECISION=precision)
     else:
-        bm, bn, warps, stages, heads_inner = _fixed_config(T, D, q.dtype)
+        bm, bn, warps, stages, heads_inner = cfg
         _attn_fwd_kernel[(triton.cdiv(T, bm) * B * H,)](*args, D=D, CAUSAL=causal, PRECISION=precision,
                                                          BLOCK_M=bm, BLOCK_N=bn, HEADS_INNER=heads_inner,
                                                          num_warps=warps, num_stages=stages)
@@ -274,10 +320,10 @@ def flash_attention_triton(q, k, v, scale: float, causal: bool) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------
-# Exploration variants (GPU tuning rounds; kernels/benchmarks/explore_flash.py). Not used by
-# flash_attention_triton: a winner is promoted by adding its config to the production kernel (or by
-# making this kernel the production one once it has the same test coverage). Every flag is a
-# constexpr, so each variant compiles to its own specialised binary.
+# Exploration variants (GPU tuning rounds; kernels/benchmarks/explore_flash.py). One of them is in
+# production: flash_attention_triton launches TMA_CONFIG through flash_forward_variant for long causal
+# 16-bit D = 128 inputs with packed heads (_launch_plan); the others document the sweep. Every flag
+# is a constexpr, so each variant compiles to its own specialised binary.
 # ------------------------------------------------------------------------------------------------
 
 # FA4-style lazy rescale threshold (log2 units): the running max used for p is only moved when a

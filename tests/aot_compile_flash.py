@@ -2,7 +2,9 @@
 
 Run in a fresh process (``TRITON_INTERPRET=0``; the test suite's process interprets kernels):
 ``python tests/aot_compile_flash.py [--quick]`` (``--quick``: the benchmark's bf16 D = 128 causal
-configurations plus one of each other launch path, about ten compiles; the default: all, ~60). For every configuration the op can launch it prints one JSON
+configurations, including the production short tiling and TMA variant, plus one of each other
+launch path, about a dozen compiles; the default: all, ~60; ``--explore [names]``: the sweep's
+variants). For every configuration the op can launch it prints one JSON
 line: shared memory, registers and spill stack (from ``cuobjdump --dump-resource-usage``) and
 whether the Hopper tensor-core instruction ``wgmma`` is used. This catches what the interpreter
 accepts but the GPU compiler rejects (dot shapes, dtypes, layouts) on a CPU-only machine.
@@ -38,6 +40,8 @@ def configs():
             for dt, tdt in (("fp16", tf.torch.float16), ("bf16", tf.torch.bfloat16)):
                 out.append((dt, D, causal, tf._fixed_config(100, D, tdt)))
                 out.append((dt, D, causal, tf._fixed_config(4096, D, tdt)))
+                if D == 128 and causal:
+                    out.append((dt, D, causal, tf.SHORT_CONFIG))     # production, T <= SHORT_T_MAX
                 if D >= 64:
                     for c in tf._tuned_configs():
                         out.append((dt, D, causal, (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"],
@@ -108,7 +112,7 @@ def compile_variant(name, var, D=128, causal=True, dt="bf16"):
     opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if cfg["maxnreg"] is not None:
         opts["maxnreg"] = cfg["maxnreg"]
-    rec = dict(variant=name)
+    rec = dict(variant=name, dtype=dt, D=D, causal=causal)
     try:
         k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
     except Exception as e:  # noqa: BLE001 - report, keep going
@@ -135,3 +139,6 @@ if __name__ == "__main__" and "--explore" in sys.argv:
 elif __name__ == "__main__":
     for dt, D, causal, cfg in (quick_configs() if "--quick" in sys.argv else configs()):
         print(json.dumps(compile_one(dt, D, causal, cfg)), flush=True)
+    # the production TMA path (long causal 16-bit D = 128 with packed heads: triton_flash._launch_plan)
+    for dt in (("bf16",) if "--quick" in sys.argv else ("bf16", "fp16")):
+        print(json.dumps(compile_variant("production_tma", tf.TMA_CONFIG, dt=dt)), flush=True)

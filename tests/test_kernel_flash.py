@@ -194,9 +194,15 @@ def test_compiles_for_hopper_without_spills():
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     assert len(rows) >= 6
     for r in rows:
+        assert "error" not in r, r
         assert r["shared"] <= 227 * 1024, r
         if r["dtype"] != "fp32":
             assert r["wgmma"] and r["stack"] <= 16, r
+    # the production choices for causal bf16 D = 128 are among them: short tiling and TMA (no spill)
+    import kernels.triton_flash as tf
+    assert any(r.get("config") == list(tf.SHORT_CONFIG) and r["dtype"] == "bf16" and r["causal"] for r in rows)
+    tma = [r for r in rows if r.get("variant") == "production_tma"]
+    assert len(tma) == 1 and tma[0]["tma"] and tma[0]["stack"] == 0, tma
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -210,9 +216,57 @@ def test_other_tilings_and_launch_orders(device, causal, cfg, monkeypatch):
     """
     import kernels.triton_flash as tf
     monkeypatch.setattr(tf, "_fixed_config", lambda T, D, dtype: cfg)
-    monkeypatch.setattr(tf, "_use_autotune", lambda T, D, dtype: False)
+    # (D = 32 below: never autotuned, never the short/TMA plan, so the patched tiling is launched)
     q, k, v = rand_qkv(2, 70, 3, 32, torch.float32, device, seed=11)
     run_and_check(q, k, v, causal, name=f"tiling {cfg}")
+
+
+# --- the production launch plan (kernels.triton_flash._launch_plan) ----------------------------------
+def test_launch_plan_choices():
+    """The GPU-side choice per input (decided with interpret=False, so it is checked on a CPU)."""
+    import kernels.triton_flash as tf
+
+    def plan(B, T, H, D, dtype, causal=True, heads_packed=True):
+        shape = (B, T, H, D) if heads_packed else (B, H, T, D)
+        x = torch.empty(shape, dtype=dtype)
+        x = x if heads_packed else x.transpose(1, 2)          # [B, T, H, D] view, stride(2) = T·D
+        return tf._launch_plan(x, x, x, causal, interpret=False)[0]
+
+    bf, fp = torch.bfloat16, torch.float16
+    assert plan(2, 1024, 2, 128, bf) == "short"
+    assert plan(1, 2048, 2, 128, fp) == "short"
+    assert plan(1, 2049, 2, 128, bf) == "tma"
+    assert plan(1, 4096, 2, 128, fp) == "tma"
+    assert plan(1, 4096, 2, 128, bf, heads_packed=False) == "autotune"   # TMA needs packed heads
+    assert plan(1, 4096, 2, 128, bf, causal=False) == "autotune"         # not in the sweep
+    assert plan(1, 4096, 2, 64, bf) == "autotune"
+    assert plan(1, 4096, 2, 128, torch.float32) == "fixed"
+    assert tf._launch_plan(*(torch.empty(1, 4096, 2, 128, dtype=bf),) * 3, True, interpret=True)[0] == "fixed"
+    # a view of the first 2 of 5 packed heads qualifies (rows 5·128·2 B apart); padded heads
+    # (stride(2) = 130 != D) do not
+    x = torch.empty(1, 8, 5, 128, dtype=bf)[:, :, :2]
+    assert tf._tma_compatible(x) and not tf._tma_compatible(torch.empty(1, 8, 2, 130, dtype=bf)[..., :128])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,kind", [(100, "short"), (300, "tma")])
+def test_production_plans_are_correct(device, T, kind, monkeypatch):
+    """The production GPU configurations (short tiling; TMA, BLOCK_N = 128) run through
+    flash_attention with the plan the GPU would choose (SHORT_T_MAX lowered to 128 so that a
+    small T reaches the TMA path; T = 300 has a 44-query tail block)."""
+    import kernels.triton_flash as tf
+    orig = tf._launch_plan
+    seen = []
+
+    def gpu_plan(q, k, v, causal, interpret=False):
+        out = orig(q, k, v, causal, interpret=False)
+        seen.append(out[0])
+        return out
+    monkeypatch.setattr(tf, "SHORT_T_MAX", 128)
+    monkeypatch.setattr(tf, "_launch_plan", gpu_plan)
+    q, k, v = rand_qkv(1, T, 2, 128, torch.bfloat16, device, seed=T)
+    run_and_check(q, k, v, True, name=f"production {kind}")
+    assert seen == [kind]
 
 
 # --- exploration variants (kernels.triton_flash.flash_forward_variant) ------------------------------

@@ -88,12 +88,14 @@ def _sdpa_backend_fn(name):
     return run
 
 
-def _triton_config_note():
-    """The autotuner's choice for the last launch (None where no autotuning ran)."""
+def _triton_config_note(q, k, v, causal=True):
+    """The launch plan of :func:`kernels.triton_flash._launch_plan` for these inputs (with the
+    autotuner's choice where the plan is to autotune)."""
     from kernels import triton_flash
-    tuned = getattr(triton_flash, "_attn_fwd_tuned", None)
-    cfg = getattr(tuned, "best_config", None)
-    return f"autotuned: {cfg}" if cfg is not None else None
+    kind, cfg = triton_flash._launch_plan(q, k, v, causal)
+    if kind == "autotune":
+        cfg = getattr(getattr(triton_flash, "_attn_fwd_tuned", None), "best_config", None)
+    return f"{kind}: {cfg}"
 
 
 def time_shapes(Ts, tokens, dtype, rep):
@@ -138,7 +140,7 @@ def time_shapes(Ts, tokens, dtype, rep):
                 rec["ms"] = ms
                 rec["tflops"] = flops / (ms * 1e-3) / 1e12
                 if name == "triton":
-                    rec["note"] = _triton_config_note()
+                    rec["note"] = _triton_config_note(q, k, v)
             except Exception as e:  # noqa: BLE001 - a failing baseline is recorded, not fatal
                 rec["note"] = f"{type(e).__name__}: {e}"[:300]
             records.append(rec)

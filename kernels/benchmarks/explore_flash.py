@@ -38,8 +38,10 @@ def V(**kw):
     return kw
 
 
-# (name, variant): the production winners first (autotune picked 128x64 for T <= 4096, 128x128 for
-# T >= 8192; 8 warps, 3 stages, blocks-inner order), then tile/pipeline sweeps, then new code paths.
+# (name, variant): the round-1 production winners first (autotune picked 128x64 for T <= 4096, 128x128
+# for T >= 8192; 8 warps, 3 stages, blocks-inner order), then tile/pipeline sweeps, then new code paths.
+# Round-2 results: kernels/results/logs/explore_flash.json; since then production uses
+# bm64_bn64_w4_s3 for T <= 2048 and tma_bn128 above (triton_flash._launch_plan, NOTES_flash.md).
 VARIANTS = [
     ("base_bn64", V(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)),
     ("base_bn128", V(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)),
