@@ -15,3 +15,18 @@ __all__ = [
     "causal_mask", "strict_causal_mask",
     "attention_scores", "softmax_attention", "softmax_attention_recurrent",
 ]
+from .delta import (comba_recurrent, comba_to_gated_deltanet, cumulative_alpha_breakdown,  # noqa: E402
+                    deltanet_chunkwise, deltanet_parallel, deltanet_recurrent, deltaproduct_recurrent,
+                    forward_substitution, gated_deltanet_chunkwise, gated_deltanet_parallel,
+                    gated_deltanet_recurrent, gated_deltanet_to_comba, gated_deltanet_via_cumulative_alpha,
+                    overwrite_experiment)
+
+__all__ += [
+    "forward_substitution", "deltanet_recurrent", "deltanet_parallel", "deltanet_chunkwise",
+    "gated_deltanet_recurrent", "gated_deltanet_parallel", "gated_deltanet_chunkwise",
+    "comba_recurrent", "comba_to_gated_deltanet", "gated_deltanet_to_comba", "deltaproduct_recurrent",
+    "gated_deltanet_via_cumulative_alpha", "cumulative_alpha_breakdown", "overwrite_experiment",
+]
+from .ttt import TTT_LOSSES, ttt_loss, ttt_recurrent, ttt_regression_curve, ttt_symbolic_step  # noqa: E402
+
+__all__ += ["TTT_LOSSES", "ttt_loss", "ttt_recurrent", "ttt_symbolic_step", "ttt_regression_curve"]

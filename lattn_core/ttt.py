@@ -1,0 +1,211 @@
+"""Test-time training (TTT): an optimizer run over the tokens is a recurrent network.
+
+The state is the weight matrix ``S`` (``(d_v, d_k)``) of a model ``f(S; k) = S k``. Each token brings
+a training pair ``(k_t, v_t)``; one step of gradient descent on a loss ``L(f(S; k_t), v_t)`` updates
+the state, and the output is the updated model's prediction at the query::
+
+    S_t = S_{t-1} - eta_t grad_S L(S_{t-1} k_t, v_t),        o_t = S_t q_t
+
+The gradient is NOT written by hand here: :func:`ttt_recurrent` builds the loss as a PyTorch graph in
+float64 and asks ``torch.autograd`` for it, and :func:`ttt_symbolic_step` asks SymPy to differentiate
+the same loss on a symbolic state. Which recurrence comes out is then a checkable fact, not an
+assumption. The named losses (``lam`` is an L2 weight, ``||.||_F`` the Frobenius norm):
+
+==================== ================================================ ================================
+``loss``             ``L(S; k, v)``                                   one SGD step gives
+==================== ================================================ ================================
+``"dot"``            ``-v . (S k)``                                   ``S + eta v k^T`` (linear attention)
+``"dot+l2"``         ``-v . (S k) + lam/2 ||S||_F^2``                 ``(1 - eta lam) S + eta v k^T`` (decay)
+``"squared"``        ``1/2 ||S k - v||^2``                            ``S + eta (v - S k) k^T`` (DeltaNet)
+``"squared+frobenius"`` ``1/2 ||S k - v||^2 + lam/2 ||S||_F^2``      ``(1 - eta lam) S + eta (v - S k) k^T`` (Comba)
+==================== ================================================ ================================
+
+Two variants: momentum (as in Titans, ``M_t = mu_t M_{t-1} - eta_t grad``, ``S_t = S_{t-1} + M_t``) and
+mini-batch TTT (tokens in a block of ``batch_size`` all take their gradient at the state the block
+started from, accumulating ``S_t = S_start - sum_{tau in block, tau <= t} eta_tau grad L_tau(S_start)``).
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ._validate import as_array, check_gate, check_qkv
+
+__all__ = ["TTT_LOSSES", "ttt_loss", "ttt_recurrent", "ttt_symbolic_step", "ttt_regression_curve"]
+
+TTT_LOSSES = ("dot", "dot+l2", "squared", "squared+frobenius")
+
+
+class _TorchOps:
+    @staticmethod
+    def matvec(S, k):
+        return S @ k
+
+    @staticmethod
+    def dot(a, b):
+        return (a * b).sum()
+
+    @staticmethod
+    def frob2(S):
+        return (S * S).sum()
+
+
+class _SympyOps:
+    @staticmethod
+    def matvec(S, k):
+        return S * k
+
+    @staticmethod
+    def dot(a, b):
+        return (a.T * b)[0, 0]
+
+    @staticmethod
+    def frob2(S):
+        return sum(e**2 for e in S)
+
+
+def ttt_loss(loss: str, S, k, v, lam=0.0, *, ops=_TorchOps):
+    """The named TTT loss ``L(S; k, v)`` for the linear model ``f(S; k) = S k`` (see the module table).
+
+    Written once, for any array type that ``ops`` knows (PyTorch tensors by default; SymPy matrices
+    with ``ops=_SympyOps``), so the autodiff and the symbolic derivations differentiate the same loss.
+    """
+    if loss not in TTT_LOSSES:
+        raise ValueError(f"loss must be one of {TTT_LOSSES} or a callable; got {loss!r}")
+    pred = ops.matvec(S, k)
+    if loss.startswith("dot"):
+        value = -ops.dot(v, pred)
+    else:
+        r = pred - v
+        value = ops.dot(r, r) / 2
+    if "+" in loss:
+        value = value + lam / 2 * ops.frob2(S)
+    return value
+
+
+def _per_token(x, name, n, default, *, low=0.0, high=np.inf, low_inclusive=False, high_inclusive=False):
+    """A scalar or an ``(n,)`` array in the given range, returned as ``(n,)`` float64."""
+    if x is None:
+        return np.full(n, float(default))
+    arr = np.asarray(x, dtype=np.float64) if not isinstance(x, numbers.Number) else np.float64(x)
+    if np.ndim(arr) == 0:
+        arr = check_gate(arr, name, (), low=low, high=high, low_inclusive=low_inclusive,
+                         high_inclusive=high_inclusive)
+        return np.full(n, float(arr))
+    return check_gate(arr, name, (n,), low=low, high=high, low_inclusive=low_inclusive,
+                      high_inclusive=high_inclusive)
+
+
+def ttt_recurrent(Q, K, V, loss="squared", eta=1.0, *, lam=0.0, momentum=0.0, batch_size: int = 1,
+                  initial_state=None, return_state: bool = False, return_states: bool = False):
+    """Run test-time training over the tokens and read each updated model at its query.
+
+    ``Q, K``: ``(n, d_k)``; ``V``: ``(n, d_v)``. ``loss``: a name from :data:`TTT_LOSSES` or a callable
+    ``loss(S, k, v) -> torch scalar`` (float64 tensors, ``S`` of shape ``(d_v, d_k)``). ``eta``
+    (learning rate, positive) and ``lam`` (L2 weight, ``>= 0``; only for the ``+l2`` / ``+frobenius``
+    losses) are scalars or ``(n,)`` arrays. ``momentum``: ``mu`` in ``[0, 1)``, scalar or ``(n,)``;
+    with ``mu > 0``: ``M_t = mu_t M_{t-1} - eta_t grad``, ``S_t = S_{t-1} + M_t`` (Titans' momentum).
+    ``batch_size``: mini-batch TTT (gradients at the block-start state; 1 is plain online SGD; cannot
+    be combined with momentum). ``initial_state``: ``(d_v, d_k)``, default zeros.
+
+    The gradient of each step comes from ``torch.autograd`` in float64. Returns ``O`` ``(n, d_v)``;
+    ``(O, S_n)`` with ``return_state=True``; ``(O, states)`` with ``return_states=True``, ``states``
+    of shape ``(n, d_v, d_k)`` holding every ``S_t`` (the training trajectory).
+    """
+    import torch
+
+    Q, K, V = check_qkv(Q, K, V)
+    n, d_k = K.shape
+    d_v = V.shape[1]
+    if not callable(loss) and loss not in TTT_LOSSES:
+        raise ValueError(f"loss must be one of {TTT_LOSSES} or a callable; got {loss!r}")
+    eta = _per_token(eta, "eta", n, 1.0)
+    lam = _per_token(lam, "lam", n, 0.0, low_inclusive=True)
+    mu = _per_token(momentum, "momentum", n, 0.0, high=1.0, low_inclusive=True)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+    if batch_size > 1 and np.any(mu > 0):
+        raise ValueError("momentum and batch_size > 1 cannot be combined; use one of them")
+    if isinstance(loss, str) and "+" not in loss and np.any(lam != 0):
+        raise ValueError(f"lam is only used by the '+l2' / '+frobenius' losses; loss {loss!r} got lam != 0")
+    S0 = np.zeros((d_v, d_k)) if initial_state is None else as_array(initial_state, "initial_state", (d_v, d_k))
+
+    t64 = lambda x: torch.as_tensor(x, dtype=torch.float64)
+    Kt, Vt = t64(K), t64(V)
+
+    def grad_at(S, t):
+        Sg = S.detach().clone().requires_grad_(True)
+        value = loss(Sg, Kt[t], Vt[t]) if callable(loss) else ttt_loss(loss, Sg, Kt[t], Vt[t], float(lam[t]))
+        (g,) = torch.autograd.grad(value, Sg)
+        return g
+
+    S = t64(S0).clone()
+    M = torch.zeros_like(S)
+    O = np.empty((n, d_v))
+    states = np.empty((n, d_v, d_k)) if return_states else None
+    start_state = S
+    for t in range(n):
+        if batch_size == 1:
+            step = -float(eta[t]) * grad_at(S, t)
+            M = float(mu[t]) * M + step
+            S = S + M
+        else:
+            if t % batch_size == 0:
+                start_state = S                      # the block's gradients are all taken here
+            S = S - float(eta[t]) * grad_at(start_state, t)
+        O[t] = S.numpy() @ Q[t]
+        if return_states:
+            states[t] = S.numpy()
+    if return_states:
+        return O, states
+    return (O, S.numpy().copy()) if return_state else O
+
+
+def ttt_symbolic_step(loss: str, d_v: int = 2, d_k: int = 2):
+    """One TTT step on a symbolic state, the gradient taken by SymPy.
+
+    Returns ``(S_new, syms)`` where ``S_new = S - eta * dL/dS`` (a ``d_v x d_k`` SymPy matrix) and
+    ``syms`` holds the symbols ``S`` (matrix), ``k``, ``v`` (column vectors), ``eta``, ``lam``.
+    """
+    import sympy as sp
+
+    if loss not in TTT_LOSSES:
+        raise ValueError(f"loss must be one of {TTT_LOSSES}; got {loss!r}")
+    for name, d in (("d_v", d_v), ("d_k", d_k)):
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
+            raise ValueError(f"{name} must be a positive integer; got {d!r}")
+    S = sp.Matrix(d_v, d_k, lambda i, j: sp.Symbol(f"s{i + 1}{j + 1}"))
+    k = sp.Matrix(d_k, 1, lambda i, _: sp.Symbol(f"k{i + 1}"))
+    v = sp.Matrix(d_v, 1, lambda i, _: sp.Symbol(f"v{i + 1}"))
+    eta, lam = sp.symbols("eta lambda", positive=True)
+    L = ttt_loss(loss, S, k, v, lam, ops=_SympyOps)
+    grad = S.applyfunc(lambda s: sp.diff(L, s))
+    return S - eta * grad, {"S": S, "k": k, "v": v, "eta": eta, "lam": lam, "loss": L}
+
+
+def ttt_regression_curve(loss="squared", eta=1.0, *, lam=0.0, momentum=0.0, batch_size: int = 1, n: int = 200,
+                         d_k: int = 16, d_v: int = 8, noise: float = 0.0, seed: int = 0) -> np.ndarray:
+    """How well TTT compresses a stream generated by a hidden linear rule, step by step.
+
+    Draws a rule ``W`` (``(d_v, d_k)``, entries ``N(0, 1/d_k)``), ``n`` unit keys and values
+    ``v_t = W k_t + noise * N(0, 1)``, runs :func:`ttt_recurrent` with the given loss and settings, and
+    returns the relative test error ``E ||(S_t - W) k||^2 / E ||W k||^2`` of every state ``S_t``
+    over 256 fresh unit keys: an ``(n,)`` array (``inf`` where the state overflowed).
+    """
+    for name, x in (("n", n), ("d_k", d_k), ("d_v", d_v)):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 1:
+            raise ValueError(f"{name} must be a positive integer; got {x!r}")
+    rng = np.random.default_rng(seed)
+    W = rng.normal(size=(d_v, d_k)) / np.sqrt(d_k)
+    K = rng.normal(size=(n, d_k))
+    K /= np.linalg.norm(K, axis=1, keepdims=True)
+    V = K @ W.T + noise * rng.normal(size=(n, d_v))
+    K_test = rng.normal(size=(256, d_k))
+    K_test /= np.linalg.norm(K_test, axis=1, keepdims=True)
+    _, states = ttt_recurrent(K, K, V, loss, eta, lam=lam, momentum=momentum, batch_size=batch_size,
+                              return_states=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        err = np.einsum("tvk,mk->tmv", states - W, K_test)
+        rel = (err ** 2).sum(-1).mean(-1) / ((K_test @ W.T) ** 2).sum(-1).mean()
+    return np.where(np.isfinite(rel), rel, np.inf)
