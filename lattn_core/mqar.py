@@ -232,7 +232,7 @@ class MQARConfig:
     head_dim: int = 16
     mlp: bool = False
     conv_width: int = 2
-    steps: int = 300
+    steps: int = 600
     batch: int = 32
     lr: float = 1e-2
     weight_decay: float = 0.1
