@@ -34,6 +34,7 @@ mixer gets the same convolution, so the comparison stays one of update rules.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass, replace
 
@@ -266,6 +267,18 @@ def gpu_config(**changes) -> MQARConfig:
     return replace(base, **changes)
 
 
+@contextlib.contextmanager
+def _torch_threads(n):
+    """Run with ``n`` PyTorch CPU threads (``None``: leave as is), restoring the old setting after."""
+    old = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
 def _seeds(seed: int) -> tuple[int, int, int]:
     """Deterministic seeds for (model init, training data, evaluation data) from one ``seed``.
 
@@ -293,11 +306,16 @@ def train_mqar(mixer: str, config: MQARConfig | None = None, *, progress=None, l
     ``make_mqar(..., seed=data_seed + s)`` (one model sees every difficulty, as in Zoology's mixed
     training sets). Evaluation: one held-out batch per ``N`` with its own seed. Returns a dict with
     the loss curve, ``accuracy`` (one per ``N``), the measured state size and the wall time.
-    ``progress`` is an optional tqdm bar to advance.
+    ``progress`` is an optional tqdm bar to advance. Runs with ``config.threads`` CPU threads.
     """
     cfg = config or MQARConfig()
     if mixer not in MIXERS:
         raise ValueError(f"mixer must be one of {MIXERS}; got {mixer!r}")
+    with _torch_threads(cfg.threads):
+        return _train(mixer, cfg, progress, log_every)
+
+
+def _train(mixer: str, cfg: MQARConfig, progress, log_every: int) -> dict:
     init_seed, data_seed, eval_seed = _seeds(cfg.seed)
     torch.manual_seed(init_seed)
     model = MQARModel(mixer, cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.mlp,
@@ -344,9 +362,6 @@ def run_mqar_sweep(config: MQARConfig | None = None, *, large: bool = False, pro
     for m in cfg.mixers:
         if m not in MIXERS:
             raise ValueError(f"mixers must be drawn from {MIXERS}; got {m!r}")
-    old_threads = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -364,7 +379,6 @@ def run_mqar_sweep(config: MQARConfig | None = None, *, large: bool = False, pro
     finally:
         if bar is not None:
             bar.close()
-        torch.set_num_threads(old_threads)
     acc = {r["mixer"]: r["accuracy"] for r in results}
     return {"config": cfg.as_dict(), "results": results, "accuracy": acc,
             "seconds": time.perf_counter() - t0}
