@@ -89,6 +89,19 @@ def test_mixer_is_its_recurrence(mixer):
     torch.testing.assert_close(S.double(), S_ref, atol=1e-4, rtol=0)
 
 
+def test_key_convolution_starts_from_the_previous_token():
+    torch.manual_seed(0)
+    for flag, want in ((True, 0), (False, 1)):       # width 2: index 0 weights x_{t-1}, index 1 weights x_t
+        mix = MQARModel("linear", 16, d_model=8, head_dim=8, key_from_previous=flag).mix
+        wq, wk, wv = (c.weight[:, 0, :] for c in mix.convs)
+        assert (wk.argmax(-1) == want).all() and (wq.argmax(-1) == 1).all() and (wv.argmax(-1) == 1).all()
+        x = torch.randn(1, 5, 8)
+        y = mix.convs[1](x)
+        # the convolution is causal: y_0 depends on x_0 only, and changing x_4 leaves y_0..y_3 alone
+        x2 = x.clone(); x2[0, 4] += 1.0
+        assert torch.equal(mix.convs[1](x2)[0, :4], y[0, :4])
+
+
 def test_models_have_equal_state_size():
     sizes = {mixer: state_size(MQARModel(mixer, 32, d_model=16, n_heads=2, head_dim=8)) for mixer in MIXERS}
     assert set(sizes.values()) == {2 * 8 * 8}, sizes            # H * d_k * d_v, measured from the op
