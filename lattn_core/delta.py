@@ -348,9 +348,12 @@ def cumulative_alpha_breakdown(lengths, alpha: float, *, d_k: int = 8, d_v: int 
     ``alpha``; the error of :func:`gated_deltanet_via_cumulative_alpha` run in each dtype against
     :func:`gated_deltanet_recurrent` in float64, relative to the reference's largest entry (``inf``
     when the result holds NaN/inf). Also the log10 of ``abar_n = alpha^n``, and for each dtype the
-    length past which ``1/abar`` cannot be represented (``log(1/abar) > log(max)``).
+    length past which ``1/abar`` cannot be represented (``log(1/abar) > log(max)``) and the length
+    past which ``abar`` falls below the smallest normal number (``tiny``; it then loses precision and,
+    further on, becomes 0).
 
-    Returns ``{"lengths", "log10_abar", "error": {dtype: array}, "overflow_length": {dtype: float}}``.
+    Returns ``{"lengths", "log10_abar", "error": {dtype: array}, "overflow_length": {dtype: float},
+    "underflow_length": {dtype: float}}``.
     """
     lengths = [int(x) for x in lengths]
     if not lengths or min(lengths) < 1:
@@ -363,7 +366,7 @@ def cumulative_alpha_breakdown(lengths, alpha: float, *, d_k: int = 8, d_v: int 
     K /= np.linalg.norm(K, axis=1, keepdims=True)
     V = rng.normal(size=(n_max, d_v))
     out = {"lengths": np.array(lengths), "log10_abar": np.array(lengths) * np.log10(alpha),
-           "error": {}, "overflow_length": {}}
+           "error": {}, "overflow_length": {}, "underflow_length": {}}
     refs = {n: gated_deltanet_recurrent(Q[:n], K[:n], V[:n], np.full(n, alpha)) for n in lengths}
     for name in dtypes:
         dt = np.dtype(name)
@@ -378,6 +381,7 @@ def cumulative_alpha_breakdown(lengths, alpha: float, *, d_k: int = 8, d_v: int 
         out["error"][name] = np.array(errs)
         log_max = np.log(np.finfo(dt).max)
         out["overflow_length"][name] = np.inf if alpha == 1.0 else log_max / -np.log(alpha)
+        out["underflow_length"][name] = np.inf if alpha == 1.0 else np.log(np.finfo(dt).tiny) / np.log(alpha)
     return out
 
 

@@ -198,6 +198,9 @@ def test_cumulative_alpha_breakdown_is_measured():
     ov32 = res["overflow_length"]["float32"]
     # the predicted float32 overflow length: log(max float32) / -log(0.9) ~ 842
     assert abs(ov32 - np.log(np.finfo(np.float32).max) / -np.log(alpha)) < 1e-9
+    # abar = 0.9^n drops below float32's smallest normal (1.2e-38) at n ~ 834, just before 1/abar overflows
+    assert abs(0.9 ** res["underflow_length"]["float32"] - np.finfo(np.float32).tiny) < 1e-40
+    assert res["underflow_length"]["float32"] < ov32 < res["underflow_length"]["float64"]
     for n, e in zip(lengths, e32):
         if n < ov32 * 0.95:
             assert e < 1e-5, (n, e)          # float32 round-off (~1e-7) while 1/abar fits
