@@ -1,0 +1,147 @@
+"""Identities stated in Chapter 6 (the inverse trick) that tests/test_delta_rule.py does not already cover."""
+import numpy as np
+import pytest
+import sympy as sp
+
+import lattn_core as lc
+
+# float64 on small, well-conditioned problems with unit-norm keys: round-off is ~1e-14; 1e-10 leaves
+# orders of magnitude of headroom and still catches an algebraic slip (which shows up at >= 1e-3).
+TOL = 1e-10
+
+
+def unit_rows(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def make(n, d_k=6, d_v=3, seed=0):
+    rng = np.random.default_rng(seed)
+    Q, K, V = rng.normal(size=(n, d_k)), unit_rows(rng.normal(size=(n, d_k))), rng.normal(size=(n, d_v))
+    beta = rng.uniform(0.05, 2.0, size=n)
+    alpha = np.exp(rng.uniform(np.log(0.2), 0.0, size=n))
+    return Q, K, V, alpha, beta
+
+
+# ---------------------------------------------------------------- (ch6-wy): the WY representation
+@pytest.mark.parametrize("C,d,seed", [(1, 3, 0), (2, 2, 1), (16, 8, 2), (40, 5, 3)])
+def test_wy_representation_of_a_product_of_householder_factors(C, d, seed):
+    rng = np.random.default_rng(seed)
+    K = unit_rows(rng.normal(size=(C, d)))
+    beta = rng.uniform(0.05, 2.0, size=C)
+    prod = np.eye(d)                                      # the definition: left-to-right product
+    for t in range(C):
+        prod = prod @ (np.eye(d) - beta[t] * np.outer(K[t], K[t]))
+    W = lc.forward_substitution(np.tril(beta[:, None] * (K @ K.T), k=-1), beta[:, None] * K)
+    lc.check_close("prod (I - b k k^T) = I - W^T K", prod, np.eye(d) - W.T @ K, TOL)
+
+
+def test_wy_representation_symbolic_two_tokens():
+    k1, k2 = sp.Matrix(sp.symbols("k11 k12")), sp.Matrix(sp.symbols("k21 k22"))
+    b1, b2 = sp.symbols("beta1 beta2")
+    I2 = sp.eye(2)
+    K = sp.Matrix.vstack(k1.T, k2.T)
+    A = sp.Matrix([[0, 0], [b2 * (k2.T * k1)[0], 0]])
+    W = (I2 + A).inv() * sp.diag(b1, b2) * K
+    lc.check_symbolic("WY, two tokens", (I2 - b1 * k1 * k1.T) * (I2 - b2 * k2 * k2.T), I2 - W.T * K)
+
+
+# ---------------------------------------------------------------- structure of (I+B)^{-1}
+@pytest.mark.parametrize("n,C", [(32, 8), (30, 7), (20, 20)])
+def test_inverse_is_unit_lower_triangular_with_inverted_diagonal_blocks(n, C):
+    _, K, _, _, beta = make(n, d_k=4, seed=n)
+    A = np.tril(beta[:, None] * (K @ K.T), k=-1)
+    T = lc.forward_substitution(A, np.eye(n))
+    lc.check_close("(I+B)^-1 is unit lower triangular", np.triu(T), np.eye(n), 1e-12)
+    lc.check_close("and really the inverse", T @ (np.eye(n) + A), np.eye(n), 1e-9)
+    for s in range(0, n, C):
+        e = min(s + C, n)
+        blk = lc.forward_substitution(A[s:e, s:e], np.eye(e - s))
+        lc.check_close(f"diagonal block [{s}:{e}]", T[s:e, s:e], blk, 1e-12)
+    if C < n:   # the off-diagonal blocks are not zero: chunks must pass on the state
+        assert np.abs(T[C:, :C]).max() > 1e-3
+
+
+def test_forward_substitution_is_the_inverse_symbolically():
+    a21, a31, a32, b1, b2, b3 = sp.symbols("a21 a31 a32 b1 b2 b3")
+    A = sp.Matrix([[0, 0, 0], [a21, 0, 0], [a31, a32, 0]])
+    x1 = b1                                   # the algorithm, written out row by row
+    x2 = b2 - a21 * x1
+    x3 = b3 - a31 * x1 - a32 * x2
+    lc.check_symbolic("forward substitution = (I+A)^-1 b", sp.Matrix([x1, x2, x3]),
+                      (sp.eye(3) + A).inv() * sp.Matrix([b1, b2, b3]))
+
+
+@pytest.mark.parametrize("n", [1, 6, 12])
+def test_neumann_series_is_exact_for_strictly_lower_triangular(n):
+    A = np.tril(np.random.default_rng(n).normal(size=(n, n)) * 0.5, k=-1)
+    lc.check_close("A^n = 0", np.linalg.matrix_power(A, n), np.zeros((n, n)), 1e-12)
+    neumann = sum(np.linalg.matrix_power(-A, j) for j in range(n))
+    lc.check_close("sum_{j<n} (-A)^j = (I+A)^-1", neumann, lc.forward_substitution(A, np.eye(n)), 1e-9,
+                   relative=True)
+
+
+# ---------------------------------------------------------------- chunk-size extremes
+@pytest.mark.parametrize("gated", [False, True])
+def test_chunk_size_one_is_the_recurrence_and_chunk_n_is_the_parallel_form(gated):
+    n = 23
+    Q, K, V, alpha, beta = make(n, seed=7)
+    if gated:
+        rec, par = lc.gated_deltanet_recurrent(Q, K, V, alpha, beta), lc.gated_deltanet_parallel(Q, K, V, alpha, beta)
+        chunk = lambda C: lc.gated_deltanet_chunkwise(Q, K, V, alpha, beta, chunk_size=C)
+    else:
+        rec, par = lc.deltanet_recurrent(Q, K, V, beta), lc.deltanet_parallel(Q, K, V, beta)
+        chunk = lambda C: lc.deltanet_chunkwise(Q, K, V, beta, chunk_size=C)
+    lc.check_close("C = 1 is the recurrence", chunk(1), rec, TOL)
+    lc.check_close("C = n is the parallel form", chunk(n), par, TOL)
+
+
+# ---------------------------------------------------------------- (ch6-comba) as SGD on a regularised loss
+def _sgd_step(weight, S, k, v, eta):
+    loss = ((S * k - v).T * (S * k - v))[0] / 2 + weight * sum(s ** 2 for s in S)
+    return S - eta * S.applyfunc(lambda s: sp.diff(loss, s))
+
+
+def test_comba_is_sgd_on_the_regularised_squared_loss():
+    S = sp.Matrix(2, 2, sp.symbols("s11 s12 s21 s22"))
+    k, v = sp.Matrix(sp.symbols("k1 k2")), sp.Matrix(sp.symbols("v1 v2"))
+    gamma, eta = sp.symbols("gamma eta", positive=True)
+    comba = gamma * S + eta * (v - S * k) * k.T
+    lc.check_symbolic("SGD on 1/2||Sk-v||^2 + (1-g)/(2 eta)||S||^2 = Comba",
+                      _sgd_step((1 - gamma) / (2 * eta), S, k, v, eta), comba)
+    # the weight (1-g)/eta (without the 1/2) scales the state by 2g - 1 instead of g
+    lc.check_symbolic("weight (1-g)/eta gives 2g-1", _sgd_step((1 - gamma) / eta, S, k, v, eta),
+                      comba.subs(gamma, 2 * gamma - 1))
+    res = lc.check_symbolic("and not g", _sgd_step((1 - gamma) / eta, S, k, v, eta), comba, raise_on_fail=False)
+    assert not res.passed
+
+
+# ---------------------------------------------------------------- DeltaProduct: reflections compose to rotations
+def test_householder_steps_reflect_and_two_of_them_rotate():
+    rng = np.random.default_rng(4)
+    d = 5
+    k1, k2 = unit_rows(rng.normal(size=(2, d)))
+    for b in (0.3, 1.0, 2.0):
+        lc.check_close(f"det(I - {b} k k^T) = 1 - beta", np.linalg.det(np.eye(d) - b * np.outer(k1, k1)), 1 - b, 1e-12)
+    H1, H2 = (np.eye(d) - 2 * np.outer(k, k) for k in (k1, k2))
+    R = H1 @ H2
+    lc.check_close("R R^T = I", R @ R.T, np.eye(d), 1e-12)
+    lc.check_close("det R = 1", np.linalg.det(R), 1.0, 1e-12)
+    assert np.abs(R - R.T).max() > 1e-3          # not symmetric, unlike any single step I - b k k^T
+    # and DeltaProduct with these two steps applies exactly this transition to the state:
+    # token 1 writes S0 = e_1^T (two identical steps with beta = 1), token 2 applies H1 then H2 (v = 0)
+    e1, q = np.eye(d)[0], rng.normal(size=d)
+    Qs = np.vstack([np.zeros(d), q])
+    Ks = np.stack([np.stack([e1, e1]), np.stack([k1, k2])])
+    Vs = np.concatenate([np.ones((1, 2, 1)), np.zeros((1, 2, 1))], axis=0)
+    bs = np.array([[1.0, 1.0], [2.0, 2.0]])
+    out = lc.deltaproduct_recurrent(Qs, Ks, Vs, bs)
+    lc.check_close("DeltaProduct applies H1 H2 to the state", out[-1, 0], e1 @ R @ q, TOL)
+
+
+# ---------------------------------------------------------------- exercise 3: where the cumulative gate breaks
+def test_cumulative_gate_breaks_where_predicted_for_alpha_099():
+    n_star = np.log(np.finfo(np.float32).max) / -np.log(0.99)
+    res = lc.cumulative_alpha_breakdown([int(0.9 * n_star), int(1.1 * n_star)], 0.99, dtypes=("float32",))
+    below, above = res["error"]["float32"]
+    assert below < 1e-4                 # float32 round-off while 1/abar is representable
+    assert not np.isfinite(above)       # gone once it is not

@@ -1,0 +1,141 @@
+"""The MQAR experiment of Chapter 6: data generator, models, state sizes, a tiny training run."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.reference import recurrent_ref
+from lattn_core.mqar import (FILLER, GATE_TEMPERATURE, IGNORE, MIXERS, MQARModel, cpu_config,
+                             gpu_config, make_mqar, run_mqar_sweep, state_size, train_mqar)
+
+
+# ------------------------------------------------------------------ generator
+@pytest.mark.parametrize("vocab,N,L,nq", [(64, 4, 64, None), (64, 20, 64, None), (32, 8, 30, 5), (8, 1, 3, 1)])
+def test_every_target_is_the_value_paired_with_that_key(vocab, N, L, nq):
+    x, y, m = make_mqar(vocab, N, L, batch=16, seed=3, num_queries=nq)
+    assert x.shape == y.shape == m.shape == (16, L)
+    nq = N if nq is None else nq
+    half = vocab // 2
+    for b in range(16):
+        keys, vals = x[b, 0:2 * N:2].tolist(), x[b, 1:2 * N:2].tolist()
+        assert len(set(keys)) == N and len(set(vals)) == N                 # one answer per key
+        assert all(1 <= k < half for k in keys) and all(half <= v < vocab for v in vals)
+        paired = dict(zip(keys, vals))
+        scored = m[b].nonzero().flatten().tolist()
+        assert len(scored) == nq and all(t >= 2 * N for t in scored)       # queries follow the pairs
+        for t in scored:                                                    # the definition, position by position
+            assert y[b, t].item() == paired[x[b, t].item()]
+        # unscored positions: masked, target ignored; in the query region they hold the filler
+        assert (y[b][~m[b]] == IGNORE).all()
+        rest = [t for t in range(2 * N, L) if t not in scored]
+        assert all(x[b, t].item() == FILLER for t in rest)
+        assert len({x[b, t].item() for t in scored}) == nq                 # each key asked at most once
+
+
+def test_generator_is_seeded():
+    a = make_mqar(64, 8, 64, 4, seed=11)
+    b = make_mqar(64, 8, 64, 4, seed=11)
+    c = make_mqar(64, 8, 64, 4, seed=12)
+    assert all(torch.equal(u, v) for u, v in zip(a, b))
+    assert not torch.equal(a[0], c[0])
+
+
+def test_generator_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="num_kv_pairs must be <= 15"):
+        make_mqar(32, 16, 64, 2, 0)
+    with pytest.raises(ValueError, match="seq_len must be >= 2 \\* num_kv_pairs \\+ num_queries = 24"):
+        make_mqar(64, 8, 20, 2, 0)
+    with pytest.raises(ValueError, match="num_queries must be <= num_kv_pairs"):
+        make_mqar(64, 4, 64, 2, 0, num_queries=5)
+    with pytest.raises(ValueError, match="batch must be an integer >= 1"):
+        make_mqar(64, 4, 64, 0, 0)
+
+
+# ------------------------------------------------------------------ models
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_forward_runs_and_is_differentiable(mixer):
+    torch.manual_seed(0)
+    model = MQARModel(mixer, vocab_size=32, d_model=16, n_heads=2, head_dim=8, mlp=True)
+    x, y, m = make_mqar(32, 4, 20, 3, seed=0)
+    logits = model(x)
+    assert logits.shape == (3, 20, 32) and torch.isfinite(logits).all()
+    F.cross_entropy(logits[m], y[m]).backward()
+    mix = model.mix
+    params = [mix.q_proj.weight, mix.k_proj.weight, mix.v_proj.weight, model.embed.weight]
+    params += [mix.g_proj.weight] if mixer in ("decay", "gated_deltanet") else []
+    params += [mix.b_proj.weight] if mixer in ("deltanet", "gated_deltanet") else []
+    for p in params:   # every input of the token mixer receives a non-zero, finite gradient
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_mixer_is_its_recurrence(mixer):
+    """The mixer's op output equals the token-by-token recurrence with the mixer's own q, k, v, g, beta."""
+    torch.manual_seed(1)
+    model = MQARModel(mixer, vocab_size=32, d_model=16, n_heads=2, head_dim=8)   # float32: the ops' dtypes
+    x = model.norm1(model.embed(make_mqar(32, 4, 70, 2, seed=1)[0]))   # T = 70 spans two 64-chunks
+    mix = model.mix
+    with torch.no_grad():
+        q, k, v = mix.qkv(x)
+        g = F.logsigmoid(mix.g_proj(x)) / GATE_TEMPERATURE if mix.gated else None
+        beta = torch.sigmoid(mix.b_proj(x)) if mix.delta else None
+        o_ref, S_ref = recurrent_ref(*(t.double() for t in (q, k, v)),
+                                     None if g is None else g.double(), None if beta is None else beta.double(),
+                                     1.0, None, True)
+        o, S = mix(x, output_final_state=True)
+        o_ref = mix.o_proj(o_ref.float().reshape(2, 70, -1))
+    # float32 op vs float64 recurrence on O(1) entries summed over <= 70 tokens: float32 round-off is
+    # ~1e-6 relative; 1e-4 absolute leaves headroom but still catches a wrong gate, beta or state.
+    torch.testing.assert_close(o, o_ref, atol=1e-4, rtol=0)
+    torch.testing.assert_close(S.double(), S_ref, atol=1e-4, rtol=0)
+
+
+def test_key_convolution_starts_from_the_previous_token():
+    torch.manual_seed(0)
+    for flag, want in ((True, 0), (False, 1)):       # width 2: index 0 weights x_{t-1}, index 1 weights x_t
+        mix = MQARModel("linear", 16, d_model=8, head_dim=8, key_from_previous=flag).mix
+        wq, wk, wv = (c.weight[:, 0, :] for c in mix.convs)
+        assert (wk.argmax(-1) == want).all() and (wq.argmax(-1) == 1).all() and (wv.argmax(-1) == 1).all()
+        x = torch.randn(1, 5, 8)
+        y = mix.convs[1](x)
+        # the convolution is causal: y_0 depends on x_0 only, and changing x_4 leaves y_0..y_3 alone
+        x2 = x.clone(); x2[0, 4] += 1.0
+        assert torch.equal(mix.convs[1](x2)[0, :4], y[0, :4])
+
+
+def test_models_have_equal_state_size():
+    sizes = {mixer: state_size(MQARModel(mixer, 32, d_model=16, n_heads=2, head_dim=8)) for mixer in MIXERS}
+    assert set(sizes.values()) == {2 * 8 * 8}, sizes            # H * d_k * d_v, measured from the op
+    cfg = cpu_config()
+    sizes = {mixer: state_size(MQARModel(mixer, cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.head_dim))
+             for mixer in MIXERS}
+    assert len(set(sizes.values())) == 1 and sizes["linear"] == cfg.n_heads * cfg.head_dim ** 2
+
+
+def test_configs_are_valid_for_the_generator():
+    for cfg in (cpu_config(), gpu_config()):
+        for N in cfg.kv_pairs:   # every setting of the sweep can be generated
+            make_mqar(cfg.vocab_size, N, cfg.seq_len, 1, 0)
+        assert cfg.vocab_size // 2 - 1 > cfg.n_heads * cfg.head_dim   # more keys than key dimensions
+
+
+# ------------------------------------------------------------------ training
+def test_tiny_training_run_reduces_the_loss_and_is_deterministic():
+    cfg = cpu_config(mixers=("deltanet",), kv_pairs=(2, 3), vocab_size=16, seq_len=12, d_model=16,
+                     head_dim=8, steps=60, batch=16, eval_batch=64)
+    r1 = train_mqar("deltanet", cfg)
+    r2 = train_mqar("deltanet", cfg)
+    assert r1["losses"] == r2["losses"]                               # fixed seeds: bitwise repeatable
+    first, last = sum(r1["losses"][:10]) / 10, sum(r1["losses"][-10:]) / 10
+    assert last < 0.8 * first, (first, last)                          # it learns something
+    assert len(r1["accuracy"]) == 2 and all(0.0 <= a <= 1.0 for a in r1["accuracy"])
+
+
+def test_sweep_returns_one_curve_per_mixer():
+    cfg = cpu_config(kv_pairs=(2, 4), vocab_size=16, seq_len=12, d_model=16, head_dim=8, steps=3,
+                     batch=4, eval_batch=8)
+    out = run_mqar_sweep(cfg, progress=False)
+    assert list(out["accuracy"]) == list(MIXERS)
+    assert all(len(a) == 2 for a in out["accuracy"].values())
+    assert len({r["state_size"] for r in out["results"]}) == 1
+    with pytest.raises(ValueError, match="mixers must be drawn from"):
+        run_mqar_sweep(cpu_config(mixers=("mamba",)), progress=False)
