@@ -1,0 +1,506 @@
+"""Triton kernels for the chunkwise (gated) delta rule: ``chunk_delta_rule`` / ``chunk_gated_delta_rule``.
+
+Semantics (fla's orientation, state ``S`` is ``[K, V]`` per head, ``a_t = exp(g_t)``, ``a_t = 1``
+without a gate)::
+
+    S_t = a_t S_{t-1};   S_t = S_t + β_t k_t (v_t − S_tᵀ k_t)ᵀ;   o_t = scale · S_tᵀ q_t
+
+Chunks of ``C = 64`` tokens; ``b`` is the within-chunk cumulative log gate (``b_i = Σ_{s≤i} g_s``,
+restarting at every chunk), so every exponent is a difference ``b_i − b_j`` (``j ≤ i``) or
+``b_C − b_i`` or ``b_i`` itself, all ``≤ 0``: the kernels stay finite for arbitrarily harsh gates.
+
+Forward: two kernels.
+
+1. ``_wy_fwd_kernel`` (grid: chunks × batch·heads, fully parallel) builds
+   ``A_ij = β_i e^{b_i − b_j} k_i·k_j`` (``j < i``) in 16×16 blocks, inverts the four unit
+   lower-triangular diagonal blocks ``I + A_ii`` by forward substitution in registers, merges them
+   into ``T = (I + A)^{-1}`` by block substitution (``T_ij = −T_ii Σ_m A_im T_mj``), and writes the
+   WY/UT factors ``W = T (β e^{b} K)`` and ``U = T (β V)``.
+2. ``_state_fwd_kernel`` (grid: V-blocks × batch·heads, sequential over chunks) keeps the state
+   ``S`` (``[K, BV]``, float32) in registers for the whole sequence and per chunk computes the
+   pseudo-values ``v' = U − W S``, the output ``o = (q ⊙ e^{b}) S + (q kᵀ ⊙ Γ) v'`` and the next state
+   ``S ← e^{b_C} S + (k ⊙ e^{b_C − b})ᵀ v'``. There is no state round trip through HBM and no
+   separate output kernel. For training it also writes the state entering every chunk (float32).
+
+Backward (first version; see ``NOTES_delta.md``):
+
+3. ``_state_bwd_kernel`` (Triton, sequential over chunks in reverse) carries the state adjoint
+   ``dS`` on chip: ``dv' = (q kᵀ ⊙ Γ)ᵀ do + (k ⊙ e^{b_C − b}) dS``,
+   ``dS ← e^{b_C} dS + (q ⊙ e^{b})ᵀ do − Wᵀ dv'``, writing the adjoint of the state leaving every
+   chunk and, at the end, the gradient of ``initial_state``.
+4. The per-chunk parallel algebra (``A``, ``T``, ``W``, ``U``, ``v'``, ``o`` and the chunk's state
+   update, *with the entering states and leaving-state adjoints held fixed*) is differentiated with
+   **batched PyTorch operations and torch.autograd** (``_chunk_local_grads``). Because the states
+   enter linearly and their adjoints come from step 3, the sum of these local gradients is the exact
+   total gradient. This part is not a Triton kernel yet.
+
+Float32 inputs use ``input_precision="ieee"`` in every ``tl.dot``; float16/bfloat16 inputs feed the
+tensor cores in their own dtype with float32 accumulation (the triangular solve is always float32
+``ieee``). ``o`` has ``v``'s dtype and the final state is float32.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import INTERPRET
+
+__all__ = ["chunk_gated_delta_rule_triton", "CHUNK"]
+
+CHUNK = 64          # chunk length C (four 16-row blocks: the solve below is written for it)
+_HEAD_SIZES = (16, 32, 64, 128)
+
+
+def _interpreter_fixes():
+    """Two gaps of Triton 3.6's interpreter with NumPy 2 that compiled code does not have.
+
+    1. ``range(n)`` with a runtime scalar bound: the interpreter holds scalars as 1-element arrays
+       and calls ``int(array)``, which NumPy 2 rejects; we give ``tl.tensor`` an ``__index__`` that
+       reads the element (inside the interpreter's per-launch patch scope).
+    2. ``tl.dot`` on bfloat16 multiplies the raw ``uint16`` bit patterns; we widen bfloat16
+       operands to float32 first (exact), which is what tensor cores do before accumulating.
+
+    The same two patches (same idempotence flag ``_lattn_fix``) exist in ``kernels/triton_flash.py``
+    on the flash branch; when both land they should move to ``kernels/_common.py``. Idempotent;
+    applied only when interpreting.
+    """
+    import numpy as np
+    import triton.runtime.interpreter as interp
+
+    orig_patch = getattr(interp, "_patch_lang_tensor", None)
+    if orig_patch is not None and not getattr(orig_patch, "_lattn_fix", False):
+        def patched(tensor, scope):
+            orig_patch(tensor, scope)
+            scope.set_attr(tensor, "__index__",
+                           lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+        patched._lattn_fix = True
+        interp._patch_lang_tensor = patched
+
+    builder = getattr(interp, "InterpreterBuilder", None)
+    orig_dot = getattr(builder, "create_dot", None)
+    if orig_dot is not None and not getattr(orig_dot, "_lattn_fix", False):
+        def widen(h):
+            if h.dtype == tl.bfloat16 or getattr(h.dtype, "scalar", None) == tl.bfloat16:
+                bits = np.asarray(h.data).astype(np.uint32) << np.uint32(16)
+                return interp.TensorHandle(bits.view(np.float32), tl.float32)
+            return h
+
+        def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+            return orig_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+        create_dot._lattn_fix = True
+        builder.create_dot = create_dot
+
+
+if INTERPRET:
+    _interpreter_fixes()
+
+
+# ------------------------------------------------------------------------------------------------
+# small jit helpers
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _rows16(ptr, r0, T, stride_t, D: tl.constexpr):
+    """Load rows ``r0 .. r0+15`` (masked by ``T``) of a ``[T, D]`` view with row stride ``stride_t``."""
+    r = r0 + tl.arange(0, 16)
+    c = tl.arange(0, D)
+    return tl.load(ptr + r[:, None] * stride_t + c[None, :], mask=(r < T)[:, None], other=0.0)
+
+
+@triton.jit
+def _vec16(ptr, r0, T, stride_t):
+    r = r0 + tl.arange(0, 16)
+    return tl.load(ptr + r * stride_t, mask=r < T, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _gram16(ka, kb, ba, bb, beta_a, DIAG: tl.constexpr, PREC: tl.constexpr):
+    """One 16×16 block of ``A_ij = β_i e^{b_i − b_j} k_i·k_j`` (strictly lower on the diagonal)."""
+    s = tl.dot(ka, tl.trans(kb), input_precision=PREC)
+    d = ba[:, None] - bb[None, :]
+    if DIAG:
+        r = tl.arange(0, 16)
+        low = r[:, None] > r[None, :]
+        s = tl.where(low, s * tl.exp(tl.where(low, d, 0.0)), 0.0)
+    else:
+        s = s * tl.exp(d)          # off-diagonal blocks lie wholly below the diagonal: d <= 0
+    return s * beta_a[:, None]
+
+
+@triton.jit
+def _inv_unit_lower16(A):
+    """``(I + A)^{-1}`` for a strictly lower-triangular 16×16 ``A`` by forward substitution."""
+    r = tl.arange(0, 16)
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    Ti = eye
+    for i in tl.static_range(1, 16):
+        a = tl.sum(tl.where(r[:, None] == i, A, 0.0), 0)          # row i of A, indexed by column j
+        new = tl.where(r == i, 1.0, 0.0) - tl.sum(a[:, None] * Ti, 0)
+        Ti = tl.where(r[:, None] == i, new[None, :], Ti)
+    return Ti
+
+
+@triton.jit
+def _mm(a, b):
+    return tl.dot(a, b, input_precision="ieee")
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. per-chunk WY/UT factors (parallel over chunks)
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, T, H, NTC,
+                   K: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr):
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    bi = bh // H
+    h = bh % H
+    t0 = n * 64
+    # input views: k [B, T, H, K], v [B, T, H, V], beta [B, T, H]; b [B*H, NTC] float32 (padded)
+    kp = k_ptr + (bi * T * H + h) * K
+    vp = v_ptr + (bi * T * H + h) * V
+    btp = beta_ptr + bi * T * H + h
+    bp = b_ptr + bh * NTC
+    k0 = _rows16(kp, t0, T, H * K, K)
+    k1 = _rows16(kp, t0 + 16, T, H * K, K)
+    k2 = _rows16(kp, t0 + 32, T, H * K, K)
+    k3 = _rows16(kp, t0 + 48, T, H * K, K)
+    be0 = _vec16(btp, t0, T, H)
+    be1 = _vec16(btp, t0 + 16, T, H)
+    be2 = _vec16(btp, t0 + 32, T, H)
+    be3 = _vec16(btp, t0 + 48, T, H)
+    g0 = _vec16(bp, t0, NTC, 1)
+    g1 = _vec16(bp, t0 + 16, NTC, 1)
+    g2 = _vec16(bp, t0 + 32, NTC, 1)
+    g3 = _vec16(bp, t0 + 48, NTC, 1)
+    # A in 16x16 blocks (i >= j)
+    A00 = _gram16(k0, k0, g0, g0, be0, True, PREC)
+    A11 = _gram16(k1, k1, g1, g1, be1, True, PREC)
+    A22 = _gram16(k2, k2, g2, g2, be2, True, PREC)
+    A33 = _gram16(k3, k3, g3, g3, be3, True, PREC)
+    A10 = _gram16(k1, k0, g1, g0, be1, False, PREC)
+    A20 = _gram16(k2, k0, g2, g0, be2, False, PREC)
+    A21 = _gram16(k2, k1, g2, g1, be2, False, PREC)
+    A30 = _gram16(k3, k0, g3, g0, be3, False, PREC)
+    A31 = _gram16(k3, k1, g3, g1, be3, False, PREC)
+    A32 = _gram16(k3, k2, g3, g2, be3, False, PREC)
+    # T = (I + A)^{-1}: diagonal blocks by forward substitution, then block substitution
+    T00 = _inv_unit_lower16(A00)
+    T11 = _inv_unit_lower16(A11)
+    T22 = _inv_unit_lower16(A22)
+    T33 = _inv_unit_lower16(A33)
+    T10 = -_mm(T11, _mm(A10, T00))
+    T21 = -_mm(T22, _mm(A21, T11))
+    T20 = -_mm(T22, _mm(A20, T00) + _mm(A21, T10))
+    T32 = -_mm(T33, _mm(A32, T22))
+    T31 = -_mm(T33, _mm(A31, T11) + _mm(A32, T21))
+    T30 = -_mm(T33, _mm(A30, T00) + _mm(A31, T10) + _mm(A32, T20))
+    dt = k_ptr.dtype.element_ty
+    # W = T (β e^b K)
+    x0 = (k0.to(tl.float32) * (be0 * tl.exp(g0))[:, None]).to(dt)
+    x1 = (k1.to(tl.float32) * (be1 * tl.exp(g1))[:, None]).to(dt)
+    x2 = (k2.to(tl.float32) * (be2 * tl.exp(g2))[:, None]).to(dt)
+    x3 = (k3.to(tl.float32) * (be3 * tl.exp(g3))[:, None]).to(dt)
+    w0 = tl.dot(T00.to(dt), x0, input_precision=PREC)
+    w1 = tl.dot(T10.to(dt), x0, input_precision=PREC) + tl.dot(T11.to(dt), x1, input_precision=PREC)
+    w2 = (tl.dot(T20.to(dt), x0, input_precision=PREC) + tl.dot(T21.to(dt), x1, input_precision=PREC)
+          + tl.dot(T22.to(dt), x2, input_precision=PREC))
+    w3 = (tl.dot(T30.to(dt), x0, input_precision=PREC) + tl.dot(T31.to(dt), x1, input_precision=PREC)
+          + tl.dot(T32.to(dt), x2, input_precision=PREC) + tl.dot(T33.to(dt), x3, input_precision=PREC))
+    rr = tl.arange(0, 16)
+    ck = tl.arange(0, K)
+    wp = w_ptr + (bh * NTC + t0) * K
+    tl.store(wp + (rr[:, None]) * K + ck[None, :], w0.to(dt))
+    tl.store(wp + (16 + rr[:, None]) * K + ck[None, :], w1.to(dt))
+    tl.store(wp + (32 + rr[:, None]) * K + ck[None, :], w2.to(dt))
+    tl.store(wp + (48 + rr[:, None]) * K + ck[None, :], w3.to(dt))
+    # U = T (β V)
+    y0 = (_rows16(vp, t0, T, H * V, V).to(tl.float32) * be0[:, None]).to(dt)
+    y1 = (_rows16(vp, t0 + 16, T, H * V, V).to(tl.float32) * be1[:, None]).to(dt)
+    y2 = (_rows16(vp, t0 + 32, T, H * V, V).to(tl.float32) * be2[:, None]).to(dt)
+    y3 = (_rows16(vp, t0 + 48, T, H * V, V).to(tl.float32) * be3[:, None]).to(dt)
+    u0 = tl.dot(T00.to(dt), y0, input_precision=PREC)
+    u1 = tl.dot(T10.to(dt), y0, input_precision=PREC) + tl.dot(T11.to(dt), y1, input_precision=PREC)
+    u2 = (tl.dot(T20.to(dt), y0, input_precision=PREC) + tl.dot(T21.to(dt), y1, input_precision=PREC)
+          + tl.dot(T22.to(dt), y2, input_precision=PREC))
+    u3 = (tl.dot(T30.to(dt), y0, input_precision=PREC) + tl.dot(T31.to(dt), y1, input_precision=PREC)
+          + tl.dot(T32.to(dt), y2, input_precision=PREC) + tl.dot(T33.to(dt), y3, input_precision=PREC))
+    cv = tl.arange(0, V)
+    up = u_ptr + (bh * NTC + t0) * V
+    tl.store(up + (rr[:, None]) * V + cv[None, :], u0.to(dt))
+    tl.store(up + (16 + rr[:, None]) * V + cv[None, :], u1.to(dt))
+    tl.store(up + (32 + rr[:, None]) * V + cv[None, :], u2.to(dt))
+    tl.store(up + (48 + rr[:, None]) * V + cv[None, :], u3.to(dt))
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. sequential state pass with fused output (state on chip)
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, o_ptr, h0_ptr, ht_ptr, hs_ptr,
+                      scale, T, H, NT, NTC,
+                      K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                      HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HS: tl.constexpr):
+    iv = tl.program_id(0)
+    bh = tl.program_id(1)
+    bi = bh // H
+    h = bh % H
+    dt = q_ptr.dtype.element_ty
+    rc = tl.arange(0, 64)
+    ck = tl.arange(0, K)
+    cv = iv * BV + tl.arange(0, BV)
+    causal = rc[:, None] >= rc[None, :]
+    qp = q_ptr + (bi * T * H + h) * K
+    kp = k_ptr + (bi * T * H + h) * K
+    op = o_ptr + (bi * T * H + h) * V
+    wp = w_ptr + bh * NTC * K
+    up = u_ptr + bh * NTC * V
+    bp = b_ptr + bh * NTC
+    if HAS_H0:
+        S = tl.load(h0_ptr + bh * K * V + ck[:, None] * V + cv[None, :]).to(tl.float32)
+    else:
+        S = tl.zeros([K, BV], dtype=tl.float32)
+    for n in range(NT):
+        t0 = n * 64
+        if STORE_HS:
+            tl.store(hs_ptr + (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :], S)
+        rows = t0 + rc
+        rmask = rows < T
+        q = tl.load(qp + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
+        k = tl.load(kp + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
+        w = tl.load(wp + rows[:, None] * K + ck[None, :])
+        u = tl.load(up + rows[:, None] * V + cv[None, :]).to(tl.float32)
+        b = tl.load(bp + rows)
+        b_last = tl.load(bp + t0 + 63)
+        Sd = S.to(dt)
+        vp = u - tl.dot(w, Sd, input_precision=PREC)                      # pseudo-values v'
+        vpd = vp.to(dt)
+        qe = (q.to(tl.float32) * (tl.exp(b) * scale)[:, None]).to(dt)
+        o = tl.dot(qe, Sd, input_precision=PREC)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC)
+        s = tl.where(causal, s * tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)) * scale, 0.0)
+        o += tl.dot(s.to(dt), vpd, input_precision=PREC)
+        tl.store(op + rows[:, None] * (H * V) + cv[None, :], o.to(o_ptr.dtype.element_ty),
+                 mask=rmask[:, None])
+        kd = (k.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(dt)
+        S = S * tl.exp(b_last) + tl.dot(tl.trans(kd), vpd, input_precision=PREC)
+    if STORE_HT:
+        tl.store(ht_ptr + bh * K * V + ck[:, None] * V + cv[None, :], S)
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. backward: sequential reverse pass for the state adjoints
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, do_ptr, dht_ptr, dh_ptr, dh0_ptr,
+                      scale, T, H, NT, NTC,
+                      K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                      HAS_DHT: tl.constexpr):
+    iv = tl.program_id(0)
+    bh = tl.program_id(1)
+    bi = bh // H
+    h = bh % H
+    dt = q_ptr.dtype.element_ty
+    rc = tl.arange(0, 64)
+    ck = tl.arange(0, K)
+    cv = iv * BV + tl.arange(0, BV)
+    upper = rc[:, None] <= rc[None, :]          # (i, j) with j >= i: transpose of the causal mask
+    qp = q_ptr + (bi * T * H + h) * K
+    kp = k_ptr + (bi * T * H + h) * K
+    dop = do_ptr + (bi * T * H + h) * V
+    wp = w_ptr + bh * NTC * K
+    bp = b_ptr + bh * NTC
+    if HAS_DHT:
+        dS = tl.load(dht_ptr + bh * K * V + ck[:, None] * V + cv[None, :]).to(tl.float32)
+    else:
+        dS = tl.zeros([K, BV], dtype=tl.float32)
+    for i in range(NT):
+        n = NT - 1 - i
+        t0 = n * 64
+        tl.store(dh_ptr + (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :], dS)
+        rows = t0 + rc
+        rmask = rows < T
+        q = tl.load(qp + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
+        k = tl.load(kp + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
+        do = tl.load(dop + rows[:, None] * (H * V) + cv[None, :], mask=rmask[:, None], other=0.0)
+        w = tl.load(wp + rows[:, None] * K + ck[None, :])
+        b = tl.load(bp + rows)
+        b_last = tl.load(bp + t0 + 63)
+        dSd = dS.to(dt)
+        # P^T[i, j] = scale * (k_i . q_j) e^{b_j - b_i} for j >= i
+        pt = tl.dot(k, tl.trans(q), input_precision=PREC)
+        pt = tl.where(upper, pt * tl.exp(tl.where(upper, b[None, :] - b[:, None], 0.0)) * scale, 0.0)
+        kd = (k.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(dt)
+        dvp = tl.dot(pt.to(dt), do, input_precision=PREC) + tl.dot(kd, dSd, input_precision=PREC)
+        qe = (q.to(tl.float32) * (tl.exp(b) * scale)[:, None]).to(dt)
+        dS = (dS * tl.exp(b_last) + tl.dot(tl.trans(qe), do, input_precision=PREC)
+              - tl.dot(tl.trans(w), dvp.to(dt), input_precision=PREC))
+    tl.store(dh0_ptr + bh * K * V + ck[:, None] * V + cv[None, :], dS)
+
+
+# ------------------------------------------------------------------------------------------------
+# host side
+# ------------------------------------------------------------------------------------------------
+def _check_sizes(K: int, V: int):
+    if K not in _HEAD_SIZES:
+        raise ValueError(f"the key head size K (last axis of q and k) must be one of {_HEAD_SIZES} for "
+                         f"the Triton delta-rule kernel; got {K}")
+    if V not in _HEAD_SIZES:
+        raise ValueError(f"the value head size V (last axis of v) must be one of {_HEAD_SIZES} for "
+                         f"the Triton delta-rule kernel; got {V}")
+
+
+def _pick_bv(BH: int, V: int, K: int) -> int:
+    """Largest V-block (≤ 64) that still gives ~2 programs per SM on a 132-SM GPU; ≥ 16."""
+    bv = min(V, 64)
+    while bv > 16 and BH * (V // bv) < 264:
+        bv //= 2
+    return bv
+
+
+def _chunk_cumsum(g, B, T, H, NT):
+    """Within-chunk cumulative log gate, float32, ``[B*H, NT*C]`` (zero padding past ``T``)."""
+    C = CHUNK
+    gp = torch.zeros(B, H, NT * C, dtype=torch.float32, device=g.device)
+    gp[:, :, :T] = g.float().transpose(1, 2)
+    return gp.view(B, H, NT, C).cumsum(-1).view(B * H, NT * C).contiguous()
+
+
+def _precision(dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    NTC = NT * CHUNK
+    BH = B * H
+    dev = q.device
+    prec = _precision(q.dtype)
+    w = torch.empty(BH, NTC, K, dtype=q.dtype, device=dev)
+    u = torch.empty(BH, NTC, V, dtype=q.dtype, device=dev)
+    _wy_fwd_kernel[(NT, BH)](k, v, beta, b, w, u, T, H, NTC, K=K, V=V, PREC=prec,
+                             num_warps=4)
+    o = torch.empty(B, T, H, V, dtype=v.dtype, device=dev)
+    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    hs = torch.empty(BH, NT, K, V, dtype=torch.float32, device=dev) if store_states else None
+    BV = _pick_bv(BH, V, K)
+    _state_fwd_kernel[(V // BV, BH)](q, k, w, u, b, o, h0 if h0 is not None else o,
+                                     ht if ht is not None else o, hs if hs is not None else o,
+                                     float(scale), T, H, NT, NTC, K=K, V=V, BV=BV, PREC=prec,
+                                     HAS_H0=h0 is not None, STORE_HT=output_final_state,
+                                     STORE_HS=store_states, num_warps=4 if K * BV <= 4096 else 8)
+    return o, ht, w, hs
+
+
+def _chunk_local_grads(q, k, v, g, beta, scale, hs, dh, do, need):
+    """Gradients of the per-chunk (parallel) algebra with entering states ``hs`` and leaving-state
+    adjoints ``dh`` held fixed, through batched PyTorch ops and autograd (float32).
+
+    Local objective per chunk ``n``: ``<o_n, do_n> + <S_{n+1}, dS_{n+1}>`` with
+    ``S_{n+1} = e^{b_C} S_n + (k ⊙ e^{b_C − b})ᵀ v'`` and ``v' = U − W S_n``; the state terms are
+    written without forming ``[K, V]`` products: ``e^{b_C} <S_n, dS_{n+1}> + <v', (k ⊙ e^{b_C−b}) dS_{n+1}>``.
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C = CHUNK
+    NT = hs.shape[1]
+    pad = NT * C - T
+    with torch.enable_grad():
+        leaves = []
+        def leaf(x):
+            x = x.detach().float().requires_grad_(True)
+            leaves.append(x)
+            return x
+        ql, kl, vl, bel = leaf(q), leaf(k), leaf(v), leaf(beta)
+        gl = leaf(g) if g is not None else None
+
+        def blocks(x):  # [B, T, H, D] -> [B, H, NT, C, D]
+            x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)) if pad else x
+            return x.reshape(B, NT, C, H, -1).permute(0, 3, 1, 2, 4)
+        qc, kc, vc = blocks(ql) * scale, blocks(kl), blocks(vl)
+        betac = blocks(bel.unsqueeze(-1)).squeeze(-1)
+        doc = blocks(do.float())
+        if gl is not None:
+            bc = blocks(gl.unsqueeze(-1)).squeeze(-1).cumsum(-1)          # [B, H, NT, C]
+        else:
+            bc = torch.zeros(B, H, NT, C, dtype=torch.float32, device=q.device)
+        Sn = hs.view(B, H, NT, K, V)
+        dSn = dh.view(B, H, NT, K, V)
+        causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+        strict = causal.tril(-1)
+        diff = bc.unsqueeze(-1) - bc.unsqueeze(-2)
+        decay = torch.where(causal, diff, torch.zeros_like(diff)).exp() * causal
+        A = ((kc @ kc.transpose(-1, -2)) * decay * betac.unsqueeze(-1)) * strict
+        eye = torch.eye(C, dtype=torch.float32, device=q.device)
+        U = torch.linalg.solve_triangular(eye + A, vc * betac.unsqueeze(-1), upper=False, unitriangular=True)
+        W = torch.linalg.solve_triangular(eye + A, kc * (betac * bc.exp()).unsqueeze(-1), upper=False,
+                                          unitriangular=True)
+        vp = U - W @ Sn
+        o = (qc * bc.exp().unsqueeze(-1)) @ Sn + ((qc @ kc.transpose(-1, -2)) * decay) @ vp
+        last = bc[..., -1]
+        kd = kc * (last.unsqueeze(-1) - bc).exp().unsqueeze(-1)
+        c_n = (Sn * dSn).sum((-1, -2))
+        loss = (o * doc).sum() + (last.exp() * c_n).sum() + (vp * (kd @ dSn)).sum()
+        grads = torch.autograd.grad(loss, leaves)
+    dq, dk, dv, dbeta = grads[:4]
+    dg = grads[4] if g is not None else None
+    return dq, dk, dv, dbeta, dg
+
+
+class _ChunkDeltaFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        NT = triton.cdiv(T, CHUNK)
+        b = _chunk_cumsum(g, B, T, H, NT) if g is not None else \
+            torch.zeros(B * H, NT * CHUNK, dtype=torch.float32, device=q.device)
+        train = ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or ctx.needs_input_grad[2] or \
+            ctx.needs_input_grad[3] or ctx.needs_input_grad[4] or ctx.needs_input_grad[6]
+        o, ht, w, hs = _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states=train)
+        if train:
+            ctx.save_for_backward(q, k, v, g, beta, b, w, hs)
+            ctx.scale = scale
+            ctx.has_h0 = h0 is not None
+            ctx.h0_dtype = h0.dtype if h0 is not None else None
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, b, w, hs = ctx.saved_tensors
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        NT = hs.shape[1]
+        BH = B * H
+        do = do.to(q.dtype).contiguous()
+        dh = torch.empty(BH, NT, K, V, dtype=torch.float32, device=q.device)
+        dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device)
+        BV = _pick_bv(BH, V, K)
+        has_dht = dht is not None
+        dht_c = dht.float().contiguous() if has_dht else dh0
+        _state_bwd_kernel[(V // BV, BH)](q, k, w, b, do, dht_c, dh, dh0, float(ctx.scale), T, H, NT,
+                                         NT * CHUNK, K=K, V=V, BV=BV, PREC=_precision(q.dtype),
+                                         HAS_DHT=has_dht, num_warps=4 if K * BV <= 4096 else 8)
+        dq, dk, dv, dbeta, dg = _chunk_local_grads(q, k, v, g, beta, ctx.scale, hs, dh, do, None)
+        dh0_out = dh0.to(ctx.h0_dtype) if ctx.has_h0 else None
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+                dg.to(g.dtype) if g is not None else None, dbeta.to(beta.dtype), None, dh0_out, None)
+
+
+def chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state=None, output_final_state=False):
+    """Triton (gated) delta rule; ``g=None`` gives ``chunk_delta_rule``. Returns ``(o, final_state)``.
+
+    Inputs are already validated by :mod:`kernels.ops` except the head sizes, checked here
+    (``K, V ∈ {16, 32, 64, 128}``) before any kernel is compiled.
+    """
+    K, V = q.shape[-1], v.shape[-1]
+    _check_sizes(K, V)
+    q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
+    if g is not None:
+        g = g.contiguous()
+    # float32 copy; the cast is differentiable, so the gradient reaches the caller's tensor
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
+    o, ht = _ChunkDeltaFn.apply(q, k, v, g, beta, float(scale), h0, bool(output_final_state))
+    return o, ht
