@@ -140,11 +140,6 @@ def _inv_unit_lower16(A):
     return Ti
 
 
-@triton.jit
-def _mm(a, b):
-    return tl.dot(a, b, input_precision="ieee")
-
-
 # ------------------------------------------------------------------------------------------------
 # 1. per-chunk WY/UT factors (parallel over chunks)
 # ------------------------------------------------------------------------------------------------
@@ -189,12 +184,15 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, T, H, NTC,
     T11 = _inv_unit_lower16(A11)
     T22 = _inv_unit_lower16(A22)
     T33 = _inv_unit_lower16(A33)
-    T10 = -_mm(T11, _mm(A10, T00))
-    T21 = -_mm(T22, _mm(A21, T11))
-    T20 = -_mm(T22, _mm(A20, T00) + _mm(A21, T10))
-    T32 = -_mm(T33, _mm(A32, T22))
-    T31 = -_mm(T33, _mm(A31, T11) + _mm(A32, T21))
-    T30 = -_mm(T33, _mm(A30, T00) + _mm(A31, T10) + _mm(A32, T20))
+    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision="ieee"), input_precision="ieee")
+    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision="ieee"), input_precision="ieee")
+    T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision="ieee") + tl.dot(A21, T10, input_precision="ieee"),
+                  input_precision="ieee")
+    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision="ieee"), input_precision="ieee")
+    T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision="ieee") + tl.dot(A32, T21, input_precision="ieee"),
+                  input_precision="ieee")
+    T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision="ieee") + tl.dot(A31, T10, input_precision="ieee")
+                  + tl.dot(A32, T20, input_precision="ieee"), input_precision="ieee")
     dt = k_ptr.dtype.element_ty
     # W = T (β e^b K)
     x0 = (k0.to(tl.float32) * (be0 * tl.exp(g0))[:, None]).to(dt)
