@@ -60,6 +60,8 @@ def _interpreter_fixes():
        reads the element (inside the interpreter's per-launch patch scope).
     2. ``tl.dot`` on bfloat16 multiplies the raw ``uint16`` bit patterns; we widen bfloat16
        operands to float32 first (exact), which is what tensor cores do before accumulating.
+    3. ``x.to(tl.bfloat16)`` truncates (round toward zero) in the interpreter, a biased rounding
+       whose errors pile up along the recurrence; the GPU rounds to nearest even, and so do we.
 
     The same two patches (same idempotence flag ``_lattn_fix``) exist in ``kernels/triton_flash.py``
     on the flash branch; when both land they should move to ``kernels/_common.py``. Idempotent;
@@ -90,6 +92,17 @@ def _interpreter_fixes():
             return orig_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
         create_dot._lattn_fix = True
         builder.create_dot = create_dot
+
+    orig_cast = getattr(builder, "cast_impl", None)
+    if orig_cast is not None and not getattr(orig_cast, "_lattn_fix", False):
+        def cast_impl(self, src, dst_type):
+            if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+                bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
+                rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+                return interp.TensorHandle(rounded.astype(np.uint16), tl.bfloat16)
+            return orig_cast(self, src, dst_type)
+        cast_impl._lattn_fix = True
+        builder.cast_impl = cast_impl
 
 
 if INTERPRET:

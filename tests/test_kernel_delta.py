@@ -22,11 +22,13 @@ DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]   # CPU: interprete
 # while a wrong mask, index or gate exponent gives errors of order 1.
 TOL32 = 2e-4
 # bfloat16/float16: the kernel rounds W, U, v', the state and the gated q, k to the input dtype before
-# every tensor-core product (as fla does); bf16 has eps 2^-8 ≈ 3.9e-3 (unit roundoff), and these
-# roundings compound over a chunk's triangular solve and the recurrence. We use fla's RMS error ratio
-# (harness.err_ratio): ≤ 2e-2 for outputs/states and ≤ 5e-2 for gradients (the backward chains
-# roughly twice as many rounded products). fp16 (eps 2^-11) gets the same bounds.
-TOL16_OUT, TOL16_GRAD = 2e-2, 5e-2
+# every tensor-core product (as fla does); bf16 has unit roundoff 2^-9 ≈ 2e-3, and several such
+# roundings meet in each output (measured RMS error ratio ≈ 4e-3 for o and final state, ≈ 2.5e-3
+# for gradients, whose per-chunk algebra runs in float32). We use fla's RMS error ratio
+# (harness.err_ratio) with bound 1e-2: above what correct rounding gives, far below the O(1) of a
+# real bug. fp16 (unit roundoff 2^-12) measures ≈ 5e-4 and gets the same bound. (The interpreter
+# rounds to nearest even like the GPU; see triton_delta._interpreter_fixes.)
+TOL16_OUT, TOL16_GRAD = 1e-2, 1e-2
 
 
 def _rel_err(x, ref):
@@ -232,8 +234,8 @@ def test_gpu_large_shapes(dtype, gated, T, K, V):
     ((o.double() * do).sum() + (ht.double() * dht).sum()).backward()
     ((ro * do).sum() + (rht * dht).sum()).backward()
     # float32: RMS ratio 1e-4 (ieee float32 throughout; 2049 steps of error growth);
-    # bf16: as TOL16_* above.
-    tol_o, tol_g = (1e-4, 1e-4) if dtype == torch.float32 else (TOL16_OUT, TOL16_GRAD)
+    # bf16: 2e-2, twice the small-shape bound: K = 128 sums and 2049 steps add more roundings.
+    tol_o, tol_g = (1e-4, 1e-4) if dtype == torch.float32 else (2e-2, 2e-2)
     assert _rms_ratio(o, ro) <= tol_o, _rms_ratio(o, ro)
     assert _rms_ratio(ht, rht) <= tol_o, _rms_ratio(ht, rht)
     for n in leaves:
