@@ -160,7 +160,7 @@ def _inv_unit_lower16(A):
 def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, T, H, NTC,
                    K: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr):
     n = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
     bi = bh // H
     h = bh % H
     t0 = n * 64
@@ -253,7 +253,7 @@ def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, o_ptr, h0_ptr, ht_ptr, 
                       K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                       HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HS: tl.constexpr):
     iv = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
     bi = bh // H
     h = bh % H
     dt = q_ptr.dtype.element_ty
@@ -308,7 +308,7 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, do_ptr, dht_ptr, dh_ptr, dh0_p
                       K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                       HAS_DHT: tl.constexpr):
     iv = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
     bi = bh // H
     h = bh % H
     dt = q_ptr.dtype.element_ty
