@@ -40,6 +40,8 @@ tensor cores in their own dtype with float32 accumulation (the triangular solve 
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -50,6 +52,9 @@ __all__ = ["chunk_gated_delta_rule_triton", "CHUNK"]
 
 CHUNK = 64          # chunk length C (four 16-row blocks: the solve below is written for it)
 _HEAD_SIZES = (16, 32, 64, 128)
+# Backward of the per-chunk algebra: "triton" (``_local_bwd_kernel``, default) or "torch"
+# (batched PyTorch + autograd, ``_chunk_local_grads``; a cross-check and a fallback).
+_BWD_IMPL = os.environ.get("LATTN_DELTA_BWD", "triton")
 
 
 def _interpreter_fixes():
@@ -157,8 +162,8 @@ def _inv_unit_lower16(A):
 # 1. per-chunk WY/UT factors (parallel over chunks)
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, T, H, NTC,
-                   K: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr):
+def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, T, H, NTC,
+                   K: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr, STORE_T: tl.constexpr):
     n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
     bi = bh // H
@@ -242,6 +247,25 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, T, H, NTC,
     tl.store(up + (16 + rr[:, None]) * V + cv[None, :], u1.to(dt))
     tl.store(up + (32 + rr[:, None]) * V + cv[None, :], u2.to(dt))
     tl.store(up + (48 + rr[:, None]) * V + cv[None, :], u3.to(dt))
+    if STORE_T:   # T = (I + A)^{-1} as a dense [64, 64] float32 tile per chunk, for the backward
+        tp = t_ptr + (bh * NTC + t0) * 64 + rr[:, None] * 64 + rr[None, :]
+        z = tl.zeros([16, 16], dtype=tl.float32)
+        tl.store(tp, T00)
+        tl.store(tp + 16, z)
+        tl.store(tp + 32, z)
+        tl.store(tp + 48, z)
+        tl.store(tp + 16 * 64, T10)
+        tl.store(tp + 16 * 64 + 16, T11)
+        tl.store(tp + 16 * 64 + 32, z)
+        tl.store(tp + 16 * 64 + 48, z)
+        tl.store(tp + 32 * 64, T20)
+        tl.store(tp + 32 * 64 + 16, T21)
+        tl.store(tp + 32 * 64 + 32, T22)
+        tl.store(tp + 32 * 64 + 48, z)
+        tl.store(tp + 48 * 64, T30)
+        tl.store(tp + 48 * 64 + 16, T31)
+        tl.store(tp + 48 * 64 + 32, T32)
+        tl.store(tp + 48 * 64 + 48, T33)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -350,6 +374,118 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, do_ptr, dht_ptr, dh_ptr, dh0_p
 
 
 # ------------------------------------------------------------------------------------------------
+# 4. backward: per-chunk algebra (parallel over chunks), states and state adjoints given
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _local_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, hs_ptr, dh_ptr, do_ptr,
+                      dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, db_ptr,
+                      scale, T, H, NT, NTC,
+                      K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    """Gradients of one chunk's objective ``<o, do> + <S', dS'>`` w.r.t. q, k, v, β and b, with the
+    entering state ``S`` (``hs``) and the leaving-state adjoint ``dS'`` (``dh``) held fixed.
+    Loops over V in blocks of ``BV``; everything else is one 64-row tile."""
+    n = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    bi = bh // H
+    h = bh % H
+    dt = q_ptr.dtype.element_ty
+    t0 = n * 64
+    rc = tl.arange(0, 64)
+    ck = tl.arange(0, K)
+    rows = t0 + rc
+    rmask = rows < T
+    causal = rc[:, None] >= rc[None, :]
+    strict = rc[:, None] > rc[None, :]
+    qkbase = (bi * T * H + h) * K
+    vbase = (bi * T * H + h) * V
+    q = tl.load(q_ptr + qkbase + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
+    k = tl.load(k_ptr + qkbase + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
+    beta = tl.load(beta_ptr + bi * T * H + h + rows * H, mask=rmask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + bh * NTC + rows)
+    b_last = tl.load(b_ptr + bh * NTC + t0 + 63)
+    w = tl.load(w_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :])
+    Tm = tl.load(t_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :])
+    eb = tl.exp(b)
+    gam = tl.where(causal, tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)), 0.0)   # Γ ⊙ M
+    P = tl.dot(q, tl.trans(k), input_precision=PREC) * gam * scale                       # q̃ kᵀ ⊙ Γ ⊙ M
+    Pd = P.to(dt)
+    edec = tl.exp(b_last - b)
+    kd = (k.to(tl.float32) * edec[:, None]).to(dt)                                       # K̃
+    qe = (q.to(tl.float32) * (eb * scale)[:, None]).to(dt)                               # e^b ⊙ q̃
+    Tmd = Tm.to(dt)
+    dqe = tl.zeros([64, K], dtype=tl.float32)       # do Sᵀ
+    dkd = tl.zeros([64, K], dtype=tl.float32)       # v' dS'ᵀ
+    dW = tl.zeros([64, K], dtype=tl.float32)        # -dv' Sᵀ
+    dPm = tl.zeros([64, 64], dtype=tl.float32)      # do v'ᵀ
+    dAp = tl.zeros([64, 64], dtype=tl.float32)      # dY Uᵀ
+    db_o = tl.zeros([64], dtype=tl.float32)         # rowsum(do ⊙ (e^b q̃) S)
+    r = tl.zeros([64], dtype=tl.float32)            # rowsum((K̃ dS') ⊙ v')
+    dbeta = tl.zeros([64], dtype=tl.float32)
+    c = tl.zeros([64], dtype=tl.float32)            # <S, dS'> (kept as a vector, summed at the end)
+    for iv in tl.static_range(V // BV):
+        cv = iv * BV + tl.arange(0, BV)
+        sp = (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :]
+        S = tl.load(hs_ptr + sp)
+        dS = tl.load(dh_ptr + sp)
+        Sd = S.to(dt)
+        dSd = dS.to(dt)
+        do = tl.load(do_ptr + vbase + rows[:, None] * (H * V) + cv[None, :], mask=rmask[:, None], other=0.0)
+        vv = tl.load(v_ptr + vbase + rows[:, None] * (H * V) + cv[None, :], mask=rmask[:, None], other=0.0)
+        u = tl.load(u_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :])
+        vp = u.to(tl.float32) - tl.dot(w, Sd, input_precision=PREC)                      # v'
+        vpd = vp.to(dt)
+        KdS = tl.dot(kd, dSd, input_precision=PREC)
+        dvp = tl.dot(tl.trans(Pd), do, input_precision=PREC) + KdS                        # dv'
+        dvpd = dvp.to(dt)
+        qS = tl.dot(qe, Sd, input_precision=PREC)
+        db_o += tl.sum(do.to(tl.float32) * qS, 1)
+        r += tl.sum(KdS * vp, 1)
+        c += tl.sum(tl.sum(S * dS, 1), 0) * tl.where(rc == 0, 1.0, 0.0)
+        dqe += tl.dot(do, tl.trans(Sd), input_precision=PREC)
+        dPm += tl.dot(do, tl.trans(vpd), input_precision=PREC)
+        dkd += tl.dot(vpd, tl.trans(dSd), input_precision=PREC)
+        dW -= tl.dot(dvpd, tl.trans(Sd), input_precision=PREC)
+        dY = tl.dot(tl.trans(Tmd), dvpd, input_precision=PREC)                           # Tᵀ dU
+        tl.store(dv_ptr + vbase + rows[:, None] * (H * V) + cv[None, :],
+                 (dY * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=rmask[:, None])
+        dbeta += tl.sum(dY * vv.to(tl.float32), 1)
+        dAp += tl.dot(dY.to(dt), tl.trans(u), input_precision=PREC)
+    # through W = T X, X = diag(β e^b) K
+    dX = tl.dot(tl.trans(Tmd), dW.to(dt), input_precision=PREC)                          # Tᵀ dW
+    dA = -(dAp + tl.dot(dX.to(dt), tl.trans(w), input_precision=PREC))
+    dA = tl.where(strict, dA, 0.0)
+    kf = k.to(tl.float32)
+    xk = tl.sum(dX * kf, 1)
+    dbeta += eb * xk
+    db = beta * eb * xk
+    dk = dX * (beta * eb)[:, None]
+    # through A = diag(β) (K Kᵀ ⊙ Γ), strictly lower
+    G = tl.dot(k, tl.trans(k), input_precision=PREC) * gam
+    G = tl.where(strict, G, 0.0)
+    dbeta += tl.sum(dA * G, 1)
+    dAA = dA * G * beta[:, None]
+    db += tl.sum(dAA, 1) - tl.sum(dAA, 0)
+    dGg = (dA * beta[:, None] * gam).to(dt)
+    dk += tl.dot(dGg, k, input_precision=PREC) + tl.dot(tl.trans(dGg), k, input_precision=PREC)
+    # through o = (e^b ⊙ q̃) S + P v'
+    dPm = tl.where(causal, dPm, 0.0)
+    dPP = dPm * P
+    db += db_o + tl.sum(dPP, 1) - tl.sum(dPP, 0)
+    dPg = (dPm * gam).to(dt)
+    dq = dqe * (eb * scale)[:, None] + tl.dot(dPg, k, input_precision=PREC) * scale
+    dk += tl.dot(tl.trans(dPg), q, input_precision=PREC) * scale
+    # through S' = e^{b_C} S + K̃ᵀ v'
+    dk += dkd * edec[:, None]
+    db += tl.where(rc == 63, tl.sum(r, 0) + tl.exp(b_last) * tl.sum(c, 0), 0.0) - r
+    tl.store(dq_ptr + qkbase + rows[:, None] * (H * K) + ck[None, :], dq.to(dq_ptr.dtype.element_ty),
+             mask=rmask[:, None])
+    tl.store(dk_ptr + qkbase + rows[:, None] * (H * K) + ck[None, :], dk.to(dk_ptr.dtype.element_ty),
+             mask=rmask[:, None])
+    tl.store(dbeta_ptr + bi * T * H + h + rows * H, dbeta, mask=rmask)
+    tl.store(db_ptr + bh * NTC + rows, db)
+
+
+# ------------------------------------------------------------------------------------------------
 # host side
 # ------------------------------------------------------------------------------------------------
 def _check_sizes(K: int, V: int):
@@ -391,8 +527,9 @@ def _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states):
     prec = _precision(q.dtype)
     w = torch.empty(BH, NTC, K, dtype=q.dtype, device=dev)
     u = torch.empty(BH, NTC, V, dtype=q.dtype, device=dev)
-    _wy_fwd_kernel[(NT, BH)](k, v, beta, b, w, u, T, H, NTC, K=K, V=V, PREC=prec,
-                             num_warps=4)
+    tm = torch.empty(BH, NTC, CHUNK, dtype=torch.float32, device=dev) if store_states else None
+    _wy_fwd_kernel[(NT, BH)](k, v, beta, b, w, u, tm if tm is not None else w, T, H, NTC, K=K, V=V,
+                             PREC=prec, STORE_T=store_states, num_warps=4)
     o = torch.empty(B, T, H, V, dtype=v.dtype, device=dev)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     hs = torch.empty(BH, NT, K, V, dtype=torch.float32, device=dev) if store_states else None
@@ -402,7 +539,7 @@ def _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states):
                                      float(scale), T, H, NT, NTC, K=K, V=V, BV=BV, PREC=prec,
                                      HAS_H0=h0 is not None, STORE_HT=output_final_state,
                                      STORE_HS=store_states, num_warps=4 if K * BV <= 4096 else 8)
-    return o, ht, w, hs
+    return o, ht, w, u, tm, hs
 
 
 def _chunk_local_grads(q, k, v, g, beta, scale, hs, dh, do, need):
@@ -470,9 +607,9 @@ class _ChunkDeltaFn(torch.autograd.Function):
             torch.zeros(B * H, NT * CHUNK, dtype=torch.float32, device=q.device)
         train = ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or ctx.needs_input_grad[2] or \
             ctx.needs_input_grad[3] or ctx.needs_input_grad[4] or ctx.needs_input_grad[6]
-        o, ht, w, hs = _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states=train)
+        o, ht, w, u, tm, hs = _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states=train)
         if train:
-            ctx.save_for_backward(q, k, v, g, beta, b, w, hs)
+            ctx.save_for_backward(q, k, v, g, beta, b, w, u, tm, hs)
             ctx.scale = scale
             ctx.has_h0 = h0 is not None
             ctx.h0_dtype = h0.dtype if h0 is not None else None
@@ -480,7 +617,7 @@ class _ChunkDeltaFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, b, w, hs = ctx.saved_tensors
+        q, k, v, g, beta, b, w, u, tm, hs = ctx.saved_tensors
         B, T, H, K = q.shape
         V = v.shape[-1]
         NT = hs.shape[1]
@@ -494,7 +631,20 @@ class _ChunkDeltaFn(torch.autograd.Function):
         _state_bwd_kernel[(V // BV, BH)](q, k, w, b, do, dht_c, dh, dh0, float(ctx.scale), T, H, NT,
                                          NT * CHUNK, K=K, V=V, BV=BV, PREC=_precision(q.dtype),
                                          HAS_DHT=has_dht, num_warps=4 if K * BV <= 4096 else 8)
-        dq, dk, dv, dbeta, dg = _chunk_local_grads(q, k, v, g, beta, ctx.scale, hs, dh, do, None)
+        if _BWD_IMPL == "torch":
+            dq, dk, dv, dbeta, dg = _chunk_local_grads(q, k, v, g, beta, ctx.scale, hs, dh, do, None)
+        else:
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
+            db = torch.empty(BH, NT * CHUNK, dtype=torch.float32, device=q.device)
+            BVL = min(V, 64)
+            _local_bwd_kernel[(NT, BH)](q, k, v, beta, b, w, u, tm, hs, dh, do, dq, dk, dv, dbeta, db,
+                                        float(ctx.scale), T, H, NT, NT * CHUNK, K=K, V=V, BV=BVL,
+                                        PREC=_precision(q.dtype), num_warps=4 if K <= 64 else 8)
+            dg = None
+            if g is not None:   # b_i = Σ_{s ≤ i} g_s inside a chunk: dg = reverse cumulative sum of db
+                dg = db.view(B, H, NT, CHUNK).flip(-1).cumsum(-1).flip(-1).view(B, H, NT * CHUNK)
+                dg = dg[:, :, :T].transpose(1, 2)
         dh0_out = dh0.to(ctx.h0_dtype) if ctx.has_h0 else None
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
                 dg.to(g.dtype) if g is not None else None, dbeta.to(beta.dtype), None, dh0_out, None)

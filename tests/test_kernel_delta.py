@@ -241,3 +241,12 @@ def test_gpu_large_shapes(dtype, gated, T, K, V):
     for n in leaves:
         err = _rms_ratio(leaves[n].grad, ref[n].grad)
         assert err <= tol_g, f"d{n}: RMS err ratio {err:.3g} > {tol_g}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_fallback_backward_agrees(device, monkeypatch):
+    """The batched-PyTorch backward of the per-chunk algebra (LATTN_DELTA_BWD=torch) stays correct."""
+    from kernels import triton_delta
+    monkeypatch.setattr(triton_delta, "_BWD_IMPL", "torch")
+    inp = _inputs(1, 70, 2, 16, 32, gated=True, seed=9, device=device, harsh=True)
+    _check(inp, torch.float32, gated=True, fs=True, seed=9)
