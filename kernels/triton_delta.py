@@ -22,17 +22,22 @@ Forward: two kernels.
    ``S ← e^{b_C} S + (k ⊙ e^{b_C − b})ᵀ v'``. There is no state round trip through HBM and no
    separate output kernel. For training it also writes the state entering every chunk (float32).
 
-Backward (first version; see ``NOTES_delta.md``):
+Backward (two Triton kernels; derivation in ``kernels/NOTES_delta.md``). The forward, when any
+input needs a gradient, also keeps ``T = (I + A)^{-1}`` per chunk (float32, ``[64, 64]``) and the
+state entering every chunk (float32, ``[K, V]`` per chunk: ``B·H·⌈T/64⌉·K·V·4`` bytes).
 
-3. ``_state_bwd_kernel`` (Triton, sequential over chunks in reverse) carries the state adjoint
-   ``dS`` on chip: ``dv' = (q kᵀ ⊙ Γ)ᵀ do + (k ⊙ e^{b_C − b}) dS``,
+3. ``_state_bwd_kernel`` (sequential over chunks in reverse) carries the state adjoint ``dS`` on
+   chip: ``dv' = (q kᵀ ⊙ Γ)ᵀ do + (k ⊙ e^{b_C − b}) dS``,
    ``dS ← e^{b_C} dS + (q ⊙ e^{b})ᵀ do − Wᵀ dv'``, writing the adjoint of the state leaving every
    chunk and, at the end, the gradient of ``initial_state``.
-4. The per-chunk parallel algebra (``A``, ``T``, ``W``, ``U``, ``v'``, ``o`` and the chunk's state
-   update, *with the entering states and leaving-state adjoints held fixed*) is differentiated with
-   **batched PyTorch operations and torch.autograd** (``_chunk_local_grads``). Because the states
-   enter linearly and their adjoints come from step 3, the sum of these local gradients is the exact
-   total gradient. This part is not a Triton kernel yet.
+4. ``_local_bwd_kernel`` (parallel over chunks) differentiates each chunk's algebra (``A``, ``T``,
+   ``W``, ``U``, ``v'``, ``o`` and the state update) with the entering state and the leaving-state
+   adjoint held fixed; since the states enter linearly and their adjoints come from step 3, the sum
+   of these per-chunk gradients is the exact total gradient. It writes ``dq, dk, dv, dβ`` and the
+   gradient of the cumulative log gates ``db``; ``dg`` is its reverse cumulative sum inside each
+   chunk (one PyTorch op). ``LATTN_DELTA_BWD=torch`` swaps step 4 for batched PyTorch + autograd
+   (``_chunk_local_grads``), an independent cross-check and a fallback should the compiled kernel
+   misbehave on some GPU/Triton combination.
 
 Float32 inputs use ``input_precision="ieee"`` in every ``tl.dot``; float16/bfloat16 inputs feed the
 tensor cores in their own dtype with float32 accumulation (the triangular solve is always float32
@@ -55,6 +60,7 @@ _HEAD_SIZES = (16, 32, 64, 128)
 # Backward of the per-chunk algebra: "triton" (``_local_bwd_kernel``, default) or "torch"
 # (batched PyTorch + autograd, ``_chunk_local_grads``; a cross-check and a fallback).
 _BWD_IMPL = os.environ.get("LATTN_DELTA_BWD", "triton")
+_U_FP32 = os.environ.get("LATTN_DELTA_U_FP32", "0") == "1"
 
 
 def _interpreter_fixes():
@@ -243,10 +249,10 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, T, H, NTC
           + tl.dot(T32.to(dt), y2, input_precision=PREC) + tl.dot(T33.to(dt), y3, input_precision=PREC))
     cv = tl.arange(0, V)
     up = u_ptr + (bh * NTC + t0) * V
-    tl.store(up + (rr[:, None]) * V + cv[None, :], u0.to(dt))
-    tl.store(up + (16 + rr[:, None]) * V + cv[None, :], u1.to(dt))
-    tl.store(up + (32 + rr[:, None]) * V + cv[None, :], u2.to(dt))
-    tl.store(up + (48 + rr[:, None]) * V + cv[None, :], u3.to(dt))
+    tl.store(up + (rr[:, None]) * V + cv[None, :], u0.to(u_ptr.dtype.element_ty))
+    tl.store(up + (16 + rr[:, None]) * V + cv[None, :], u1.to(u_ptr.dtype.element_ty))
+    tl.store(up + (32 + rr[:, None]) * V + cv[None, :], u2.to(u_ptr.dtype.element_ty))
+    tl.store(up + (48 + rr[:, None]) * V + cv[None, :], u3.to(u_ptr.dtype.element_ty))
     if STORE_T:   # T = (I + A)^{-1} as a dense [64, 64] float32 tile per chunk, for the backward
         tp = t_ptr + (bh * NTC + t0) * 64 + rr[:, None] * 64 + rr[None, :]
         z = tl.zeros([16, 16], dtype=tl.float32)
@@ -449,7 +455,7 @@ def _local_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
         tl.store(dv_ptr + vbase + rows[:, None] * (H * V) + cv[None, :],
                  (dY * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=rmask[:, None])
         dbeta += tl.sum(dY * vv.to(tl.float32), 1)
-        dAp += tl.dot(dY.to(dt), tl.trans(u), input_precision=PREC)
+        dAp += tl.dot(dY.to(dt), tl.trans(u.to(dt)), input_precision=PREC)
     # through W = T X, X = diag(β e^b) K
     dX = tl.dot(tl.trans(Tmd), dW.to(dt), input_precision=PREC)                          # Tᵀ dW
     dA = -(dAp + tl.dot(dX.to(dt), tl.trans(w), input_precision=PREC))
@@ -526,7 +532,7 @@ def _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states):
     dev = q.device
     prec = _precision(q.dtype)
     w = torch.empty(BH, NTC, K, dtype=q.dtype, device=dev)
-    u = torch.empty(BH, NTC, V, dtype=q.dtype, device=dev)
+    u = torch.empty(BH, NTC, V, dtype=torch.float32 if _U_FP32 else q.dtype, device=dev)
     tm = torch.empty(BH, NTC, CHUNK, dtype=torch.float32, device=dev) if store_states else None
     _wy_fwd_kernel[(NT, BH)](k, v, beta, b, w, u, tm if tm is not None else w, T, H, NTC, K=K, V=V,
                              PREC=prec, STORE_T=store_states, num_warps=4)

@@ -23,8 +23,8 @@ DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]   # CPU: interprete
 TOL32 = 2e-4
 # bfloat16/float16: the kernel rounds W, U, v', the state and the gated q, k to the input dtype before
 # every tensor-core product (as fla does); bf16 has unit roundoff 2^-9 ≈ 2e-3, and several such
-# roundings meet in each output (measured RMS error ratio ≈ 4e-3 for o and final state, ≈ 2.5e-3
-# for gradients, whose per-chunk algebra runs in float32). We use fla's RMS error ratio
+# roundings meet in each output (measured RMS error ratio ≈ 3-4e-3 for o and the final state and
+# ≈ 2.5-5e-3 for the gradients on the interpreter). We use fla's RMS error ratio
 # (harness.err_ratio) with bound 1e-2: above what correct rounding gives, far below the O(1) of a
 # real bug. fp16 (unit roundoff 2^-12) measures ≈ 5e-4 and gets the same bound. (The interpreter
 # rounds to nearest even like the GPU; see triton_delta._interpreter_fixes.)
