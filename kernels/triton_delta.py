@@ -605,14 +605,12 @@ def _chunk_local_grads(q, k, v, g, beta, scale, hs, dh, do, need):
 
 class _ChunkDeltaFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state):
+    def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state, train):
         B, T, H, K = q.shape
         V = v.shape[-1]
         NT = triton.cdiv(T, CHUNK)
         b = _chunk_cumsum(g, B, T, H, NT) if g is not None else \
             torch.zeros(B * H, NT * CHUNK, dtype=torch.float32, device=q.device)
-        train = ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or ctx.needs_input_grad[2] or \
-            ctx.needs_input_grad[3] or ctx.needs_input_grad[4] or ctx.needs_input_grad[6]
         o, ht, w, u, tm, hs = _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states=train)
         if train:
             ctx.save_for_backward(q, k, v, g, beta, b, w, u, tm, hs)
@@ -653,7 +651,7 @@ class _ChunkDeltaFn(torch.autograd.Function):
                 dg = dg[:, :, :T].transpose(1, 2)
         dh0_out = dh0.to(ctx.h0_dtype) if ctx.has_h0 else None
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
-                dg.to(g.dtype) if g is not None else None, dbeta.to(beta.dtype), None, dh0_out, None)
+                dg.to(g.dtype) if g is not None else None, dbeta.to(beta.dtype), None, dh0_out, None, None)
 
 
 def chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state=None, output_final_state=False):
@@ -664,10 +662,16 @@ def chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state=None, o
     """
     K, V = q.shape[-1], v.shape[-1]
     _check_sizes(K, V)
+    if q.shape[0] * q.shape[2] > 65535:
+        raise ValueError(f"batch × heads must be at most 65535 for the Triton delta-rule kernels "
+                         f"(a CUDA grid dimension); got {q.shape[0]} × {q.shape[2]}")
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     if g is not None:
         g = g.contiguous()
     # float32 copy; the cast is differentiable, so the gradient reaches the caller's tensor
     h0 = initial_state.float().contiguous() if initial_state is not None else None
-    o, ht = _ChunkDeltaFn.apply(q, k, v, g, beta, float(scale), h0, bool(output_final_state))
+    # keep T and the chunk states for the backward only when a gradient can be asked for
+    train = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, g, beta, h0))
+    o, ht = _ChunkDeltaFn.apply(q, k, v, g, beta, float(scale), h0, bool(output_final_state), train)
     return o, ht
