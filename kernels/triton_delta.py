@@ -20,11 +20,12 @@ Forward: two kernels.
    ``S`` (``[K, BV]``, float32) in registers for the whole sequence and per chunk computes the
    pseudo-values ``v' = U − W S``, the output ``o = (q ⊙ e^{b}) S + (q kᵀ ⊙ Γ) v'`` and the next state
    ``S ← e^{b_C} S + (k ⊙ e^{b_C − b})ᵀ v'``. There is no state round trip through HBM and no
-   separate output kernel. For training it also writes the state entering every chunk (float32).
+   separate output kernel. For training it also writes the state entering every chunk.
 
 Backward (two Triton kernels; derivation in ``kernels/NOTES_delta.md``). The forward, when any
 input needs a gradient, also keeps ``T = (I + A)^{-1}`` per chunk (float32, ``[64, 64]``) and the
-state entering every chunk (float32, ``[K, V]`` per chunk: ``B·H·⌈T/64⌉·K·V·4`` bytes).
+state entering every chunk (``[K, V]`` per chunk in the input dtype: every use in the backward feeds
+a tensor-core product in that dtype anyway).
 
 3. ``_state_bwd_kernel`` (sequential over chunks in reverse) carries the state adjoint ``dS`` on
    chip: ``dv' = (q kᵀ ⊙ Γ)ᵀ do + (k ⊙ e^{b_C − b}) dS``,
@@ -304,7 +305,7 @@ def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, o_ptr, h0_ptr, ht_ptr, 
     for n in range(NT):
         t0 = n * 64
         if STORE_HS:
-            tl.store(hs_ptr + (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :], S)
+            tl.store(hs_ptr + (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :], S.to(hs_ptr.dtype.element_ty))
         rows = t0 + rc
         rmask = rows < T
         q = tl.load(qp + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
@@ -358,7 +359,7 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, do_ptr, dht_ptr, dh_ptr, dh0_p
     for i in range(NT):
         n = NT - 1 - i
         t0 = n * 64
-        tl.store(dh_ptr + (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :], dS)
+        tl.store(dh_ptr + (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :], dS.to(dh_ptr.dtype.element_ty))
         rows = t0 + rc
         rmask = rows < T
         q = tl.load(qp + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
@@ -431,8 +432,8 @@ def _local_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
     for iv in tl.static_range(V // BV):
         cv = iv * BV + tl.arange(0, BV)
         sp = (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :]
-        S = tl.load(hs_ptr + sp)
-        dS = tl.load(dh_ptr + sp)
+        S = tl.load(hs_ptr + sp).to(tl.float32)
+        dS = tl.load(dh_ptr + sp).to(tl.float32)
         Sd = S.to(dt)
         dSd = dS.to(dt)
         do = tl.load(do_ptr + vbase + rows[:, None] * (H * V) + cv[None, :], mask=rmask[:, None], other=0.0)
@@ -538,7 +539,9 @@ def _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states):
                              PREC=prec, STORE_T=store_states, num_warps=4)
     o = torch.empty(B, T, H, V, dtype=v.dtype, device=dev)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
-    hs = torch.empty(BH, NT, K, V, dtype=torch.float32, device=dev) if store_states else None
+    # chunk states for the backward, in the input dtype: every use there feeds a tensor-core product
+    # in that dtype anyway, and bf16 halves the largest saved tensor
+    hs = torch.empty(BH, NT, K, V, dtype=q.dtype, device=dev) if store_states else None
     BV = _pick_bv(BH, V, K)
     _state_fwd_kernel[(V // BV, BH)](q, k, w, u, b, o, h0 if h0 is not None else o,
                                      ht if ht is not None else o, hs if hs is not None else o,
@@ -580,8 +583,8 @@ def _chunk_local_grads(q, k, v, g, beta, scale, hs, dh, do, need):
             bc = blocks(gl.unsqueeze(-1)).squeeze(-1).cumsum(-1)          # [B, H, NT, C]
         else:
             bc = torch.zeros(B, H, NT, C, dtype=torch.float32, device=q.device)
-        Sn = hs.view(B, H, NT, K, V)
-        dSn = dh.view(B, H, NT, K, V)
+        Sn = hs.view(B, H, NT, K, V).float()
+        dSn = dh.view(B, H, NT, K, V).float()
         causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
         strict = causal.tril(-1)
         diff = bc.unsqueeze(-1) - bc.unsqueeze(-2)
@@ -627,7 +630,7 @@ class _ChunkDeltaFn(torch.autograd.Function):
         NT = hs.shape[1]
         BH = B * H
         do = do.to(q.dtype).contiguous()
-        dh = torch.empty(BH, NT, K, V, dtype=torch.float32, device=q.device)
+        dh = torch.empty(BH, NT, K, V, dtype=q.dtype, device=q.device)   # leaving-state adjoints
         dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device)
         BV = _pick_bv(BH, V, K)
         has_dht = dht is not None
