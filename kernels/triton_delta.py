@@ -520,6 +520,46 @@ def _chunk_cumsum(g, B, T, H, NT):
     return gp.view(B, H, NT, C).cumsum(-1).view(B * H, NT * C).contiguous()
 
 
+_CFG_CACHE: dict = {}
+
+
+def _launch(kernel, grid, args, meta, configs):
+    """Launch with the first of ``configs`` (``num_warps``/``num_stages``) that fits the GPU.
+
+    Simple heuristics, no autotuning: ``configs`` is ordered by expected speed, and a config that
+    the compiler rejects for lack of shared memory or registers (``OutOfResources``) is skipped.
+    The choice is cached per kernel and compile-time signature. The interpreter ignores configs.
+    """
+    from triton.runtime.errors import OutOfResources
+    key = (kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel),
+           tuple(sorted((k, str(v)) for k, v in meta.items())),
+           tuple(str(a.dtype) for a in args if isinstance(a, torch.Tensor)))
+    cfg = _CFG_CACHE.get(key)
+    if cfg is not None:
+        return kernel[grid](*args, **meta, **cfg)
+    err = None
+    for cfg in configs:
+        try:
+            out = kernel[grid](*args, **meta, **cfg)
+        except OutOfResources as e:   # too much shared memory / registers for this config
+            err = e
+            continue
+        _CFG_CACHE[key] = cfg
+        return out
+    raise err
+
+
+def _seq_configs(dtype, K, BV):
+    nw = 4 if K * BV <= 4096 else 8
+    first = [dict(num_warps=nw, num_stages=2)] if dtype != torch.float32 else []
+    return first + [dict(num_warps=nw, num_stages=1), dict(num_warps=8, num_stages=1)]
+
+
+def _par_configs(K, V):
+    nw = 4 if max(K, V) <= 64 else 8
+    return [dict(num_warps=nw, num_stages=1), dict(num_warps=8, num_stages=1)]
+
+
 def _precision(dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
@@ -535,19 +575,20 @@ def _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states):
     w = torch.empty(BH, NTC, K, dtype=q.dtype, device=dev)
     u = torch.empty(BH, NTC, V, dtype=torch.float32 if _U_FP32 else q.dtype, device=dev)
     tm = torch.empty(BH, NTC, CHUNK, dtype=torch.float32, device=dev) if store_states else None
-    _wy_fwd_kernel[(NT, BH)](k, v, beta, b, w, u, tm if tm is not None else w, T, H, NTC, K=K, V=V,
-                             PREC=prec, STORE_T=store_states, num_warps=4)
+    _launch(_wy_fwd_kernel, (NT, BH), (k, v, beta, b, w, u, tm if tm is not None else w, T, H, NTC),
+            dict(K=K, V=V, PREC=prec, STORE_T=store_states),
+            [dict(num_warps=4, num_stages=1), dict(num_warps=8, num_stages=1)])
     o = torch.empty(B, T, H, V, dtype=v.dtype, device=dev)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     # chunk states for the backward, in the input dtype: every use there feeds a tensor-core product
     # in that dtype anyway, and bf16 halves the largest saved tensor
     hs = torch.empty(BH, NT, K, V, dtype=q.dtype, device=dev) if store_states else None
     BV = _pick_bv(BH, V, K)
-    _state_fwd_kernel[(V // BV, BH)](q, k, w, u, b, o, h0 if h0 is not None else o,
-                                     ht if ht is not None else o, hs if hs is not None else o,
-                                     float(scale), T, H, NT, NTC, K=K, V=V, BV=BV, PREC=prec,
-                                     HAS_H0=h0 is not None, STORE_HT=output_final_state,
-                                     STORE_HS=store_states, num_warps=4 if K * BV <= 4096 else 8)
+    _launch(_state_fwd_kernel, (V // BV, BH),
+            (q, k, w, u, b, o, h0 if h0 is not None else o, ht if ht is not None else o,
+             hs if hs is not None else o, float(scale), T, H, NT, NTC),
+            dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=h0 is not None, STORE_HT=output_final_state,
+                 STORE_HS=store_states), _seq_configs(q.dtype, K, BV))
     return o, ht, w, u, tm, hs
 
 
@@ -635,9 +676,10 @@ class _ChunkDeltaFn(torch.autograd.Function):
         BV = _pick_bv(BH, V, K)
         has_dht = dht is not None
         dht_c = dht.float().contiguous() if has_dht else dh0
-        _state_bwd_kernel[(V // BV, BH)](q, k, w, b, do, dht_c, dh, dh0, float(ctx.scale), T, H, NT,
-                                         NT * CHUNK, K=K, V=V, BV=BV, PREC=_precision(q.dtype),
-                                         HAS_DHT=has_dht, num_warps=4 if K * BV <= 4096 else 8)
+        _launch(_state_bwd_kernel, (V // BV, BH),
+                (q, k, w, b, do, dht_c, dh, dh0, float(ctx.scale), T, H, NT, NT * CHUNK),
+                dict(K=K, V=V, BV=BV, PREC=_precision(q.dtype), HAS_DHT=has_dht),
+                _seq_configs(q.dtype, K, BV))
         if _BWD_IMPL == "torch":
             dq, dk, dv, dbeta, dg = _chunk_local_grads(q, k, v, g, beta, ctx.scale, hs, dh, do, None)
         else:
@@ -645,9 +687,10 @@ class _ChunkDeltaFn(torch.autograd.Function):
             dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
             db = torch.empty(BH, NT * CHUNK, dtype=torch.float32, device=q.device)
             BVL = min(V, 64)
-            _local_bwd_kernel[(NT, BH)](q, k, v, beta, b, w, u, tm, hs, dh, do, dq, dk, dv, dbeta, db,
-                                        float(ctx.scale), T, H, NT, NT * CHUNK, K=K, V=V, BV=BVL,
-                                        PREC=_precision(q.dtype), num_warps=4 if K <= 64 else 8)
+            _launch(_local_bwd_kernel, (NT, BH),
+                    (q, k, v, beta, b, w, u, tm, hs, dh, do, dq, dk, dv, dbeta, db, float(ctx.scale),
+                     T, H, NT, NT * CHUNK),
+                    dict(K=K, V=V, BV=BVL, PREC=_precision(q.dtype)), _par_configs(K, V))
             dg = None
             if g is not None:   # b_i = Σ_{s ≤ i} g_s inside a chunk: dg = reverse cumulative sum of db
                 dg = db.view(B, H, NT, CHUNK).flip(-1).cumsum(-1).flip(-1).view(B, H, NT * CHUNK)
