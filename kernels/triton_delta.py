@@ -576,8 +576,7 @@ def _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states):
     u = torch.empty(BH, NTC, V, dtype=torch.float32 if _U_FP32 else q.dtype, device=dev)
     tm = torch.empty(BH, NTC, CHUNK, dtype=torch.float32, device=dev) if store_states else None
     _launch(_wy_fwd_kernel, (NT, BH), (k, v, beta, b, w, u, tm if tm is not None else w, T, H, NTC),
-            dict(K=K, V=V, PREC=prec, STORE_T=store_states),
-            [dict(num_warps=4, num_stages=1), dict(num_warps=8, num_stages=1)])
+            dict(K=K, V=V, PREC=prec, STORE_T=store_states), _par_configs(K, V))
     o = torch.empty(B, T, H, V, dtype=v.dtype, device=dev)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     # chunk states for the backward, in the input dtype: every use there feeds a tensor-core product
