@@ -51,6 +51,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ._common import INTERPRET
 
@@ -62,6 +63,9 @@ _HEAD_SIZES = (16, 32, 64, 128)
 # (batched PyTorch + autograd, ``_chunk_local_grads``; a cross-check and a fallback).
 _BWD_IMPL = os.environ.get("LATTN_DELTA_BWD", "triton")
 _U_FP32 = os.environ.get("LATTN_DELTA_U_FP32", "0") == "1"
+# Split the per-chunk backward in two kernels (default), which keeps the K-wide float32
+# accumulators of the second apart from the 64×64 algebra of the first; "0" fuses them.
+_BWD_SPLIT = os.environ.get("LATTN_DELTA_BWD_SPLIT", "1") != "0"
 
 
 def _interpreter_fixes():
@@ -387,10 +391,14 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, do_ptr, dht_ptr, dh_ptr, dh0_p
 def _local_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, hs_ptr, dh_ptr, do_ptr,
                       dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, db_ptr,
                       scale, T, H, NT, NTC,
-                      K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+                      K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                      STATE_TERMS: tl.constexpr):
     """Gradients of one chunk's objective ``<o, do> + <S', dS'>`` w.r.t. q, k, v, β and b, with the
     entering state ``S`` (``hs``) and the leaving-state adjoint ``dS'`` (``dh``) held fixed.
-    Loops over V in blocks of ``BV``; everything else is one 64-row tile."""
+    Loops over V in blocks of ``BV``; everything else is one 64-row tile. With ``STATE_TERMS=False``
+    the two ``[64, K]`` terms that pair the output/state gradients with the states
+    (``e^b ⊙ do Sᵀ`` in dq, ``e^{b_C−b} ⊙ v' dS'ᵀ`` in dk) are left to ``_state_terms_bwd_kernel``
+    and dq, dk are written as float32 partial sums (fewer live registers at K = 128)."""
     n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     bi = bh // H
@@ -420,8 +428,9 @@ def _local_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
     kd = (k.to(tl.float32) * edec[:, None]).to(dt)                                       # K̃
     qe = (q.to(tl.float32) * (eb * scale)[:, None]).to(dt)                               # e^b ⊙ q̃
     Tmd = Tm.to(dt)
-    dqe = tl.zeros([64, K], dtype=tl.float32)       # do Sᵀ
-    dkd = tl.zeros([64, K], dtype=tl.float32)       # v' dS'ᵀ
+    if STATE_TERMS:
+        dqe = tl.zeros([64, K], dtype=tl.float32)   # do Sᵀ
+        dkd = tl.zeros([64, K], dtype=tl.float32)   # v' dS'ᵀ
     dW = tl.zeros([64, K], dtype=tl.float32)        # -dv' Sᵀ
     dPm = tl.zeros([64, 64], dtype=tl.float32)      # do v'ᵀ
     dAp = tl.zeros([64, 64], dtype=tl.float32)      # dY Uᵀ
@@ -429,7 +438,7 @@ def _local_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
     r = tl.zeros([64], dtype=tl.float32)            # rowsum((K̃ dS') ⊙ v')
     dbeta = tl.zeros([64], dtype=tl.float32)
     c = tl.zeros([64], dtype=tl.float32)            # <S, dS'> (kept as a vector, summed at the end)
-    for iv in tl.static_range(V // BV):
+    for iv in range(V // BV):
         cv = iv * BV + tl.arange(0, BV)
         sp = (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :]
         S = tl.load(hs_ptr + sp).to(tl.float32)
@@ -448,9 +457,10 @@ def _local_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
         db_o += tl.sum(do.to(tl.float32) * qS, 1)
         r += tl.sum(KdS * vp, 1)
         c += tl.sum(tl.sum(S * dS, 1), 0) * tl.where(rc == 0, 1.0, 0.0)
-        dqe += tl.dot(do, tl.trans(Sd), input_precision=PREC)
         dPm += tl.dot(do, tl.trans(vpd), input_precision=PREC)
-        dkd += tl.dot(vpd, tl.trans(dSd), input_precision=PREC)
+        if STATE_TERMS:
+            dqe += tl.dot(do, tl.trans(Sd), input_precision=PREC)
+            dkd += tl.dot(vpd, tl.trans(dSd), input_precision=PREC)
         dW -= tl.dot(dvpd, tl.trans(Sd), input_precision=PREC)
         dY = tl.dot(tl.trans(Tmd), dvpd, input_precision=PREC)                           # Tᵀ dU
         tl.store(dv_ptr + vbase + rows[:, None] * (H * V) + cv[None, :],
@@ -479,10 +489,12 @@ def _local_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
     dPP = dPm * P
     db += db_o + tl.sum(dPP, 1) - tl.sum(dPP, 0)
     dPg = (dPm * gam).to(dt)
-    dq = dqe * (eb * scale)[:, None] + tl.dot(dPg, k, input_precision=PREC) * scale
+    dq = tl.dot(dPg, k, input_precision=PREC) * scale
     dk += tl.dot(tl.trans(dPg), q, input_precision=PREC) * scale
-    # through S' = e^{b_C} S + K̃ᵀ v'
-    dk += dkd * edec[:, None]
+    # through S' = e^{b_C} S + K̃ᵀ v' (and the e^b q̃ S term of o)
+    if STATE_TERMS:
+        dq += dqe * (eb * scale)[:, None]
+        dk += dkd * edec[:, None]
     db += tl.where(rc == 63, tl.sum(r, 0) + tl.exp(b_last) * tl.sum(c, 0), 0.0) - r
     tl.store(dq_ptr + qkbase + rows[:, None] * (H * K) + ck[None, :], dq.to(dq_ptr.dtype.element_ty),
              mask=rmask[:, None])
@@ -490,6 +502,46 @@ def _local_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
              mask=rmask[:, None])
     tl.store(dbeta_ptr + bi * T * H + h + rows * H, dbeta, mask=rmask)
     tl.store(db_ptr + bh * NTC + rows, db)
+
+
+@triton.jit
+def _state_terms_bwd_kernel(w_ptr, u_ptr, b_ptr, hs_ptr, dh_ptr, do_ptr, dq32_ptr, dk32_ptr, dq_ptr, dk_ptr,
+                            scale, T, H, NT, NTC,
+                            K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    """Adds the state terms ``e^b ⊙ scale · do Sᵀ`` (dq) and ``e^{b_C − b} ⊙ v' dS'ᵀ`` (dk) to the
+    float32 partial sums of ``_local_bwd_kernel`` (``STATE_TERMS=False``) and writes dq, dk."""
+    n = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    bi = bh // H
+    h = bh % H
+    dt = w_ptr.dtype.element_ty
+    t0 = n * 64
+    rc = tl.arange(0, 64)
+    ck = tl.arange(0, K)
+    rows = t0 + rc
+    rmask = rows < T
+    qkbase = (bi * T * H + h) * K
+    vbase = (bi * T * H + h) * V
+    b = tl.load(b_ptr + bh * NTC + rows)
+    b_last = tl.load(b_ptr + bh * NTC + t0 + 63)
+    w = tl.load(w_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :])
+    dqe = tl.zeros([64, K], dtype=tl.float32)
+    dkd = tl.zeros([64, K], dtype=tl.float32)
+    for iv in range(V // BV):
+        cv = iv * BV + tl.arange(0, BV)
+        sp = (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :]
+        Sd = tl.load(hs_ptr + sp).to(dt)
+        dSd = tl.load(dh_ptr + sp).to(dt)
+        do = tl.load(do_ptr + vbase + rows[:, None] * (H * V) + cv[None, :], mask=rmask[:, None], other=0.0)
+        u = tl.load(u_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :])
+        vpd = (u.to(tl.float32) - tl.dot(w, Sd, input_precision=PREC)).to(dt)
+        dqe += tl.dot(do, tl.trans(Sd), input_precision=PREC)
+        dkd += tl.dot(vpd, tl.trans(dSd), input_precision=PREC)
+    offs = qkbase + rows[:, None] * (H * K) + ck[None, :]
+    dq = tl.load(dq32_ptr + offs, mask=rmask[:, None], other=0.0) + dqe * (tl.exp(b) * scale)[:, None]
+    dk = tl.load(dk32_ptr + offs, mask=rmask[:, None], other=0.0) + dkd * tl.exp(b_last - b)[:, None]
+    tl.store(dq_ptr + offs, dq.to(dq_ptr.dtype.element_ty), mask=rmask[:, None])
+    tl.store(dk_ptr + offs, dk.to(dk_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -530,7 +582,6 @@ def _launch(kernel, grid, args, meta, configs):
     the compiler rejects for lack of shared memory or registers (``OutOfResources``) is skipped.
     The choice is cached per kernel and compile-time signature. The interpreter ignores configs.
     """
-    from triton.runtime.errors import OutOfResources
     key = (kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel),
            tuple(sorted((k, str(v)) for k, v in meta.items())),
            tuple(str(a.dtype) for a in args if isinstance(a, torch.Tensor)))
@@ -646,6 +697,38 @@ def _chunk_local_grads(q, k, v, g, beta, scale, hs, dh, do, need):
     return dq, dk, dv, dbeta, dg
 
 
+def _local_grads_triton(q, k, v, g, beta, b, w, u, tm, hs, dh, do, scale):
+    """Per-chunk backward on the GPU: ``_local_bwd_kernel`` (+ ``_state_terms_bwd_kernel``)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = hs.shape[1]
+    BH = B * H
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    split = _BWD_SPLIT
+    if split:   # float32 partial sums, completed by _state_terms_bwd_kernel
+        dq_p = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        dk_p = torch.empty(k.shape, dtype=torch.float32, device=q.device)
+    else:
+        dq_p, dk_p = dq, dk
+    dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
+    db = torch.empty(BH, NT * CHUNK, dtype=torch.float32, device=q.device)
+    # V-block of the inner loop: 32 at K = 128 (ptxas, sm_90a, bf16: fewest register spills)
+    BVL = min(V, 32 if K >= 128 else 64)
+    prec = _precision(q.dtype)
+    _launch(_local_bwd_kernel, (NT, BH),
+            (q, k, v, beta, b, w, u, tm, hs, dh, do, dq_p, dk_p, dv, dbeta, db, scale, T, H, NT, NT * CHUNK),
+            dict(K=K, V=V, BV=BVL, PREC=prec, STATE_TERMS=not split), _par_configs(K, V))
+    if split:
+        _launch(_state_terms_bwd_kernel, (NT, BH),
+                (w, u, b, hs, dh, do, dq_p, dk_p, dq, dk, scale, T, H, NT, NT * CHUNK),
+                dict(K=K, V=V, BV=BVL, PREC=prec), _par_configs(K, V))
+    dg = None
+    if g is not None:   # b_i = Σ_{s ≤ i} g_s inside a chunk: dg = reverse cumulative sum of db
+        dg = db.view(B, H, NT, CHUNK).flip(-1).cumsum(-1).flip(-1).view(B, H, NT * CHUNK)
+        dg = dg[:, :, :T].transpose(1, 2)
+    return dq, dk, dv, dbeta, dg
+
+
 class _ChunkDeltaFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state, train):
@@ -679,21 +762,17 @@ class _ChunkDeltaFn(torch.autograd.Function):
                 (q, k, w, b, do, dht_c, dh, dh0, float(ctx.scale), T, H, NT, NT * CHUNK),
                 dict(K=K, V=V, BV=BV, PREC=_precision(q.dtype), HAS_DHT=has_dht),
                 _seq_configs(q.dtype, K, BV))
-        if _BWD_IMPL == "torch":
-            dq, dk, dv, dbeta, dg = _chunk_local_grads(q, k, v, g, beta, ctx.scale, hs, dh, do, None)
-        else:
-            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-            dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
-            db = torch.empty(BH, NT * CHUNK, dtype=torch.float32, device=q.device)
-            BVL = min(V, 64)
-            _launch(_local_bwd_kernel, (NT, BH),
-                    (q, k, v, beta, b, w, u, tm, hs, dh, do, dq, dk, dv, dbeta, db, float(ctx.scale),
-                     T, H, NT, NT * CHUNK),
-                    dict(K=K, V=V, BV=BVL, PREC=_precision(q.dtype)), _par_configs(K, V))
-            dg = None
-            if g is not None:   # b_i = Σ_{s ≤ i} g_s inside a chunk: dg = reverse cumulative sum of db
-                dg = db.view(B, H, NT, CHUNK).flip(-1).cumsum(-1).flip(-1).view(B, H, NT * CHUNK)
-                dg = dg[:, :, :T].transpose(1, 2)
+        res = None
+        if _BWD_IMPL != "torch":
+            try:
+                res = _local_grads_triton(q, k, v, g, beta, b, w, u, tm, hs, dh, do, float(ctx.scale))
+            except OutOfResources:
+                # e.g. float32 inputs at K = V = 128 need more shared memory than a GPU has for
+                # this kernel; the batched-PyTorch path computes the same gradients
+                res = None
+        if res is None:
+            res = _chunk_local_grads(q, k, v, g, beta, ctx.scale, hs, dh, do, None)
+        dq, dk, dv, dbeta, dg = res
         dh0_out = dh0.to(ctx.h0_dtype) if ctx.has_h0 else None
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
                 dg.to(g.dtype) if g is not None else None, dbeta.to(beta.dtype), None, dh0_out, None, None)

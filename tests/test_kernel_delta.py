@@ -250,3 +250,26 @@ def test_torch_fallback_backward_agrees(device, monkeypatch):
     monkeypatch.setattr(triton_delta, "_BWD_IMPL", "torch")
     inp = _inputs(1, 70, 2, 16, 32, gated=True, seed=9, device=device, harsh=True)
     _check(inp, torch.float32, gated=True, fs=True, seed=9)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_of_resources_falls_back_to_torch_backward(device, monkeypatch):
+    """If the per-chunk backward kernel cannot launch (e.g. float32 at K = V = 128 needs more shared
+    memory than the GPU has), the batched-PyTorch backward takes over with the same gradients."""
+    from triton.runtime.errors import OutOfResources
+    from kernels import triton_delta
+
+    def refuse(*args, **kwargs):
+        raise OutOfResources(253952, 232448, "shared memory")
+    monkeypatch.setattr(triton_delta, "_local_grads_triton", refuse)
+    inp = _inputs(1, 40, 1, 16, 16, gated=True, seed=12, device=device)
+    _check(inp, torch.float32, gated=True, fs=True, seed=12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_local_backward_kernel(device, monkeypatch):
+    """LATTN_DELTA_BWD_SPLIT=0: one per-chunk backward kernel instead of two; same gradients."""
+    from kernels import triton_delta
+    monkeypatch.setattr(triton_delta, "_BWD_SPLIT", False)
+    inp = _inputs(1, 70, 2, 32, 16, gated=True, seed=13, device=device, harsh=True)
+    _check(inp, torch.float32, gated=True, fs=True, seed=13)
