@@ -22,7 +22,7 @@ Forward: two kernels.
    ``S ← e^{b_C} S + (k ⊙ e^{b_C − b})ᵀ v'``. There is no state round trip through HBM and no
    separate output kernel. For training it also writes the state entering every chunk.
 
-Backward (two Triton kernels; derivation in ``kernels/NOTES_delta.md``). The forward, when any
+Backward (three Triton kernels; derivation in ``kernels/NOTES_delta.md``). The forward, when any
 input needs a gradient, also keeps ``T = (I + A)^{-1}`` per chunk (float32, ``[64, 64]``) and the
 state entering every chunk (``[K, V]`` per chunk in the input dtype: every use in the backward feeds
 a tensor-core product in that dtype anyway).
@@ -34,11 +34,17 @@ a tensor-core product in that dtype anyway).
 4. ``_local_bwd_kernel`` (parallel over chunks) differentiates each chunk's algebra (``A``, ``T``,
    ``W``, ``U``, ``v'``, ``o`` and the state update) with the entering state and the leaving-state
    adjoint held fixed; since the states enter linearly and their adjoints come from step 3, the sum
-   of these per-chunk gradients is the exact total gradient. It writes ``dq, dk, dv, dβ`` and the
-   gradient of the cumulative log gates ``db``; ``dg`` is its reverse cumulative sum inside each
-   chunk (one PyTorch op). ``LATTN_DELTA_BWD=torch`` swaps step 4 for batched PyTorch + autograd
-   (``_chunk_local_grads``), an independent cross-check and a fallback should the compiled kernel
-   misbehave on some GPU/Triton combination.
+   of these per-chunk gradients is the exact total gradient. It writes ``dv, dβ``, the gradient of
+   the cumulative log gates ``db`` (``dg`` is its reverse cumulative sum inside each chunk, one
+   PyTorch op) and float32 partial ``dq, dk``;
+5. ``_state_terms_bwd_kernel`` (parallel over chunks) adds the two ``[64, K]`` terms that pair
+   ``do`` and ``v'`` with the states and writes ``dq, dk`` (kept apart from step 4 to limit
+   register spills at K = 128; ``LATTN_DELTA_BWD_SPLIT=0`` fuses them).
+
+``LATTN_DELTA_BWD=torch`` swaps steps 4-5 for batched PyTorch + autograd (``_chunk_local_grads``), an
+independent cross-check and a fallback should the compiled kernels misbehave on some GPU/Triton
+combination; the same path is used automatically when a kernel does not fit the GPU
+(``OutOfResources``, e.g. float32 at K = V = 128).
 
 Float32 inputs use ``input_precision="ieee"`` in every ``tl.dot``; float16/bfloat16 inputs feed the
 tensor cores in their own dtype with float32 accumulation (the triangular solve is always float32
