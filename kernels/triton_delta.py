@@ -649,7 +649,7 @@ def _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states):
     return o, ht, w, u, tm, hs
 
 
-def _chunk_local_grads(q, k, v, g, beta, scale, hs, dh, do, need):
+def _chunk_local_grads(q, k, v, g, beta, scale, hs, dh, do):
     """Gradients of the per-chunk (parallel) algebra with entering states ``hs`` and leaving-state
     adjoints ``dh`` held fixed, through batched PyTorch ops and autograd (float32).
 
@@ -778,7 +778,7 @@ class _ChunkDeltaFn(torch.autograd.Function):
                 # this kernel; the batched-PyTorch path computes the same gradients
                 res = None
         if res is None:
-            res = _chunk_local_grads(q, k, v, g, beta, ctx.scale, hs, dh, do, None)
+            res = _chunk_local_grads(q, k, v, g, beta, ctx.scale, hs, dh, do)
         dq, dk, dv, dbeta, dg = res
         dh0_out = dh0.to(ctx.h0_dtype) if ctx.has_h0 else None
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
