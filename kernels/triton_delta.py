@@ -52,6 +52,7 @@ tensor cores in their own dtype with float32 accumulation (the triangular solve 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -72,6 +73,49 @@ _U_FP32 = os.environ.get("LATTN_DELTA_U_FP32", "0") == "1"
 # Split the per-chunk backward in two kernels (default), which keeps the K-wide float32
 # accumulators of the second apart from the 64×64 algebra of the first; "0" fuses them.
 _BWD_SPLIT = os.environ.get("LATTN_DELTA_BWD_SPLIT", "1") != "0"
+
+# Tuning overrides for exploration (``kernels/benchmarks/explore_delta.py``); 0 = the default
+# heuristic. Set through ``LATTN_DELTA_TUNE="fwd_bv=32,fwd_warps=4"`` (read at import) or the
+# ``tuning(**kw)`` context manager. An explicit warps/stages override launches exactly that config
+# (no fallback), so a config that does not fit raises instead of being silently replaced.
+#   fwd_split   1: forward = sequential ``_state_vp_fwd_kernel`` (v', states) + parallel
+#               ``_out_fwd_kernel`` (outputs); 0: the fused ``_state_fwd_kernel``
+#   fwd_bv / fwd_warps / fwd_stages        the sequential forward kernel
+#   out_bv / out_warps / out_stages        the parallel output kernel (fwd_split=1)
+#   bwd_bv / bwd_warps / bwd_stages        the sequential backward kernel
+#   local_bv / par_warps / par_stages      the parallel backward kernels (and the WY kernel)
+_TUNE_KEYS = ("fwd_split", "fwd_bv", "fwd_warps", "fwd_stages", "out_bv", "out_warps", "out_stages",
+              "bwd_bv", "bwd_warps", "bwd_stages", "local_bv", "par_warps", "par_stages")
+_TUNE = dict.fromkeys(_TUNE_KEYS, 0)
+
+
+def _parse_tune(text: str) -> dict:
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, _, val = item.partition("=")
+        if key not in _TUNE_KEYS or not val.strip().isdigit():
+            raise ValueError(f"LATTN_DELTA_TUNE: expected comma-separated key=int with key in "
+                             f"{_TUNE_KEYS}; got {item!r}")
+        out[key] = int(val)
+    return out
+
+
+_TUNE.update(_parse_tune(os.environ.get("LATTN_DELTA_TUNE", "")))
+
+
+@contextlib.contextmanager
+def tuning(**kw):
+    """Temporarily override tuning knobs (see ``_TUNE_KEYS``; 0 restores the heuristic)."""
+    bad = [k for k in kw if k not in _TUNE_KEYS]
+    if bad:
+        raise ValueError(f"tuning: unknown knob(s) {bad}; expected some of {_TUNE_KEYS}")
+    saved = dict(_TUNE)
+    _TUNE.update({k: int(v) for k, v in kw.items()})
+    try:
+        yield
+    finally:
+        _TUNE.clear()
+        _TUNE.update(saved)
 
 
 def _interpreter_fixes():
@@ -131,6 +175,12 @@ if INTERPRET:
     _interpreter_fixes()
 
 
+# Runtime sizes are not specialised (Triton would otherwise compile a new variant for T == 1,
+# T % 16 == 0, H == 1, ...): alignment comes from the constexpr head sizes that multiply every
+# offset, and one compiled kernel per (dtype, K, V, flags) serves all sequence lengths and heads.
+_NO_SPEC = ["T", "H", "NT", "NTC"]
+
+
 # ------------------------------------------------------------------------------------------------
 # small jit helpers
 # ------------------------------------------------------------------------------------------------
@@ -178,7 +228,7 @@ def _inv_unit_lower16(A):
 # ------------------------------------------------------------------------------------------------
 # 1. per-chunk WY/UT factors (parallel over chunks)
 # ------------------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["T", "H", "NTC"])
 def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, T, H, NTC,
                    K: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr, STORE_T: tl.constexpr):
     n = tl.program_id(0)
@@ -288,7 +338,7 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, T, H, NTC
 # ------------------------------------------------------------------------------------------------
 # 2. sequential state pass with fused output (state on chip)
 # ------------------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPEC)
 def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, o_ptr, h0_ptr, ht_ptr, hs_ptr,
                       scale, T, H, NT, NTC,
                       K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
@@ -341,9 +391,87 @@ def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, o_ptr, h0_ptr, ht_ptr, 
 
 
 # ------------------------------------------------------------------------------------------------
+# 2b. split forward (``fwd_split=1``): sequential v' + states, then a parallel output kernel
+# ------------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=_NO_SPEC)
+def _state_vp_fwd_kernel(k_ptr, w_ptr, u_ptr, b_ptr, vp_ptr, h0_ptr, ht_ptr, hs_ptr,
+                         T, H, NT, NTC,
+                         K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                         HAS_H0: tl.constexpr, STORE_HT: tl.constexpr):
+    """Sequential pass without outputs: per chunk ``v' = U − W S`` (written) and the state update;
+    the entering state of every chunk is always written (the output kernel reads it)."""
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    bi = bh // H
+    h = bh % H
+    dt = k_ptr.dtype.element_ty
+    rc = tl.arange(0, 64)
+    ck = tl.arange(0, K)
+    cv = iv * BV + tl.arange(0, BV)
+    kp = k_ptr + (bi * T * H + h) * K
+    wp = w_ptr + bh * NTC * K
+    up = u_ptr + bh * NTC * V
+    vpp = vp_ptr + bh * NTC * V
+    bp = b_ptr + bh * NTC
+    if HAS_H0:
+        S = tl.load(h0_ptr + bh * K * V + ck[:, None] * V + cv[None, :]).to(tl.float32)
+    else:
+        S = tl.zeros([K, BV], dtype=tl.float32)
+    for n in range(NT):
+        t0 = n * 64
+        Sd = S.to(dt)
+        tl.store(hs_ptr + (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :], Sd.to(hs_ptr.dtype.element_ty))
+        rows = t0 + rc
+        rmask = rows < T
+        k = tl.load(kp + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
+        w = tl.load(wp + rows[:, None] * K + ck[None, :])
+        u = tl.load(up + rows[:, None] * V + cv[None, :]).to(tl.float32)
+        b = tl.load(bp + rows)
+        b_last = tl.load(bp + t0 + 63)
+        vpd = (u - tl.dot(w, Sd, input_precision=PREC)).to(dt)
+        tl.store(vpp + rows[:, None] * V + cv[None, :], vpd)
+        kd = (k.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(dt)
+        S = S * tl.exp(b_last) + tl.dot(tl.trans(kd), vpd, input_precision=PREC)
+    if STORE_HT:
+        tl.store(ht_ptr + bh * K * V + ck[:, None] * V + cv[None, :], S)
+
+
+@triton.jit(do_not_specialize=_NO_SPEC)
+def _out_fwd_kernel(q_ptr, k_ptr, vp_ptr, b_ptr, hs_ptr, o_ptr, scale, T, H, NT, NTC,
+                    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    """Parallel over (chunk, V-block, sequence·head): ``o = (q ⊙ e^b) S + (q kᵀ ⊙ Γ) v'``."""
+    n = tl.program_id(0)
+    iv = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    bi = bh // H
+    h = bh % H
+    dt = q_ptr.dtype.element_ty
+    rc = tl.arange(0, 64)
+    ck = tl.arange(0, K)
+    cv = iv * BV + tl.arange(0, BV)
+    t0 = n * 64
+    rows = t0 + rc
+    rmask = rows < T
+    causal = rc[:, None] >= rc[None, :]
+    qkoff = (bi * T * H + h) * K + rows[:, None] * (H * K) + ck[None, :]
+    q = tl.load(q_ptr + qkoff, mask=rmask[:, None], other=0.0)
+    k = tl.load(k_ptr + qkoff, mask=rmask[:, None], other=0.0)
+    b = tl.load(b_ptr + bh * NTC + rows)
+    Sd = tl.load(hs_ptr + (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :]).to(dt)
+    vpd = tl.load(vp_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :]).to(dt)
+    qe = (q.to(tl.float32) * (tl.exp(b) * scale)[:, None]).to(dt)
+    o = tl.dot(qe, Sd, input_precision=PREC)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC)
+    s = tl.where(causal, s * tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)) * scale, 0.0)
+    o += tl.dot(s.to(dt), vpd, input_precision=PREC)
+    tl.store(o_ptr + (bi * T * H + h) * V + rows[:, None] * (H * V) + cv[None, :],
+             o.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
+
+
+# ------------------------------------------------------------------------------------------------
 # 3. backward: sequential reverse pass for the state adjoints
 # ------------------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPEC)
 def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, do_ptr, dht_ptr, dh_ptr, dh0_ptr,
                       scale, T, H, NT, NTC,
                       K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
@@ -393,7 +521,7 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, do_ptr, dht_ptr, dh_ptr, dh0_p
 # ------------------------------------------------------------------------------------------------
 # 4. backward: per-chunk algebra (parallel over chunks), states and state adjoints given
 # ------------------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPEC)
 def _local_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, hs_ptr, dh_ptr, do_ptr,
                       dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, db_ptr,
                       scale, T, H, NT, NTC,
@@ -510,7 +638,7 @@ def _local_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
     tl.store(db_ptr + bh * NTC + rows, db)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPEC)
 def _state_terms_bwd_kernel(w_ptr, u_ptr, b_ptr, hs_ptr, dh_ptr, do_ptr, dq32_ptr, dk32_ptr, dq_ptr, dk_ptr,
                             scale, T, H, NT, NTC,
                             K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
@@ -590,7 +718,8 @@ def _launch(kernel, grid, args, meta, configs):
     """
     key = (kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel),
            tuple(sorted((k, str(v)) for k, v in meta.items())),
-           tuple(str(a.dtype) for a in args if isinstance(a, torch.Tensor)))
+           tuple(str(a.dtype) for a in args if isinstance(a, torch.Tensor)),
+           tuple(tuple(sorted(c.items())) for c in configs))
     cfg = _CFG_CACHE.get(key)
     if cfg is not None:
         return kernel[grid](*args, **meta, **cfg)
@@ -606,47 +735,106 @@ def _launch(kernel, grid, args, meta, configs):
     raise err
 
 
-def _seq_configs(dtype, K, BV):
+def _seq_configs(dtype, K, BV, warps=0, stages=0):
     # 8 warps once the state tile K×BV has ≥ 2048 entries (ptxas, sm_90a: far fewer spills)
     nw = 8 if K * BV >= 2048 else 4
+    if warps or stages:    # explicit override (tuning): exactly this config, no fallback
+        return [dict(num_warps=warps or nw, num_stages=stages or (1 if dtype == torch.float32 else 2))]
     first = [dict(num_warps=nw, num_stages=2)] if dtype != torch.float32 else []
     return first + [dict(num_warps=nw, num_stages=1), dict(num_warps=8, num_stages=1)]
 
 
-def _par_configs(K, V):
+def _par_configs(K, V, warps=0, stages=0):
     nw = 4 if max(K, V) <= 64 else 8
+    if warps or stages:
+        return [dict(num_warps=warps or nw, num_stages=stages or 1)]
     return [dict(num_warps=nw, num_stages=1), dict(num_warps=8, num_stages=1)]
+
+
+def _tuned_bv(key, default, V):
+    bv = _TUNE[key] or default
+    if bv not in _HEAD_SIZES or bv > V:
+        raise ValueError(f"tuning: {key} must be one of {_HEAD_SIZES} and at most V = {V}; got {bv}")
+    return bv
 
 
 def _precision(dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states):
-    B, T, H, K = q.shape
+def _wy_fwd(k, v, b, beta, store_t):
+    """Kernel 1: ``W, U`` (and ``T`` when ``store_t``) for every chunk."""
+    B, T, H, K = k.shape
     V = v.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    NTC = NT * CHUNK
+    BH = B * H
+    dev = k.device
+    w = torch.empty(BH, NTC, K, dtype=k.dtype, device=dev)
+    u = torch.empty(BH, NTC, V, dtype=torch.float32 if _U_FP32 else k.dtype, device=dev)
+    tm = torch.empty(BH, NTC, CHUNK, dtype=torch.float32, device=dev) if store_t else None
+    _launch(_wy_fwd_kernel, (NT, BH), (k, v, beta, b, w, u, tm if tm is not None else w, T, H, NTC),
+            dict(K=K, V=V, PREC=_precision(k.dtype), STORE_T=store_t),
+            _par_configs(K, V, _TUNE["par_warps"], _TUNE["par_stages"]))
+    return w, u, tm
+
+
+def _state_fwd(q, k, w, u, b, scale, h0, output_final_state, store_states):
+    """Kernel 2 (fused) or 2b (``fwd_split``: sequential v' + states, parallel outputs)."""
+    B, T, H, K = q.shape
+    V = u.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     NTC = NT * CHUNK
     BH = B * H
     dev = q.device
     prec = _precision(q.dtype)
-    w = torch.empty(BH, NTC, K, dtype=q.dtype, device=dev)
-    u = torch.empty(BH, NTC, V, dtype=torch.float32 if _U_FP32 else q.dtype, device=dev)
-    tm = torch.empty(BH, NTC, CHUNK, dtype=torch.float32, device=dev) if store_states else None
-    _launch(_wy_fwd_kernel, (NT, BH), (k, v, beta, b, w, u, tm if tm is not None else w, T, H, NTC),
-            dict(K=K, V=V, PREC=prec, STORE_T=store_states), _par_configs(K, V))
-    o = torch.empty(B, T, H, V, dtype=v.dtype, device=dev)
+    split = bool(_TUNE["fwd_split"])
+    o = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     # chunk states for the backward, in the input dtype: every use there feeds a tensor-core product
-    # in that dtype anyway, and bf16 halves the largest saved tensor
-    hs = torch.empty(BH, NT, K, V, dtype=q.dtype, device=dev) if store_states else None
-    BV = _pick_bv(BH, V, K)
-    _launch(_state_fwd_kernel, (V // BV, BH),
-            (q, k, w, u, b, o, h0 if h0 is not None else o, ht if ht is not None else o,
-             hs if hs is not None else o, float(scale), T, H, NT, NTC),
-            dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=h0 is not None, STORE_HT=output_final_state,
-                 STORE_HS=store_states), _seq_configs(q.dtype, K, BV))
-    return o, ht, w, u, tm, hs
+    # in that dtype anyway, and bf16 halves the largest saved tensor (always kept when split)
+    hs = torch.empty(BH, NT, K, V, dtype=q.dtype, device=dev) if (store_states or split) else None
+    BV = _tuned_bv("fwd_bv", _pick_bv(BH, V, K), V)
+    seq_cfg = _seq_configs(q.dtype, K, BV, _TUNE["fwd_warps"], _TUNE["fwd_stages"])
+    if not split:
+        _launch(_state_fwd_kernel, (V // BV, BH),
+                (q, k, w, u, b, o, h0 if h0 is not None else o, ht if ht is not None else o,
+                 hs if hs is not None else o, float(scale), T, H, NT, NTC),
+                dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=h0 is not None, STORE_HT=output_final_state,
+                     STORE_HS=store_states), seq_cfg)
+        return o, ht, hs
+    vp = torch.empty(BH, NTC, V, dtype=q.dtype, device=dev)
+    _launch(_state_vp_fwd_kernel, (V // BV, BH),
+            (k, w, u, b, vp, h0 if h0 is not None else o, ht if ht is not None else o, hs, T, H, NT, NTC),
+            dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=h0 is not None, STORE_HT=output_final_state), seq_cfg)
+    BVO = _tuned_bv("out_bv", min(V, 64), V)
+    _launch(_out_fwd_kernel, (NT, V // BVO, BH), (q, k, vp, b, hs, o, float(scale), T, H, NT, NTC),
+            dict(K=K, V=V, BV=BVO, PREC=prec),
+            _par_configs(K, BVO, _TUNE["out_warps"], _TUNE["out_stages"]))
+    return o, ht, hs
+
+
+def _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states):
+    w, u, tm = _wy_fwd(k, v, b, beta, store_states)
+    o, ht, hs = _state_fwd(q, k, w, u, b, scale, h0, output_final_state, store_states)
+    return o.to(v.dtype), ht, w, u, tm, hs
+
+
+def _state_bwd(q, k, w, b, do, dht, scale, NT):
+    """Kernel 3: leaving-state adjoints of every chunk and the gradient of the initial state."""
+    B, T, H, K = q.shape
+    V = do.shape[-1]
+    BH = B * H
+    dh = torch.empty(BH, NT, K, V, dtype=q.dtype, device=q.device)   # leaving-state adjoints
+    dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device)
+    BV = _tuned_bv("bwd_bv", _pick_bv(BH, V, K), V)
+    has_dht = dht is not None
+    dht_c = dht.float().contiguous() if has_dht else dh0
+    _launch(_state_bwd_kernel, (V // BV, BH),
+            (q, k, w, b, do, dht_c, dh, dh0, float(scale), T, H, NT, NT * CHUNK),
+            dict(K=K, V=V, BV=BV, PREC=_precision(q.dtype), HAS_DHT=has_dht),
+            _seq_configs(q.dtype, K, BV, _TUNE["bwd_warps"], _TUNE["bwd_stages"]))
+    return dh, dh0
 
 
 def _chunk_local_grads(q, k, v, g, beta, scale, hs, dh, do):
@@ -720,15 +908,16 @@ def _local_grads_triton(q, k, v, g, beta, b, w, u, tm, hs, dh, do, scale):
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     db = torch.empty(BH, NT * CHUNK, dtype=torch.float32, device=q.device)
     # V-block of the inner loop: 32 at K = 128 (ptxas, sm_90a, bf16: fewest register spills)
-    BVL = min(V, 32 if K >= 128 else 64)
+    BVL = _tuned_bv("local_bv", min(V, 32 if K >= 128 else 64), V)
     prec = _precision(q.dtype)
+    pcfg = _par_configs(K, V, _TUNE["par_warps"], _TUNE["par_stages"])
     _launch(_local_bwd_kernel, (NT, BH),
             (q, k, v, beta, b, w, u, tm, hs, dh, do, dq_p, dk_p, dv, dbeta, db, scale, T, H, NT, NT * CHUNK),
-            dict(K=K, V=V, BV=BVL, PREC=prec, STATE_TERMS=not split), _par_configs(K, V))
+            dict(K=K, V=V, BV=BVL, PREC=prec, STATE_TERMS=not split), pcfg)
     if split:
         _launch(_state_terms_bwd_kernel, (NT, BH),
                 (w, u, b, hs, dh, do, dq_p, dk_p, dq, dk, scale, T, H, NT, NT * CHUNK),
-                dict(K=K, V=V, BV=BVL, PREC=prec), _par_configs(K, V))
+                dict(K=K, V=V, BV=BVL, PREC=prec), pcfg)
     dg = None
     if g is not None:   # b_i = Σ_{s ≤ i} g_s inside a chunk: dg = reverse cumulative sum of db
         dg = db.view(B, H, NT, CHUNK).flip(-1).cumsum(-1).flip(-1).view(B, H, NT * CHUNK)
@@ -760,15 +949,7 @@ class _ChunkDeltaFn(torch.autograd.Function):
         NT = hs.shape[1]
         BH = B * H
         do = do.to(q.dtype).contiguous()
-        dh = torch.empty(BH, NT, K, V, dtype=q.dtype, device=q.device)   # leaving-state adjoints
-        dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device)
-        BV = _pick_bv(BH, V, K)
-        has_dht = dht is not None
-        dht_c = dht.float().contiguous() if has_dht else dh0
-        _launch(_state_bwd_kernel, (V // BV, BH),
-                (q, k, w, b, do, dht_c, dh, dh0, float(ctx.scale), T, H, NT, NT * CHUNK),
-                dict(K=K, V=V, BV=BV, PREC=_precision(q.dtype), HAS_DHT=has_dht),
-                _seq_configs(q.dtype, K, BV))
+        dh, dh0 = _state_bwd(q, k, w, b, do, dht, float(ctx.scale), NT)
         res = None
         if _BWD_IMPL != "torch":
             try:

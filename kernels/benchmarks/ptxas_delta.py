@@ -22,6 +22,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--kv", type=int, default=128, choices=[16, 32, 64, 128], help="K = V head size")
+    p.add_argument("--grid", action="store_true",
+                   help="also every variant swept by kernels.benchmarks.explore_delta (slow: ~100 compiles)")
     args = p.parse_args(argv)
     import torch
     import triton
@@ -50,6 +52,10 @@ def main(argv=None):
                                   t_ptr="*fp32", hs_ptr=P, dh_ptr=P, do_ptr=P, dq_ptr="*fp32", dk_ptr="*fp32",
                                   dv_ptr=P, dbeta_ptr="*fp32", db_ptr="*fp32", scale="fp32", T="i32", H="i32",
                                   NT="i32", NTC="i32"),
+        "_state_vp_fwd_kernel": dict(k_ptr=P, w_ptr=P, u_ptr=P, b_ptr="*fp32", vp_ptr=P, h0_ptr="*fp32",
+                                     ht_ptr="*fp32", hs_ptr=P, T="i32", H="i32", NT="i32", NTC="i32"),
+        "_out_fwd_kernel": dict(q_ptr=P, k_ptr=P, vp_ptr=P, b_ptr="*fp32", hs_ptr=P, o_ptr=P, scale="fp32",
+                                T="i32", H="i32", NT="i32", NTC="i32"),
         "_state_terms_bwd_kernel": dict(w_ptr=P, u_ptr=P, b_ptr="*fp32", hs_ptr=P, dh_ptr=P, do_ptr=P,
                                         dq32_ptr="*fp32", dk32_ptr="*fp32", dq_ptr=P, dk_ptr=P, scale="fp32",
                                         T="i32", H="i32", NT="i32", NTC="i32"),
@@ -63,12 +69,52 @@ def main(argv=None):
                      td._seq_configs(tdt, K, BV)))
     jobs.append(("_local_bwd_kernel", dict(K=K, V=V, BV=BVL, PREC=prec, STATE_TERMS=False), td._par_configs(K, V)))
     jobs.append(("_state_terms_bwd_kernel", dict(K=K, V=V, BV=BVL, PREC=prec), td._par_configs(K, V)))
+    jobs.append(("_state_vp_fwd_kernel", dict(K=K, V=V, BV=min(V, 32), PREC=prec, HAS_H0=True, STORE_HT=True),
+                 td._seq_configs(tdt, K, min(V, 32))))
+    jobs.append(("_out_fwd_kernel", dict(K=K, V=V, BV=min(V, 64), PREC=prec), td._par_configs(K, min(V, 64))))
+    if args.grid:   # the explore_delta sweep (bf16 variants; same knobs, explicit configs)
+        from kernels.benchmarks.explore_delta import _variants
+        for grp, tune in _variants():
+            ws = dict(num_warps=tune.get("fwd_warps") or tune.get("bwd_warps") or tune.get("par_warps")
+                      or tune.get("out_warps") or 8,
+                      num_stages=tune.get("fwd_stages") or tune.get("bwd_stages") or tune.get("par_stages") or 1)
+            if grp == "fwd" and "out_bv" in tune:
+                jobs.append(("_out_fwd_kernel", dict(K=K, V=V, BV=min(V, tune["out_bv"]), PREC=prec),
+                             [dict(num_warps=tune.get("out_warps", 8), num_stages=1)]))
+            elif grp == "fwd":
+                bv = min(V, tune["fwd_bv"])
+                if tune["fwd_split"]:
+                    jobs.append(("_state_vp_fwd_kernel", dict(K=K, V=V, BV=bv, PREC=prec, HAS_H0=False,
+                                                              STORE_HT=False), [ws]))
+                else:
+                    jobs.append(("_state_fwd_kernel", dict(K=K, V=V, BV=bv, PREC=prec, HAS_H0=False,
+                                                           STORE_HT=False, STORE_HS=False), [ws]))
+            elif grp == "bwd":
+                jobs.append(("_state_bwd_kernel", dict(K=K, V=V, BV=min(V, tune["bwd_bv"]), PREC=prec,
+                                                       HAS_DHT=False), [ws]))
+            else:
+                fused = not tune["bwd_split"]
+                jobs.append(("_local_bwd_kernel", dict(K=K, V=V, BV=min(V, tune["local_bv"]), PREC=prec,
+                                                       STATE_TERMS=fused), [ws]))
+                if not fused:
+                    jobs.append(("_state_terms_bwd_kernel", dict(K=K, V=V, BV=min(V, tune["local_bv"]),
+                                                                 PREC=prec), [ws]))
+    seen = set()
     for name, meta, configs in jobs:
         kern = getattr(td, name)
         sig = {n: ("constexpr" if n in meta else sigs[name][n]) for n in kern.arg_names}
         for cfg in configs:
-            c = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=meta), target=target,
+            key = (name, tuple(sorted(meta.items())), cfg["num_warps"], cfg["num_stages"])
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                c = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=meta), target=target,
                                options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+            except Exception as e:   # report and go on: a variant that does not compile is a result
+                print(f"{name:24s} {meta.get('BV', '-')} warps={cfg['num_warps']} stages={cfg['num_stages']} "
+                      f"COMPILE ERROR {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+                continue
             with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
                 f.write(c.asm["ptx"])
             r = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
@@ -77,7 +123,7 @@ def main(argv=None):
             lines = [ln.split("info    : ")[-1].strip() for ln in r.stderr.splitlines()
                      if "Used" in ln or "spill" in ln]
             bv = meta.get("BV", "-")
-            print(f"{name:24s} {dt} K={K} BV={bv!s:3s} warps={cfg['num_warps']} stages={cfg['num_stages']} "
+            print(f"{name:24s} {dt} K={K} BV={bv!s:3s} {'fused ' if meta.get('STATE_TERMS') else ''}warps={cfg['num_warps']} stages={cfg['num_stages']} "
                   f"smem={c.metadata.shared:6d}  " + " | ".join(lines), flush=True)
     return 0
 

@@ -1,0 +1,379 @@
+"""Exploration sweep for the delta-rule kernels (one GPU call, < 4 min on an H200).
+
+    python -m kernels.benchmarks.explore_delta [--budget 200] [--out DIR] [--workers 12] [--quick]
+
+Not a benchmark of record (that is ``bench_delta``): it finds where the time goes and which
+variant of each expensive kernel is fastest, so that defaults can be chosen by a stated rule.
+
+At two shapes (bf16, H = 16, K = V = 128; B = 32, T = 2048 and B = 2, T = 32768), gated delta rule:
+
+1. **breakdown**: median ms (``harness.bench_ms``) of each of our stages called on its own
+   (``_chunk_cumsum``, ``_wy_fwd``, ``_state_fwd``, ``_state_bwd``, ``_local_grads_triton``), their
+   sum, and the end-to-end op (fwd without grad, fwd+bwd); fla's end-to-end fwd (gated) and fwd+bwd
+   (delta rule: fla refuses its gated backward on Triton 3.6 Hopper); and a ``torch.profiler``
+   per-kernel table of one call of each (ours with and without the split forward, fla's stages).
+2. **variants** of the expensive kernels through ``triton_delta.tuning(...)``: the sequential forward
+   (fused, or ``fwd_split=1``: sequential v' + states then a parallel output kernel), BV ∈ {16, 32,
+   64, 128}, num_warps ∈ {4, 8}, num_stages ∈ {1, 2, 3}; the output kernel's BV; the sequential
+   backward (same grid); the per-chunk backward (local BV, warps, split/fused). Every variant is
+   checked against the default's results (``harness.err_ratio`` ≤ 1e-2, the bf16 tolerance of the
+   tests); compile/launch errors are recorded, never fatal.
+
+Compiles are the slow part: a process pool (spawn) compiles every variant at a small shape with the
+same specialisation (H = 16, T and chunk counts multiples of 16) while the main process measures
+the breakdown; the main process then finds the kernels in Triton's on-disk cache. A ``--budget``
+guard (seconds since start) skips what is left and still writes the JSON and the table.
+Writes ``$OUT/explore_delta.json`` (or ``--out``), prints a compact table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+H, K, V = 16, 128, 128
+SHAPES = [(32, 2048), (2, 32768)]
+QUICK_SHAPES = [(4, 2048), (1, 8192)]
+TOL = 1e-2          # bf16 tolerance of the tests (RMS ratio vs the default config's results)
+BVS = (16, 32, 64, 128)
+WARPS = (4, 8)
+STAGES = (1, 2, 3)
+
+
+def _variants():
+    """(group, tune dict) in priority order: the forward first (the 0.5× target), then backward."""
+    out = []
+    for split in (0, 1):
+        for bv in BVS:
+            for nw in WARPS:
+                for ns in STAGES:
+                    out.append(("fwd", dict(fwd_split=split, fwd_bv=bv, fwd_warps=nw, fwd_stages=ns)))
+    for obv in (16, 32, 128):          # output kernel V-block (default 64), at the default seq config
+        for nw in WARPS:
+            out.append(("fwd", dict(fwd_split=1, out_bv=obv, out_warps=nw)))
+    for bv in BVS:
+        for nw in WARPS:
+            for ns in STAGES:
+                out.append(("bwd", dict(bwd_bv=bv, bwd_warps=nw, bwd_stages=ns)))
+    for fused in (0, 1):
+        for lbv in (16, 32, 64):
+            for nw in WARPS:
+                out.append(("local", dict(local_bv=lbv, par_warps=nw, bwd_split=1 - fused)))
+    return out
+
+
+def _name(tune):
+    return ",".join(f"{k}={v}" for k, v in tune.items())
+
+
+def _inputs(B, T, seed=0, device="cuda"):
+    import torch
+    from .bench_delta import _make_inputs
+    x = _make_inputs(B, T, device, torch.bfloat16, seed)
+    x["beta"] = x["beta"].contiguous()
+    return x
+
+
+class _Stages:
+    """Our stages at one shape, called one by one (the same calls as ``_ChunkDeltaFn``)."""
+
+    def __init__(self, x):
+        import torch
+        import triton
+        from kernels import triton_delta as td
+        self.td = td
+        self.x = x
+        q, k, v, g, beta = (x[n] for n in ("q", "k", "v", "g", "beta"))
+        B, T, _, _ = q.shape
+        self.NT = triton.cdiv(T, td.CHUNK)
+        self.scale = K ** -0.5
+        self.b = td._chunk_cumsum(g, B, T, H, self.NT)
+        self.w, self.u, self.tm = td._wy_fwd(k, v, self.b, beta, True)
+        self.o, _, self.hs = td._state_fwd(q, k, self.w, self.u, self.b, self.scale, None, False, True)
+        gen = torch.Generator(device=q.device).manual_seed(7)
+        self.do = torch.randn(self.o.shape, device=q.device, generator=gen).to(q.dtype)
+        self.dh, self.dh0 = td._state_bwd(q, k, self.w, self.b, self.do, None, self.scale, self.NT)
+
+    def cumsum(self):
+        x = self.x
+        B, T = x["q"].shape[:2]
+        return self.td._chunk_cumsum(x["g"], B, T, H, self.NT)
+
+    def wy(self, train=False):
+        x = self.x
+        return self.td._wy_fwd(x["k"], x["v"], self.b, x["beta"], train)
+
+    def state_fwd(self, train=False):
+        x = self.x
+        return self.td._state_fwd(x["q"], x["k"], self.w, self.u, self.b, self.scale, None, False, train)
+
+    def state_bwd(self):
+        x = self.x
+        return self.td._state_bwd(x["q"], x["k"], self.w, self.b, self.do, None, self.scale, self.NT)
+
+    def local(self):
+        x = self.x
+        return self.td._local_grads_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], self.b, self.w, self.u,
+                                           self.tm, self.hs, self.dh, self.do, self.scale)
+
+
+def _apply_tune(td, tune):
+    """``tuning`` context for the knobs of ``triton_delta`` plus ``bwd_split`` (module flag)."""
+    import contextlib
+    tune = dict(tune)
+    split = tune.pop("bwd_split", None)
+
+    @contextlib.contextmanager
+    def ctx():
+        saved = td._BWD_SPLIT
+        if split is not None:
+            td._BWD_SPLIT = bool(split)
+        try:
+            with td.tuning(**tune):
+                yield
+        finally:
+            td._BWD_SPLIT = saved
+    return ctx()
+
+
+def _run_group(st, group):
+    if group == "fwd":
+        return st.state_fwd()[0]
+    if group == "bwd":
+        return st.state_bwd()
+    return st.local()
+
+
+def _outputs(group, res):
+    if group == "fwd":
+        return {"o": res}
+    if group == "bwd":
+        return {"dh": res[0], "dh0": res[1]}
+    return {n: t for n, t in zip(("dq", "dk", "dv", "dbeta", "dg"), res) if t is not None}
+
+
+def _warm(group, tune):
+    """Worker: compile (and run once) one variant at a small shape with the same specialisation."""
+    t0 = time.time()
+    try:
+        import torch
+        from kernels import triton_delta as td
+        st = _Stages(_inputs(1, 1024, seed=1))
+        with _apply_tune(td, tune):
+            _run_group(st, group)
+        torch.cuda.synchronize()
+        return {"ok": True, "s": round(time.time() - t0, 2)}
+    except Exception as e:
+        return {"ok": False, "s": round(time.time() - t0, 2), "error": _err(e)}
+
+
+def _err(e):
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0][:240] if msg else ''}"
+
+
+def _profile(fn, n=3):
+    """Per-kernel device time (ms per call) of ``fn`` with torch.profiler; {} on failure."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        is_dev = str(getattr(e, "device_type", "")).endswith("CUDA")
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0)
+        if is_dev and t > 0:
+            out[e.key[:80]] = round(t / 1000.0 / n, 4)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budget", type=float, default=float(os.environ.get("BUDGET_S", 200)),
+                   help="seconds; what is left after that is skipped (JSON and table still written)")
+    p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for explore_delta.json")
+    p.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 4) - 3)))
+    p.add_argument("--quick", action="store_true", help="small shapes (a smoke test)")
+    args = p.parse_args(argv)
+    start = time.time()
+    left = lambda: args.budget - (time.time() - start)   # noqa: E731
+    os.environ["FLA_DISABLE_BACKEND_DISPATCH"] = "1"
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    import torch
+    import kernels
+    from kernels import triton_delta as td
+    from .harness import bench_ms, environment, err_ratio
+    if not torch.cuda.is_available():
+        print("explore_delta needs a CUDA GPU")
+        return 2
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    variants = _variants()
+    result = {"env": environment(), "budget_s": args.budget, "shapes": shapes, "H": H, "K": K, "V": V,
+              "dtype": "bfloat16", "tol": TOL, "breakdown": {}, "profile": {}, "variants": [],
+              "warm": {}, "skipped": []}
+
+    # 1. compile every variant in worker processes while the main process measures the breakdown
+    pool = cf.ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn"))
+    # submit the function by its importable module name (this file may run as __main__)
+    from kernels.benchmarks.explore_delta import _warm as warm_fn
+    futures = [pool.submit(warm_fn, grp, tune) for grp, tune in variants]
+
+    def bench(fn, fast=False):
+        return round(bench_ms(fn, warmup=5 if fast else 10, rep=20 if fast else 50), 4)
+
+    try:
+        fla = {}
+        try:
+            from fla.ops.delta_rule import chunk_delta_rule
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+            fla["gated"] = lambda q, k, v, g, beta: chunk_gated_delta_rule(q, k, v, g, beta, scale=K ** -0.5)[0]
+            fla["delta"] = lambda q, k, v, g, beta: chunk_delta_rule(q, k, v, beta, scale=K ** -0.5)[0]
+        except Exception as e:
+            result["fla_error"] = _err(e)
+        ours = lambda q, k, v, g, beta: kernels.chunk_gated_delta_rule(q, k, v, g, beta, backend="triton")[0]  # noqa
+
+        def fwdbwd(fn, x):
+            leaves = {n: t.detach().clone().requires_grad_(n != "g" or fn is not fla.get("delta"))
+                      for n, t in x.items()}
+            do = torch.randn_like(x["v"])
+            ins = [t for t in leaves.values() if t.requires_grad]
+            def step():
+                o = fn(**leaves)
+                torch.autograd.grad(o, ins, do)
+            return step
+
+        stages = {}
+        for B, T in shapes:
+            key = f"B{B}_T{T}"
+            rec = result["breakdown"][key] = {}
+            try:
+                x = _inputs(B, T)
+                st = stages[key] = _Stages(x)
+                with torch.no_grad():
+                    rec["cumsum"] = bench(st.cumsum)
+                    rec["wy_fwd"] = bench(st.wy)
+                    rec["state_fwd"] = bench(st.state_fwd)
+                    rec["wy_fwd_train"] = bench(lambda: st.wy(True))
+                    rec["state_fwd_train"] = bench(lambda: st.state_fwd(True))
+                    rec["state_bwd"] = bench(st.state_bwd)
+                    rec["local_bwd(+terms+dg)"] = bench(st.local)
+                    rec["sum_fwd"] = round(rec["cumsum"] + rec["wy_fwd"] + rec["state_fwd"], 4)
+                    rec["sum_fwdbwd"] = round(rec["cumsum"] + rec["wy_fwd_train"] + rec["state_fwd_train"]
+                                              + rec["state_bwd"] + rec["local_bwd(+terms+dg)"], 4)
+                    rec["ours_fwd_e2e"] = bench(lambda: ours(**x))
+                    if "gated" in fla:
+                        rec["fla_gated_fwd_e2e"] = bench(lambda: fla["gated"](**x))
+                        rec["fla_delta_fwd_e2e"] = bench(lambda: fla["delta"](**x))
+                rec["ours_fwdbwd_e2e"] = bench(fwdbwd(ours, x))
+                if "delta" in fla:
+                    try:
+                        rec["fla_delta_fwdbwd_e2e"] = bench(fwdbwd(fla["delta"], x))
+                    except Exception as e:
+                        rec["fla_delta_fwdbwd_error"] = _err(e)
+                prof = result["profile"][key] = {}
+                for pname, fn in [("ours_fwdbwd", fwdbwd(ours, x)), ("fla_delta_fwdbwd", fwdbwd(fla.get("delta"), x)),
+                                  ("fla_gated_fwd", lambda: fla["gated"](**x))]:
+                    if left() < 60:
+                        break
+                    try:
+                        with torch.no_grad() if pname.endswith("_fwd") else torch.enable_grad():
+                            prof[pname] = _profile(fn)
+                    except Exception as e:
+                        prof[pname] = {"error": _err(e)}
+            except Exception as e:
+                rec["error"] = _err(e)
+                traceback.print_exc()
+            print(f"[{time.time() - start:6.1f}s] breakdown {key}: {rec}", flush=True)
+
+        # 2. variants: wait for each compile, then time at both shapes against the default
+        base = {}
+        for key, st in stages.items():
+            with torch.no_grad():
+                for grp in ("fwd", "bwd", "local"):
+                    base[key, grp] = {n: t.clone() for n, t in _outputs(grp, _run_group(st, grp)).items()}
+                    base[key, grp, "ms"] = bench(lambda: _run_group(st, grp), fast=True)
+        result["default_ms"] = {f"{k[0]}:{k[1]}": v for k, v in base.items() if len(k) == 3}
+        for (grp, tune), fut in zip(variants, futures):
+            name = _name(tune)
+            if left() < 8:
+                result["skipped"].append(f"{grp}:{name}")
+                continue
+            try:
+                warm = fut.result(timeout=max(1.0, left() - 8))
+            except cf.TimeoutError:
+                result["skipped"].append(f"{grp}:{name}")
+                continue
+            except Exception as e:
+                warm = {"ok": False, "error": _err(e)}
+            result["warm"][f"{grp}:{name}"] = warm
+            rec = {"group": grp, "tune": tune, "compile_s": warm.get("s")}
+            if not warm["ok"]:
+                rec["error"] = warm["error"]
+            else:
+                for key, st in stages.items():
+                    if left() < 5:
+                        rec.setdefault("partial", True)
+                        break
+                    try:
+                        with torch.no_grad(), _apply_tune(td, tune):
+                            outs = _outputs(grp, _run_group(st, grp))
+                            err = max(err_ratio(outs[n], base[key, grp][n]) for n in outs)
+                            ms = bench(lambda: _run_group(st, grp), fast=True)
+                        rec[key] = {"ms": ms, "vs_default": round(ms / base[key, grp, "ms"], 3),
+                                    "err_vs_default": float(f"{err:.3g}"), "ok": bool(err <= TOL)}
+                    except Exception as e:
+                        rec[key] = {"error": _err(e)}
+            result["variants"].append(rec)
+    finally:
+        result["elapsed_s"] = round(time.time() - start, 1)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in list(getattr(pool, "_processes", {}).values()):   # our own workers only
+            try:
+                proc.terminate()
+            except Exception:
+                pass
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "explore_delta.json")
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+        print(f"wrote {path}")
+    _table(result)
+    return 0
+
+
+def _table(r):
+    print(f"\n=== explore_delta ({r['elapsed_s']} s; skipped {len(r['skipped'])}) ===")
+    for key, rec in r["breakdown"].items():
+        print(f"-- breakdown {key} (ms): " + "  ".join(f"{k}={v}" for k, v in rec.items()))
+    for key, prof in r["profile"].items():
+        for pname, d in prof.items():
+            items = list(d.items())[:8]
+            print(f"-- profile {key} {pname} (ms/call): " + "  ".join(f"{k[:40]}={v}" for k, v in items))
+    print("-- default ms: " + "  ".join(f"{k}={v}" for k, v in r.get("default_ms", {}).items()))
+    for grp in ("fwd", "bwd", "local"):
+        recs = [v for v in r["variants"] if v["group"] == grp]
+        for key in r["breakdown"]:
+            ok = [v for v in recs if isinstance(v.get(key), dict) and "ms" in v[key]]
+            ok.sort(key=lambda v: v[key]["ms"])
+            print(f"-- {grp} {key}: best 6 of {len(ok)} timed ({len(recs)} tried)")
+            for v in ok[:6]:
+                d = v[key]
+                print(f"   {d['ms']:8.3f} ms  x{d['vs_default']:<6} err {d['err_vs_default']:<8} "
+                      f"{'ok ' if d['ok'] else 'BAD'} {_name(v['tune'])}")
+        bad = [v for v in recs if "error" in v]
+        if bad:
+            print(f"   {len(bad)} failed, e.g. {_name(bad[0]['tune'])}: {bad[0]['error'][:120]}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
