@@ -69,7 +69,14 @@ def _name(tune):
     return ",".join(f"{k}={v}" for k, v in tune.items())
 
 
-def _inputs(B, T, seed=0, device="cuda"):
+# device and warm-up length of the compile workers: overridable only for a CPU smoke test of this
+# script through the interpreter (tests/test_kernel_delta.py does not need it)
+_DEVICE = os.environ.get("LATTN_EXPLORE_DEVICE", "cuda")
+_WARM_T = int(os.environ.get("LATTN_EXPLORE_WARM_T", "1024"))
+
+
+def _inputs(B, T, seed=0, device=None):
+    device = device or _DEVICE
     import torch
     from .bench_delta import _make_inputs
     x = _make_inputs(B, T, device, torch.bfloat16, seed)
@@ -161,10 +168,11 @@ def _warm(group, tune):
     try:
         import torch
         from kernels import triton_delta as td
-        st = _Stages(_inputs(1, 1024, seed=1))
+        st = _Stages(_inputs(1, _WARM_T, seed=1))
         with _apply_tune(td, tune):
             _run_group(st, group)
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         return {"ok": True, "s": round(time.time() - t0, 2)}
     except Exception as e:
         return {"ok": False, "s": round(time.time() - t0, 2), "error": _err(e)}
@@ -336,8 +344,9 @@ def main(argv=None):
             result["variants"].append(rec)
     finally:
         result["elapsed_s"] = round(time.time() - start, 1)
+        procs = list((getattr(pool, "_processes", None) or {}).values())   # our own workers only
         pool.shutdown(wait=False, cancel_futures=True)
-        for proc in list(getattr(pool, "_processes", {}).values()):   # our own workers only
+        for proc in procs:
             try:
                 proc.terminate()
             except Exception:
@@ -376,4 +385,8 @@ def _table(r):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # the JSON and the table are out; do not wait for compile workers that may still be busy
+    os._exit(rc or 0)
