@@ -28,7 +28,11 @@ from kernels.benchmarks.harness import err_ratio
 from kernels.reference import chunk_gla_ref, chunk_scalar_ref, recurrent_ref
 from kernels.triton_gla import chunk_gla_triton, chunk_simple_gla_triton
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# The Triton kernels run on CPU tensors only under the interpreter, and on CUDA tensors only
+# without it: on a GPU machine (TRITON_INTERPRET unset) the "cpu" parametrisation must not run.
+DEVICES = (["cpu"] if kernels.INTERPRET else []) + (["cuda"] if torch.cuda.is_available() else [])
+if not DEVICES:  # pragma: no cover - a CUDA machine with TRITON_INTERPRET unset always has "cuda"
+    DEVICES = ["cpu"]
 OPS = ["linear_attn", "simple_gla", "gla"]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 2e-2}
 
@@ -192,7 +196,7 @@ def test_public_op_dispatches_to_triton(device, op):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("K,V", [(24, 16), (16, 8), (512, 16), (16, 48)])
 def test_bad_head_sizes_raise(op, K, V):
-    q, k, v, g, _ = _inputs(op, 1, 4, 1, K, V, torch.float32, "cpu", h0=False)
+    q, k, v, g, _ = _inputs(op, 1, 4, 1, K, V, torch.float32, DEVICES[-1], h0=False)
     fn = {"linear_attn": kernels.chunk_linear_attn, "simple_gla": kernels.chunk_simple_gla,
           "gla": kernels.chunk_gla}[op]
     args = (q, k, v) if g is None else (q, k, v, g)
