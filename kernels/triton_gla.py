@@ -79,6 +79,35 @@ if INTERPRET:
 # ----------------------------------------------------------------------------------------------
 
 @triton.jit
+def _r16(x, DT: tl.constexpr, EMU: tl.constexpr):
+    """Round ``x`` to the matmul operand dtype ``DT``.
+
+    Compiled: a plain cast (the tensor cores take 16-bit operands). Under the interpreter
+    (``EMU``) the value is rounded to ``DT`` *and kept in float32*, because the interpreter
+    mis-computes 16-bit ``tl.dot``; bfloat16 is rounded to nearest-even by hand, because the
+    interpreter's own float32 -> bfloat16 cast truncates (a biased rounding the GPU does not have).
+    So the CPU tests see the same operand roundings as the GPU.
+    """
+    if EMU:
+        if DT == tl.bfloat16:
+            u = x.to(tl.float32).to(tl.uint32, bitcast=True)
+            u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+            return u.to(tl.float32, bitcast=True)
+        elif DT == tl.float16:
+            return x.to(tl.float16).to(tl.float32)
+        else:
+            return x.to(tl.float32)
+    else:
+        return x.to(DT)
+
+
+@triton.jit
+def _st(x, ODT: tl.constexpr, EMU: tl.constexpr):
+    """Cast ``x`` for a store into a tensor of dtype ``ODT`` (rounded to nearest under EMU too)."""
+    return _r16(x, ODT, EMU).to(ODT)
+
+
+@triton.jit
 def _gla_intra_scores(q_ptr, k_ptr, g_ptr, rows, mask_t, row_stride, scale,
                       K: tl.constexpr, BT: tl.constexpr, BKA: tl.constexpr):
     """Vector gate: A_ij = sum_d (scale q_id) k_jd exp(b_id - b_jd) for j <= i, else 0 ([BT, BT])."""
@@ -112,7 +141,7 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
     ``[B*H*NS, K, V]`` fp32; ``dec``: per-(bh, segment) total log decay (``[B*H*NS, K]``);
     ``hs``: per-chunk entering states ``[B*H, NT, K, V]`` fp32. ``COMPUTE_O`` needs ``BK == K``.
     """
-    DT = tl.float32 if EMU else k.dtype.element_ty
+    DT = k.dtype.element_ty
     i_kv = tl.program_id(0)
     i_bhs = tl.program_id(1)
     NV: tl.constexpr = V // BV
@@ -147,7 +176,7 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
         rows = c * BT + o_t
         mask_t = rows < T
         if STORE_H:
-            tl.store(hs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, S.to(hs.dtype.element_ty),
+            tl.store(hs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, _st(S, hs.dtype.element_ty, EMU),
                      mask=(c < NT) & (st_offs >= 0))
         k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
         v_t = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
@@ -164,35 +193,35 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
             q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                           other=0.).to(tl.float32) * scale
             if GATE == 2:
-                qg = (q_t * tl.exp(b_t)).to(DT)
+                qg = _r16((q_t * tl.exp(b_t)), DT, EMU)
             else:
-                qg = q_t.to(DT)
-            o_c = tl.dot(qg, S.to(DT), input_precision=IP)                   # [BT, BV]
+                qg = _r16(q_t, DT, EMU)
+            o_c = tl.dot(qg, _r16(S, DT, EMU), input_precision=IP)                   # [BT, BV]
             if GATE == 1:
                 o_c = o_c * tl.exp(b_t)[:, None]
             if GATE == 2:
                 A = _gla_intra_scores(q + qk_base, k + qk_base, g + g_base, rows, mask_t, H * K, scale,
                                       K, BT, BKA)
             else:
-                A = tl.dot(q_t.to(DT), tl.trans(k_t.to(DT)), input_precision=IP)   # [BT, BT]
+                A = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)   # [BT, BT]
                 causal = o_t[:, None] >= o_t[None, :]
                 if GATE == 1:
                     A = A * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
                 else:
                     A = tl.where(causal, A, 0.)
-            o_c += tl.dot(A.to(DT), v_t.to(DT), input_precision=IP)
-            tl.store(o + v_base + rows[:, None] * (H * V) + o_v[None, :], o_c.to(o.dtype.element_ty),
+            o_c += tl.dot(_r16(A, DT, EMU), _r16(v_t, DT, EMU), input_precision=IP)
+            tl.store(o + v_base + rows[:, None] * (H * V) + o_v[None, :], _st(o_c, o.dtype.element_ty, EMU),
                      mask=mask_t[:, None])
         # state update: S <- e^{b_C} S + (K * e^{b_C - b})^T V
         if GATE == 0:
-            S += tl.dot(tl.trans(k_t.to(DT)), v_t.to(DT), input_precision=IP)
+            S += tl.dot(tl.trans(_r16(k_t, DT, EMU)), _r16(v_t, DT, EMU), input_precision=IP)
         if GATE == 1:
-            kg = (k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]).to(DT)
-            S = S * tl.exp(b_c) + tl.dot(tl.trans(kg), v_t.to(DT), input_precision=IP)
+            kg = _r16((k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]), DT, EMU)
+            S = S * tl.exp(b_c) + tl.dot(tl.trans(kg), _r16(v_t, DT, EMU), input_precision=IP)
             total += b_c
         if GATE == 2:
-            kg = (k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)).to(DT)
-            S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(kg), v_t.to(DT), input_precision=IP)
+            kg = _r16((k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)), DT, EMU)
+            S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(kg), _r16(v_t, DT, EMU), input_precision=IP)
             total += b_c
     if STORE_FINAL:
         tl.store(ht + i_bhs * K * V + st_offs, S)
@@ -256,7 +285,7 @@ def _bwd_dh_kernel(q, g, do, dinit, dhs, dout, scale, T, NT, SEG_CHUNKS, NS,
     ``dout``: the gradient w.r.t. the state entering it (the segment's contribution when started
     from zero; the initial state's gradient when NS = 1).
     """
-    DT = tl.float32 if EMU else q.dtype.element_ty
+    DT = q.dtype.element_ty
     i_kv = tl.program_id(0)
     i_bhs = tl.program_id(1)
     NV: tl.constexpr = V // BV
@@ -280,7 +309,7 @@ def _bwd_dh_kernel(q, g, do, dinit, dhs, dout, scale, T, NT, SEG_CHUNKS, NS,
     for j in tl.range(0, SEG_CHUNKS):
         c = i_s * SEG_CHUNKS + SEG_CHUNKS - 1 - j
         if STORE_DH:
-            tl.store(dhs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, dS.to(dhs.dtype.element_ty),
+            tl.store(dhs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, _st(dS, dhs.dtype.element_ty, EMU),
                      mask=(c < NT) & (st_offs >= 0))
         rows = c * BT + o_t
         mask_t = rows < T
@@ -288,20 +317,20 @@ def _bwd_dh_kernel(q, g, do, dinit, dhs, dout, scale, T, NT, SEG_CHUNKS, NS,
                       other=0.).to(tl.float32) * scale
         do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
         if GATE == 0:
-            dS += tl.dot(tl.trans(q_t.to(DT)), do_t.to(DT), input_precision=IP)
+            dS += tl.dot(tl.trans(_r16(q_t, DT, EMU)), _r16(do_t, DT, EMU), input_precision=IP)
         if GATE == 1:
             g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
             b_t = tl.cumsum(g_t, axis=0)
             b_c = tl.sum(g_t, axis=0)
-            qg = (q_t * tl.exp(b_t)[:, None]).to(DT)
-            dS = dS * tl.exp(b_c) + tl.dot(tl.trans(qg), do_t.to(DT), input_precision=IP)
+            qg = _r16((q_t * tl.exp(b_t)[:, None]), DT, EMU)
+            dS = dS * tl.exp(b_c) + tl.dot(tl.trans(qg), _r16(do_t, DT, EMU), input_precision=IP)
         if GATE == 2:
             g_t = tl.load(g + g_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                           other=0.).to(tl.float32)
             b_t = tl.cumsum(g_t, axis=0)
             b_c = tl.sum(g_t, axis=0)
-            qg = (q_t * tl.exp(b_t)).to(DT)
-            dS = dS * tl.exp(b_c)[:, None] + tl.dot(tl.trans(qg), do_t.to(DT), input_precision=IP)
+            qg = _r16((q_t * tl.exp(b_t)), DT, EMU)
+            dS = dS * tl.exp(b_c)[:, None] + tl.dot(tl.trans(qg), _r16(do_t, DT, EMU), input_precision=IP)
     if STORE_OUT:
         tl.store(dout + i_bhs * K * V + st_offs, dS)
 
@@ -315,7 +344,7 @@ def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
 
     No gate or scalar gate (``GATE`` 0 or 1); the vector gate has :func:`_bwd_dv_gla_kernel`.
     """
-    DT = tl.float32 if EMU else k.dtype.element_ty
+    DT = k.dtype.element_ty
     i_v = tl.program_id(0)
     c = tl.program_id(1)
     i_bh = tl.program_id(2)
@@ -334,25 +363,25 @@ def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
     dh = tl.load(dhs + (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :])
     q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                   other=0.).to(tl.float32) * scale
-    A = tl.dot(q_t.to(DT), tl.trans(k_t.to(DT)), input_precision=IP)
+    A = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)
     causal = o_t[:, None] >= o_t[None, :]
     if GATE == 1:
         g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
         b_t = tl.cumsum(g_t, axis=0)
         b_c = tl.sum(g_t, axis=0)
         A = A * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
-        kg = (k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]).to(DT)
+        kg = _r16((k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]), DT, EMU)
     else:
         A = tl.where(causal, A, 0.)
-        kg = k_t.to(DT)
-    dv_c = tl.dot(tl.trans(A.to(DT)), do_t.to(DT), input_precision=IP)
-    dv_c += tl.dot(kg, dh.to(DT), input_precision=IP)
-    tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], dv_c.to(dv.dtype.element_ty),
+        kg = _r16(k_t, DT, EMU)
+    dv_c = tl.dot(tl.trans(_r16(A, DT, EMU)), _r16(do_t, DT, EMU), input_precision=IP)
+    dv_c += tl.dot(kg, _r16(dh, DT, EMU), input_precision=IP)
+    tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], _st(dv_c, dv.dtype.element_ty, EMU),
              mask=mask_t[:, None])
 
 
 @triton.jit
-def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, B, T, NT,
+def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, NT,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      GATE: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
@@ -360,9 +389,11 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, B, T, NT,
 
     dQ~ = (dO h^T) e^{b} + (dP * Gamma) K,    dK = (V dh^T) e^{b_C - b} + (dP * Gamma)^T Q~,
     with dP = dO V^T. No gate or scalar gate; the vector gate has :func:`_bwd_dqdk_gla_kernel`.
-    ``dgl``: fp32 ``[NK, B, T, H]`` partial sums over this K-block of q*dq - k*dk (scalar gate).
+    ``dgl``: fp32 ``[NK, B, T, H]`` partial sums over this K-block of q*dq - k*dk (scalar gate);
+    ``cpart``: fp32 ``[NK, B, NT, H]`` this K-block's part of the chunk's gate carry
+    ``<h_{c+1}, dh_c> = e^{b_C} <h_c, dh_c> + sum_j k_j . (V dh_c^T)_j e^{b_C - b_j}`` (see _dg_kernel).
     """
-    DT = tl.float32 if EMU else k.dtype.element_ty
+    DT = k.dtype.element_ty
     i_k = tl.program_id(0)
     c = tl.program_id(1)
     i_bh = tl.program_id(2)
@@ -378,14 +409,17 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, B, T, NT,
     dP = tl.zeros([BT, BT], dtype=tl.float32)
     dq_i = tl.zeros([BT, BK], dtype=tl.float32)
     dk_i = tl.zeros([BT, BK], dtype=tl.float32)
+    hdh = tl.zeros([BK], dtype=tl.float32)
     for vb in tl.static_range(V // BV):
         o_v = vb * BV + tl.arange(0, BV)
-        v_t = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
-                      other=0.).to(DT)
-        do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
-                       other=0.).to(DT)
-        h = tl.load(hs + st_base + o_k[:, None] * V + o_v[None, :]).to(DT)
-        dh = tl.load(dhs + st_base + o_k[:, None] * V + o_v[None, :]).to(DT)
+        v_t = _r16(tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                      other=0.), DT, EMU)
+        do_t = _r16(tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                       other=0.), DT, EMU)
+        h = _r16(tl.load(hs + st_base + o_k[:, None] * V + o_v[None, :]), DT, EMU)
+        dh = _r16(tl.load(dhs + st_base + o_k[:, None] * V + o_v[None, :]), DT, EMU)
+        if GATE == 1:
+            hdh += tl.sum(h.to(tl.float32) * dh.to(tl.float32), axis=1)
         dP += tl.dot(do_t, tl.trans(v_t), input_precision=IP)
         dq_i += tl.dot(do_t, tl.trans(h), input_precision=IP)
         dk_i += tl.dot(v_t, tl.trans(dh), input_precision=IP)
@@ -401,16 +435,19 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, B, T, NT,
         dPg = dP * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
         dq_t = dq_i * tl.exp(b_t)[:, None]
         dk_t = dk_i * tl.exp(b_c - b_t)[:, None]
+        # the gate carry of this chunk (all fp32, from the fp32 accumulator of dk's inter-chunk part)
+        cy = tl.exp(b_c) * tl.sum(hdh, axis=0) + tl.sum(tl.sum(k_t * dk_t, axis=1), axis=0)
+        tl.store(cpart + ((i_k * B + i_b) * NT + c) * H + i_h, cy)
     else:
         dPg = tl.where(causal, dP, 0.)
         dq_t = dq_i
         dk_t = dk_i
-    dq_t += tl.dot(dPg.to(DT), k_t.to(DT), input_precision=IP)
-    dk_t += tl.dot(tl.trans(dPg.to(DT)), q_t.to(DT), input_precision=IP)
+    dq_t += tl.dot(_r16(dPg, DT, EMU), _r16(k_t, DT, EMU), input_precision=IP)
+    dk_t += tl.dot(tl.trans(_r16(dPg, DT, EMU)), _r16(q_t, DT, EMU), input_precision=IP)
     # dq_t is dL/dq~ (q~ = scale q): dL/dq = scale dq_t, and q dL/dq = q~ dq_t.
     offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
-    tl.store(dq + offs, (dq_t * scale).to(dq.dtype.element_ty), mask=mask_t[:, None])
-    tl.store(dk + offs, dk_t.to(dk.dtype.element_ty), mask=mask_t[:, None])
+    tl.store(dq + offs, _st((dq_t * scale), dq.dtype.element_ty, EMU), mask=mask_t[:, None])
+    tl.store(dk + offs, _st(dk_t, dk.dtype.element_ty, EMU), mask=mask_t[:, None])
     if GATE == 1:
         part = tl.sum(q_t * dq_t - k_t * dk_t, axis=1)
         tl.store(dgl + i_k * (B * T * H) + i_b * T * H + i_h + rows * H, part,
@@ -445,7 +482,7 @@ def _bwd_dv_gla_kernel(q, k, g, do, dhs, dv, scale, T, NT,
     dh_sub (gradient w.r.t. the state leaving the current sub-chunk) starts as the chunk's dh;
     dV_s = A_ss^T dO_s + (K_s e^{B1 - b_s}) dh_sub;  dh_sub <- e^{B1 - B0} dh_sub + (Q~_s e^{b_s - B0})^T dO_s.
     """
-    DT = tl.float32 if EMU else k.dtype.element_ty
+    DT = k.dtype.element_ty
     i_v = tl.program_id(0)
     c = tl.program_id(1)
     i_bh = tl.program_id(2)
@@ -463,20 +500,20 @@ def _bwd_dv_gla_kernel(q, k, g, do, dhs, dv, scale, T, NT,
                       other=0.).to(tl.float32)
         q_s = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                       other=0.).to(tl.float32) * scale
-        do_s = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
-                       other=0.).to(DT)
+        do_s = _r16(tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                       other=0.), DT, EMU)
         A = _gla_intra_scores(q + qk_base, k + qk_base, g + qk_base, rows, mask_t, H * K, scale, K, BC, BKA)
-        dv_s = tl.dot(tl.trans(A.to(DT)), do_s, input_precision=IP)
-        kg = (k_s * tl.exp(B1[None, :] - b)).to(DT)
-        dv_s += tl.dot(kg, dh.to(DT), input_precision=IP)
-        tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], dv_s.to(dv.dtype.element_ty),
+        dv_s = tl.dot(tl.trans(_r16(A, DT, EMU)), do_s, input_precision=IP)
+        kg = _r16((k_s * tl.exp(B1[None, :] - b)), DT, EMU)
+        dv_s += tl.dot(kg, _r16(dh, DT, EMU), input_precision=IP)
+        tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], _st(dv_s, dv.dtype.element_ty, EMU),
                  mask=mask_t[:, None])
-        qg = (q_s * tl.exp(b - B0[None, :])).to(DT)
+        qg = _r16((q_s * tl.exp(b - B0[None, :])), DT, EMU)
         dh = dh * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(qg), do_s, input_precision=IP)
 
 
 @triton.jit
-def _bwd_dqdk_gla_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, T, NT,
+def _bwd_dqdk_gla_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, T, NT,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                          IP: tl.constexpr, EMU: tl.constexpr):
@@ -487,7 +524,7 @@ def _bwd_dqdk_gla_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, T, NT,
     Pass 2, newest first, carries the state gradient (dh_sub):
     dK_s = (V_s dh_sub^T) e^{B1 - b_s} + sum_i dP_ij Q~_i e^{b_i - b_j}.
     """
-    DT = tl.float32 if EMU else k.dtype.element_ty
+    DT = k.dtype.element_ty
     i_k = tl.program_id(0)
     c = tl.program_id(1)
     i_bh = tl.program_id(2)
@@ -506,48 +543,56 @@ def _bwd_dqdk_gla_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, T, NT,
         offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
         k_s = tl.load(k + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
         q_s = tl.load(q + offs, mask=mask_t[:, None], other=0.).to(tl.float32) * scale
-        v_s = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.).to(DT)
-        do_s = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
-                       other=0.).to(DT)
+        v_s = _r16(tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.), DT, EMU)
+        do_s = _r16(tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                       other=0.), DT, EMU)
         dP = tl.dot(do_s, tl.trans(v_s), input_precision=IP)                        # [BC, BC]
         decay = tl.exp(tl.where(causal[:, :, None], b[:, None, :] - b[None, :, :], float("-inf")))
-        dq_s = tl.dot(do_s, tl.trans(h.to(DT)), input_precision=IP) * tl.exp(b - B0[None, :])
+        dq_s = tl.dot(do_s, tl.trans(_r16(h, DT, EMU)), input_precision=IP) * tl.exp(b - B0[None, :])
         dq_s += tl.sum(dP[:, :, None] * decay * k_s[None, :, :], axis=1)
-        tl.store(dq + offs, (dq_s * scale).to(dq.dtype.element_ty), mask=mask_t[:, None])
+        tl.store(dq + offs, _st((dq_s * scale), dq.dtype.element_ty, EMU), mask=mask_t[:, None])
         tl.store(dgl + offs, q_s * dq_s, mask=mask_t[:, None])
-        kg = (k_s * tl.exp(B1[None, :] - b)).to(DT)
+        kg = _r16((k_s * tl.exp(B1[None, :] - b)), DT, EMU)
         h = h * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(kg), v_s, input_precision=IP)
     # pass 2 reads back what pass 1 stored into dgl (same program): order the two
     tl.debug_barrier()
     dh = tl.load(dhs + st).to(tl.float32)
+    # h is now the state leaving the chunk (fp32, carried on chip): the chunk's gate carry
+    # <h_{c+1}, dh_c> per key channel, written to cpart [B, NT, H, K]
+    tl.store(cpart + ((i_b * NT + c) * H + i_h) * K + o_k, tl.sum(h * dh, axis=1))
     for ss in tl.range(0, BT // BC):
         s = BT // BC - 1 - ss
         rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
         offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
         k_s = tl.load(k + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
         q_s = tl.load(q + offs, mask=mask_t[:, None], other=0.).to(tl.float32) * scale
-        v_s = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.).to(DT)
-        do_s = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
-                       other=0.).to(DT)
+        v_s = _r16(tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.), DT, EMU)
+        do_s = _r16(tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                       other=0.), DT, EMU)
         dP = tl.dot(do_s, tl.trans(v_s), input_precision=IP)
         decay = tl.exp(tl.where(causal[:, :, None], b[:, None, :] - b[None, :, :], float("-inf")))
-        dk_s = tl.dot(v_s, tl.trans(dh.to(DT)), input_precision=IP) * tl.exp(B1[None, :] - b)
+        dk_s = tl.dot(v_s, tl.trans(_r16(dh, DT, EMU)), input_precision=IP) * tl.exp(B1[None, :] - b)
         dk_s += tl.sum(dP[:, :, None] * decay * q_s[:, None, :], axis=0)
-        tl.store(dk + offs, dk_s.to(dk.dtype.element_ty), mask=mask_t[:, None])
+        tl.store(dk + offs, _st(dk_s, dk.dtype.element_ty, EMU), mask=mask_t[:, None])
         prev = tl.load(dgl + offs, mask=mask_t[:, None], other=0.)
         tl.store(dgl + offs, prev - k_s * dk_s, mask=mask_t[:, None])
-        qg = (q_s * tl.exp(b - B0[None, :])).to(DT)
+        qg = _r16((q_s * tl.exp(b - B0[None, :])), DT, EMU)
         dh = dh * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(qg), do_s, input_precision=IP)
 
 
 @triton.jit
-def _dg_kernel(dgl, carry, dg, B, T, NT, NP,
+def _dg_kernel(dgl, cpart, dg, B, T, NT, NP,
                H: tl.constexpr, KG: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
-    """dg_t = sum_{t' >= t} dgl_t': suffix sums inside each chunk plus the chunk's carry.
+    """dg_t = carry_c + sum_{t' >= t in chunk c} dgl_t', in parallel over chunks.
 
-    ``dgl``: fp32 ``[NP, B, T, H, KG]`` per-position terms (summed over the NP partials);
-    ``carry``: fp32 ``[B, NT, H, KG]``, the sum over all later chunks (plus the final-state term);
-    ``dg``: ``[B, T, H, KG]`` in g's dtype. Parallel over chunks: grid (KG // BK, NT, B*H).
+    ``dgl``: fp32 ``[NP, B, T, H, KG]`` per-position terms ``q*dq - k*dk`` (summed over NP partials);
+    ``cpart``: fp32 ``[NP, B, NT, H, KG]`` partials of the chunk's *carry*, the sum of those terms
+    over all later positions. The carry is not a suffix sum over the sequence: it is the local
+    quantity ``<h_{c+1}, dh_c>`` (the state leaving chunk c against the gradient w.r.t. it, final
+    state gradient included), equal to that sum in exact arithmetic (shifting every later cumulative
+    log gate by d scales the state leaving chunk c by e^d). A suffix sum over T positions would add
+    up T rounding errors of the terms (its error grows like sqrt(T) while dg does not); this carry
+    has the error of one chunk. ``dg`` in g's dtype; grid (KG // BK, NT, B*H).
     """
     i_k = tl.program_id(0)
     c = tl.program_id(1)
@@ -559,12 +604,11 @@ def _dg_kernel(dgl, carry, dg, B, T, NT, NP,
     m = (rows < T)[:, None]
     offs = i_b * T * H * KG + i_h * KG + rows[:, None] * (H * KG) + o_k[None, :]
     x = tl.zeros([BT, BK], dtype=tl.float32)
+    cy = tl.zeros([BK], dtype=tl.float32)
     for p in tl.range(0, NP):
         x += tl.load(dgl + p * (B * T * H * KG) + offs, mask=m, other=0.)
-    tot = tl.sum(x, axis=0)
-    cy = tl.load(carry + ((i_b * NT + c) * H + i_h) * KG + o_k)
-    # suffix sum inside the chunk: total - prefix sum + own term
-    rc = (tot + cy)[None, :] - tl.cumsum(x, axis=0) + x
+        cy += tl.load(cpart + p * (B * NT * H * KG) + ((i_b * NT + c) * H + i_h) * KG + o_k)
+    rc = cy[None, :] + tl.cumsum(x, axis=0, reverse=True)
     tl.store(dg + offs, rc.to(dg.dtype.element_ty), mask=m)
 
 
@@ -613,9 +657,9 @@ class _Cfg:
         # float32 (operands are not rounded to 16 bits; the compiled GPU path uses tensor cores).
         self.EMU = bool(INTERPRET)
         # Per-chunk states for the backward are stored in the input dtype for 16-bit inputs (the
-        # dots that read them round them to that dtype anyway, so this loses nothing) and in
-        # float32 otherwise.
-        self.state_dtype = torch.float32 if (dtype == torch.float32 or INTERPRET) else dtype
+        # dots that read them round them to that dtype anyway) and in float32 otherwise; the same
+        # under the interpreter, so that the CPU tests see the GPU's roundings (see _r16).
+        self.state_dtype = torch.float32 if dtype == torch.float32 else dtype
         self.warps_f = 4 if (K * self.BV_f) <= 64 * 64 else 8
         BH = B * H
         NV = V // self.BV_f
@@ -743,33 +787,29 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
     else:
         dgl = dummy
     if gate == 2:
-        _bwd_dqdk_gla_kernel[(NK, NT, BH)](q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, T, NT, H=H, K=K, V=V,
+        cpart = torch.empty(1, B, NT, H, K, dtype=f32, device=dev)
+    elif gate == 1:
+        cpart = torch.empty(NK, B, NT, H, dtype=f32, device=dev)
+    else:
+        cpart = dummy
+    if gate == 2:
+        _bwd_dqdk_gla_kernel[(NK, NT, BH)](q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, T, NT, H=H, K=K, V=V,
                                            BT=cfg.BT, BC=cfg.BC, BK=cfg.BK_dq, IP=cfg.IP, EMU=cfg.EMU,
                                            num_warps=8 if K >= 64 else 4)
     else:
-        _bwd_dqdk_kernel[(NK, NT, BH)](q, k, v, gg, do, hs, dhs, dq, dk, dgl, scale, B, T, NT, H=H, K=K, V=V,
+        _bwd_dqdk_kernel[(NK, NT, BH)](q, k, v, gg, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, NT, H=H, K=K, V=V,
                                        BT=cfg.BT, BK=cfg.BK_dq, BV=cfg.BV_dq, GATE=gate, IP=cfg.IP,
                                        EMU=cfg.EMU, num_warps=8 if cfg.BK_dq >= 64 else 4)
     dg = None
     if gate:
-        # dL/dB_t (B_t = g_1 + ... + g_t over the whole sequence) is q*dq - k*dk, plus the final
-        # state's sum_v S_T dS_T at t = T; dg_t is its reverse cumulative sum.
+        # dL/dB_t (B_t = g_1 + ... + g_t over the whole sequence) is q*dq - k*dk; dg_t is its
+        # reverse cumulative sum, formed per chunk from the chunk's carry <h_{c+1}, dh_c> (which
+        # includes the final state's gradient) plus a suffix sum inside the chunk (_dg_kernel).
         KG = K if gate == 2 else 1
         NP = 1 if gate == 2 else NK
-        # per-chunk totals, then for each chunk the sum over all later chunks (small tensors)
-        x = dgl.view(NP, B, T, H, KG)
-        pad = NT * cfg.BT - T
-        if pad:
-            x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
-        tot = x.view(NP, B, NT, cfg.BT, H, KG).sum((0, 3))                    # [B, NT, H, KG]
-        carry = tot.flip(1).cumsum(1).flip(1) - tot                            # exclusive suffix sum
-        if dht is not None and ht is not None:
-            fin = (ht * dht).sum(-1) if gate == 2 else (ht * dht).sum((-1, -2)).unsqueeze(-1)
-            carry = carry + fin.unsqueeze(1)                                   # [B, 1, H, KG]
-        carry = carry.contiguous()
         dg = torch.empty_like(g)
         BKG = min(KG, 64)
-        _dg_kernel[(KG // BKG, NT, BH)](dgl, carry, dg, B, T, NT, NP, H=H, KG=KG, BT=cfg.BT, BK=BKG,
+        _dg_kernel[(KG // BKG, NT, BH)](dgl, cpart, dg, B, T, NT, NP, H=H, KG=KG, BT=cfg.BT, BK=BKG,
                                         num_warps=4)
     return dq, dk, dv, dg, dh0
 
