@@ -317,6 +317,9 @@ def _bwd_dh_kernel(q, g, do, dinit, dhs, dout, scale, T, NT, SEG_CHUNKS, NS,
     if HAS_INIT:
         dS += tl.load(dinit + i_bhs * K * V + st_offs)
     # chunks past NT (in the last segment) load nothing and leave dS unchanged
+    if GATE == 1:   # prefetched one chunk ahead, as in _fwd_kernel
+        rows0 = (i_s * SEG_CHUNKS + SEG_CHUNKS - 1) * BT + o_t
+        g_next = tl.load(g + g_base + rows0 * H, mask=rows0 < T, other=0.)
     for j in tl.range(0, SEG_CHUNKS):
         c = i_s * SEG_CHUNKS + SEG_CHUNKS - 1 - j
         if STORE_DH:
@@ -324,18 +327,23 @@ def _bwd_dh_kernel(q, g, do, dinit, dhs, dout, scale, T, NT, SEG_CHUNKS, NS,
                      mask=(c < NT) & (st_offs >= 0))
         rows = c * BT + o_t
         mask_t = rows < T
-        q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
-                      other=0.).to(tl.float32) * scale
         do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
         if GATE == 0:
-            dS += tl.dot(tl.trans(_r16(q_t, DT, EMU)), _r16(do_t, DT, EMU), input_precision=IP)
+            q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
+            dS += tl.dot(tl.trans(_r16(q_t, DT, EMU)), _r16(do_t, DT, EMU), input_precision=IP) * scale
         if GATE == 1:
-            g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
+            q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
+            g_t = g_next.to(tl.float32)
+            rows_n = rows - BT
+            g_next = tl.load(g + g_base + rows_n * H, mask=(rows_n >= 0) & (rows_n < T), other=0.)
             b_t = tl.cumsum(g_t, axis=0)
             b_c = tl.sum(g_t, axis=0)
-            qg = _r16((q_t * tl.exp(b_t)[:, None]), DT, EMU)
-            dS = dS * tl.exp(b_c) + tl.dot(tl.trans(qg), _r16(do_t, DT, EMU), input_precision=IP)
+            # the decays e^{b_i} (and the scale) act on the rows of dO, so q goes to the tensor cores as loaded
+            dog = _r16((do_t.to(tl.float32) * (scale * tl.exp(b_t))[:, None]), DT, EMU)
+            dS = dS * tl.exp(b_c) + tl.dot(tl.trans(_r16(q_t, DT, EMU)), dog, input_precision=IP)
         if GATE == 2:
+            q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                          other=0.).to(tl.float32) * scale
             g_t = tl.load(g + g_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                           other=0.).to(tl.float32)
             b_t = tl.cumsum(g_t, axis=0)
