@@ -45,6 +45,12 @@ __all__ = ["chunk_simple_gla_triton", "chunk_gla_triton", "SUPPORTED_HEAD_SIZES"
 SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256)
 _NUM_SMS_DEFAULT = 132
 
+#: Overrides of the forward's launch parameters, for tuning sweeps only (``bench_gla --explore``):
+#: keys ``"BV_f"`` (value columns per forward program, a power of two dividing V), ``"warps_f"``
+#: (its num_warps), ``"stages_f"`` (its num_stages) and ``"split"`` (False: never split the sequence).
+#: Empty by default; the tests do not use it.
+TUNE: dict = {}
+
 
 def _patch_interpreter_loop_bounds():
     """Let Triton's interpreter use runtime integers as loop bounds under NumPy >= 2.
@@ -673,13 +679,20 @@ class _Cfg:
         self.BV_dq = min(V, 64)
         self.IP = "ieee" if dtype == torch.float32 else "tf32"
         # Triton's interpreter mis-computes tl.dot on 16-bit operands, so there the dots run in
-        # float32 (operands are not rounded to 16 bits; the compiled GPU path uses tensor cores).
+        # float32 on operands rounded to 16 bits (_r16); the compiled GPU path uses tensor cores.
         self.EMU = bool(INTERPRET)
         # Per-chunk states for the backward are stored in the input dtype for 16-bit inputs (the
         # dots that read them round them to that dtype anyway) and in float32 otherwise; the same
         # under the interpreter, so that the CPU tests see the GPU's roundings (see _r16).
         self.state_dtype = torch.float32 if dtype == torch.float32 else dtype
         self.warps_f = 4 if (K * self.BV_f) <= 64 * 64 else 8
+        self.stages_f = 3                     # Triton's default
+        if TUNE:
+            self.BV_f = min(V, int(TUNE.get("BV_f", self.BV_f)))
+            self.warps_f = int(TUNE.get("warps_f", self.warps_f))
+            self.stages_f = int(TUNE.get("stages_f", self.stages_f))
+            if TUNE.get("split", True) is False and num_segments is None:
+                num_segments = 1
         BH = B * H
         NV = V // self.BV_f
         if num_segments is None:
@@ -722,7 +735,7 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
                           dummy, dummy, scale, T, cfg.NTF, cfg.SEGF, cfg.NS, H=H, K=K, V=V, BT=cfg.BTF, BK=K,
                           BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=h0 is not None, COMPUTE_O=True,
                           STORE_FINAL=ht is not None, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU,
-                          num_warps=cfg.warps_f)
+                          num_warps=cfg.warps_f, num_stages=cfg.stages_f)
     else:
         NS = cfg.NS
         contrib = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
@@ -740,7 +753,8 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
         _fwd_kernel[(V // cfg.BV_f, BH * NS)](
             q, k, v, gg, o, inits, dummy, dummy, dummy, scale, T, cfg.NTF, cfg.SEGF, cfg.NS, H=H, K=K, V=V,
             BT=cfg.BTF, BK=K, BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=True, COMPUTE_O=True,
-            STORE_FINAL=False, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=cfg.warps_f)
+            STORE_FINAL=False, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=cfg.warps_f,
+            num_stages=cfg.stages_f)
     return o, ht, (inits if need_inits else None), cfg
 
 

@@ -5,6 +5,7 @@ Usage (on a GPU)::
     python -m kernels.benchmarks.bench_gla            # full run, prints a table
     python -m kernels.benchmarks.bench_gla --quick    # one shape, fewer repetitions
     python -m kernels.benchmarks.bench_gla --write    # also writes kernels/results/bench_gla.json
+    python -m kernels.benchmarks.bench_gla --explore  # forward launch-parameter sweep (ours only)
 
 Shapes: bfloat16, H = 16, K = V = 128, B*T = 65,536 tokens with T in {2048, 8192, 32768}, plus
 B = 1, T = 32768. Passes: ``fwd`` (inputs without grad) and ``fwdbwd`` (forward + backward of
@@ -49,6 +50,10 @@ def _parse(argv=None):
     p.add_argument("--write", action="store_true", help="write kernels/results/bench_gla.json")
     p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
     p.add_argument("--no-fla", action="store_true", help="time only our kernels")
+    p.add_argument("--explore", action="store_true",
+                   help="instead of the benchmark: time our forward of linear_attn and simple_gla over a "
+                        "grid of launch parameters (triton_gla.TUNE) at B=32,T=2048 and B=1,T=32768; "
+                        "writes $OUT/explore_gla.json (or kernels/results/logs/explore_gla.json)")
     p.add_argument("--budget-s", type=float, default=200.0,
                    help="wall-clock budget in seconds (default 200): once spent, the remaining "
                         "measurements are recorded as skipped (ms null, with a note), so one run stays "
@@ -136,12 +141,57 @@ def _short(e: BaseException) -> str:
     return msg[:300]
 
 
+def explore(args):
+    """Forward launch-parameter sweep of our kernels (a tuning aid, not the benchmark)."""
+    import itertools
+    import json
+    from pathlib import Path
+    import torch
+    from kernels import triton_gla
+    from kernels.benchmarks import harness
+    t0 = time.perf_counter()
+    rows = []
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(__file__).resolve().parents[1] / "results" / "logs"
+    out.mkdir(parents=True, exist_ok=True)
+    grid = [dict(BV_f=bv, warps_f=w, stages_f=st) for bv, w, st in itertools.product((64, 128), (4, 8), (2, 3))]
+    grid += [dict(BV_f=64, warps_f=8, stages_f=3, split=False)]
+    for op in ("linear_attn", "simple_gla"):
+        fn = _our_fns()[op]
+        for B, T in ((32, 2048), (1, 32768)):
+            q, k, v, g, _ = _inputs(op, B, T, torch.bfloat16, "cuda")
+            triton_gla.TUNE.clear()
+            ref = fn(q, k, v, g)
+            for tune in [{}] + grid:
+                if time.perf_counter() - t0 > args.budget_s:
+                    break
+                triton_gla.TUNE.clear()
+                triton_gla.TUNE.update(tune)
+                try:
+                    o = fn(q, k, v, g)
+                    same = harness.err_ratio(o, ref)
+                    ms = harness.bench_ms(lambda: fn(q, k, v, g), warmup=5, rep=20)
+                    note = ""
+                except Exception as e:
+                    ms, same, note = None, None, _short(e)
+                rows.append({"op": op, "B": B, "T": T, "tune": tune or "default", "fwd_ms": ms,
+                             "err_vs_default": same, "note": note})
+                print(f"{op:11s} B={B:2d} T={T:5d} {str(tune or 'default'):60s} fwd {ms}  "
+                      f"(vs default config: {same}) {note}", flush=True)
+            triton_gla.TUNE.clear()
+            (out / "explore_gla.json").write_text(json.dumps({"env": harness.environment(), "rows": rows},
+                                                             indent=1, default=float))
+    print(f"wrote {out / 'explore_gla.json'} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
 def main(argv=None):
     args = _parse(argv)
     import torch
     if not torch.cuda.is_available():
         print("bench_gla needs a CUDA GPU (the comparison is against fla's GPU kernels); nothing to do.")
         return 1
+    if args.explore:
+        return explore(args)
     from kernels.benchmarks import harness
     dtype = torch.bfloat16
     device = "cuda"
