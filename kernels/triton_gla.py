@@ -114,6 +114,51 @@ def _st(x, ODT: tl.constexpr, EMU: tl.constexpr):
 
 
 @triton.jit
+def _gla_level(b, o_i, LV: tl.constexpr, BT: tl.constexpr, K: tl.constexpr):
+    """Level ``LV`` of the vector gate's intra-chunk scores (chunk of BT tokens, b ``[BT, K]`` the
+    chunk-local cumulative log gate).
+
+    Level LV pairs the rows i in the second half of a block of 2*HB rows (HB = BT >> (LV + 1)) with
+    the rows j in its first half. With E the cumulative gate at the last row of the first half,
+    e^{b_i - b_j} = e^{b_i - E} e^{E - b_j}, and both exponents are <= 0 (b is non-increasing), so
+    the level's scores are one matrix product (q e^{b - E}) (k e^{E - b})^T. Returns the query
+    exponent ``qe`` and key exponent ``ke`` ``[BT, K]`` (-inf on rows outside their half, so that
+    those rows vanish) and the ``[BT, BT]`` mask of the level's pairs. Every pair i > j of the chunk
+    belongs to exactly one level (the highest bit in which i and j differ).
+    """
+    HB: tl.constexpr = BT >> (LV + 1)
+    NB: tl.constexpr = BT // (2 * HB)
+    b4 = tl.reshape(b, [NB, 2, HB, K])
+    i1 = tl.arange(0, 2)[None, :, None, None]
+    i2 = tl.arange(0, HB)[None, None, :, None]
+    E = tl.sum(tl.sum(tl.where((i1 == 0) & (i2 == HB - 1), b4, 0.), axis=2), axis=1)      # [NB, K]
+    Er = tl.reshape(tl.broadcast_to(E[:, None, None, :], [NB, 2, HB, K]), [BT, K])
+    second = ((o_i // HB) % 2) == 1
+    qe = tl.where(second[:, None], b - Er, float("-inf"))
+    ke = tl.where(second[:, None], float("-inf"), Er - b)
+    pair = (second[:, None] & (((o_i // HB) % 2) == 0)[None, :]
+            & ((o_i // (2 * HB))[:, None] == (o_i // (2 * HB))[None, :]))
+    return qe, ke, pair
+
+
+@triton.jit
+def _gla_chunk_scores(q_t, k_t, b, BT: tl.constexpr, K: tl.constexpr, DT: tl.constexpr, EMU: tl.constexpr,
+                      IP: tl.constexpr):
+    """Vector gate, one chunk: A_ij = sum_d q_id k_jd e^{b_id - b_jd} for j <= i, else 0 (``[BT, BT]``
+    float32; q_t, k_t, b ``[BT, K]`` float32). The diagonal has exponent 0; the pairs i > j come in
+    log2(BT) levels of one matrix product each (:func:`_gla_level`)."""
+    o_i = tl.arange(0, BT)
+    A = tl.where(o_i[:, None] == o_i[None, :], tl.sum(q_t * k_t, axis=1)[:, None], 0.)
+    for LV in tl.static_range(8):          # BT <= 256: levels with half-blocks of BT/2, ..., 1 rows
+        if (BT >> (LV + 1)) > 0:
+            qe, ke, pair = _gla_level(b, o_i, LV, BT, K)
+            ql = _r16(q_t * tl.exp(qe), DT, EMU)
+            kl = _r16(k_t * tl.exp(ke), DT, EMU)
+            A += tl.where(pair, tl.dot(ql, tl.trans(kl), input_precision=IP), 0.)
+    return A
+
+
+@triton.jit
 def _gla_intra_scores(q_ptr, k_ptr, g_ptr, rows, mask_t, row_stride, scale,
                       K: tl.constexpr, BT: tl.constexpr, BKA: tl.constexpr):
     """Vector gate: A_ij = sum_d (scale q_id) k_jd exp(b_id - b_jd) for j <= i, else 0 ([BT, BT])."""
@@ -208,8 +253,7 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
                 q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                               other=0.).to(tl.float32) * scale
                 o_c = tl.dot(_r16((q_t * tl.exp(b_t)), DT, EMU), _r16(S, DT, EMU), input_precision=IP)
-                A = _gla_intra_scores(q + qk_base, k + qk_base, g + g_base, rows, mask_t, H * K, scale,
-                                      K, BT, BKA)
+                A = _gla_chunk_scores(q_t, k_t.to(tl.float32), b_t, BT, K, DT, EMU, IP)
             else:
                 # q goes to the tensor cores as loaded (so its load is pipelined); the scale and
                 # the scalar decays act on the float32 results
@@ -662,15 +706,12 @@ class _Cfg:
         # the fused forward march (16 for the vector gate, whose intra-chunk scores are formed pair
         # by pair); BC: the vector gate's backward sub-chunk.
         self.BT = 64
-        self.BTF = 16 if gate == 2 else 64
+        self.BTF = 64
         self.BC = 16
         self.NT = triton.cdiv(T, self.BT)
         self.NTF = triton.cdiv(T, self.BTF)
         # forward: full K per program (o needs the whole K sum); the state tile is K x BV.
-        if gate == 2:   # small chunks: the state tile may span all of V (no recomputed intra scores)
-            self.BV_f = min(V, 16384 // K)
-        else:
-            self.BV_f = min(V, 64 if K <= 128 else 32)
+        self.BV_f = min(V, 64 if K <= 128 else 32)
         self.BKA = min(K, 32)                  # K-slice of the vector-gate pair broadcast [BT, BT, BKA]
         self.BK_s = min(K, 64)                 # state-only marches tile K as well
         self.BV_s = min(V, 64)
