@@ -15,8 +15,10 @@ g_i``, ``b_C`` its value at the chunk's last token) and ``S`` the state entering
 
 Only *differences* of cumulative log gates inside one chunk appear in exponents, and every exponent
 is <= 0, so nothing overflows however harsh the gates are. For the vector gate the intra-chunk
-score ``sum_d q_id k_jd e^{b_id - b_jd}`` is formed pair by pair (a ``[BT, BT, BKA]`` broadcast)
-with small chunks (``BT = 16``), which is exact and stable but costs ``BT`` exponentials per score.
+score ``sum_d q_id k_jd e^{b_id - b_jd}`` is split into log2(BT) levels: level l pairs the second
+half of every block of 2h rows (h = BT / 2^(l+1)) with its first half, and with E the cumulative gate
+at the end of the first half, e^{b_i - b_j} = e^{b_i - E} e^{E - b_j} with both exponents <= 0 — one
+matrix product per level (plus the diagonal, exponent 0). See :func:`_gla_level`.
 
 Forward (no per-chunk states written to HBM): one program per (batch*head, V-block) marches over
 the chunks with the state in registers, writing only ``o``. When batch*heads*V-blocks is too small
@@ -27,8 +29,9 @@ segment's entering state; (3) the fused forward runs per segment from that state
 Backward: (1) the per-chunk entering states ``h`` are recomputed (in parallel over segments, from
 the segment entering states saved by the forward); (2) a reverse march gives ``dh`` (the gradient
 w.r.t. the state leaving each chunk) and the initial state's gradient; (3) two kernels parallel over
-chunks give ``dv`` and ``dq, dk`` plus the per-position gate terms ``q*dq - k*dk``, whose reverse
-cumulative sum over the sequence (plus the final-state term ``sum_v S_T * dS_T``) is ``dg``.
+chunks give ``dv`` and ``dq, dk`` plus the per-position gate terms ``q*dq - k*dk`` and every chunk's
+gate carry ``<h_{c+1}, dh_c>`` (the sum of those terms over all later positions, final state
+included); ``dg`` is the carry plus a suffix sum inside the chunk (:func:`_dg_kernel`).
 """
 from __future__ import annotations
 
@@ -159,30 +162,9 @@ def _gla_chunk_scores(q_t, k_t, b, BT: tl.constexpr, K: tl.constexpr, DT: tl.con
 
 
 @triton.jit
-def _gla_intra_scores(q_ptr, k_ptr, g_ptr, rows, mask_t, row_stride, scale,
-                      K: tl.constexpr, BT: tl.constexpr, BKA: tl.constexpr):
-    """Vector gate: A_ij = sum_d (scale q_id) k_jd exp(b_id - b_jd) for j <= i, else 0 ([BT, BT])."""
-    o_d = tl.arange(0, BKA)
-    o_i = tl.arange(0, BT)
-    causal = o_i[:, None] >= o_i[None, :]
-    A = tl.zeros([BT, BT], dtype=tl.float32)
-    for kb in tl.static_range(K // BKA):
-        offs = rows[:, None] * row_stride + kb * BKA + o_d[None, :]
-        m2 = mask_t[:, None]
-        qb = tl.load(q_ptr + offs, mask=m2, other=0.).to(tl.float32) * scale
-        kk = tl.load(k_ptr + offs, mask=m2, other=0.).to(tl.float32)
-        gb = tl.load(g_ptr + offs, mask=m2, other=0.).to(tl.float32)
-        bb = tl.cumsum(gb, axis=0)
-        diff = bb[:, None, :] - bb[None, :, :]                                   # [BT, BT, BKA]
-        diff = tl.where(causal[:, :, None], diff, float("-inf"))
-        A += tl.sum(qb[:, None, :] * kk[None, :, :] * tl.exp(diff), axis=2)
-    return A
-
-
-@triton.jit
 def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKA: tl.constexpr,
+                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 GATE: tl.constexpr, HAS_H0: tl.constexpr, COMPUTE_O: tl.constexpr,
                 STORE_FINAL: tl.constexpr, STORE_DEC: tl.constexpr, STORE_H: tl.constexpr,
                 IP: tl.constexpr, EMU: tl.constexpr):
@@ -411,7 +393,7 @@ def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
                    GATE: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
     """dV = A^T dO + (K * e^{b_C - b}) dh, one chunk and V-block per program; grid (NV, NT, B*H).
 
-    No gate or scalar gate (``GATE`` 0 or 1); the vector gate has :func:`_bwd_dv_gla_kernel`.
+    For the vector gate (``GATE == 2``) A comes from :func:`_gla_chunk_scores`.
     """
     DT = k.dtype.element_ty
     i_v = tl.program_id(0)
@@ -432,15 +414,23 @@ def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
     dh = tl.load(dhs + (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :])
     q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                   other=0.).to(tl.float32) * scale
-    A = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)
     causal = o_t[:, None] >= o_t[None, :]
-    if GATE == 1:
+    if GATE == 2:
+        g_t = tl.load(g + g_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                      other=0.).to(tl.float32)
+        b_t = tl.cumsum(g_t, axis=0)
+        b_c = tl.sum(g_t, axis=0)
+        A = _gla_chunk_scores(q_t, k_t.to(tl.float32), b_t, BT, K, DT, EMU, IP)
+        kg = _r16((k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)), DT, EMU)
+    elif GATE == 1:
+        A = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)
         g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
         b_t = tl.cumsum(g_t, axis=0)
         b_c = tl.sum(g_t, axis=0)
         A = A * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
         kg = _r16((k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]), DT, EMU)
     else:
+        A = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)
         A = tl.where(causal, A, 0.)
         kg = _r16(k_t, DT, EMU)
     dv_c = tl.dot(tl.trans(_r16(A, DT, EMU)), _r16(do_t, DT, EMU), input_precision=IP)
@@ -457,7 +447,9 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, N
     """dQ, dK and the gate terms q*dq - k*dk for one chunk and K-block; grid (NK, NT, B*H).
 
     dQ~ = (dO h^T) e^{b} + (dP * Gamma) K,    dK = (V dh^T) e^{b_C - b} + (dP * Gamma)^T Q~,
-    with dP = dO V^T. No gate or scalar gate; the vector gate has :func:`_bwd_dqdk_gla_kernel`.
+    with dP = dO V^T. For the vector gate (``GATE == 2``) Gamma is per key channel and the intra-chunk
+    terms go level by level (:func:`_gla_level`); ``dgl`` and ``cpart`` are then per channel,
+    ``[B, T, H, K]`` and ``[1, B, NT, H, K]``.
     ``dgl``: fp32 ``[NK, B, T, H]`` partial sums over this K-block of q*dq - k*dk (scalar gate);
     ``cpart``: fp32 ``[NK, B, NT, H]`` this K-block's part of the chunk's gate carry
     ``<h_{c+1}, dh_c> = e^{b_C} <h_c, dh_c> + sum_j k_j . (V dh_c^T)_j e^{b_C - b_j}`` (see _dg_kernel).
@@ -487,7 +479,7 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, N
                        other=0.), DT, EMU)
         h = _r16(tl.load(hs + st_base + o_k[:, None] * V + o_v[None, :]), DT, EMU)
         dh = _r16(tl.load(dhs + st_base + o_k[:, None] * V + o_v[None, :]), DT, EMU)
-        if GATE == 1:
+        if GATE != 0:
             hdh += tl.sum(h.to(tl.float32) * dh.to(tl.float32), axis=1)
         dP += tl.dot(do_t, tl.trans(v_t), input_precision=IP)
         dq_i += tl.dot(do_t, tl.trans(h), input_precision=IP)
@@ -497,156 +489,56 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, N
     k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                   other=0.).to(tl.float32)
     causal = o_t[:, None] >= o_t[None, :]
-    if GATE == 1:
-        g_t = tl.load(g + i_b * T * H + i_h + rows * H, mask=mask_t, other=0.).to(tl.float32)
+    if GATE == 2:
+        offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
+        g_t = tl.load(g + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
         b_t = tl.cumsum(g_t, axis=0)
         b_c = tl.sum(g_t, axis=0)
-        dPg = dP * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
-        dq_t = dq_i * tl.exp(b_t)[:, None]
-        dk_t = dk_i * tl.exp(b_c - b_t)[:, None]
-        # the gate carry of this chunk (all fp32, from the fp32 accumulator of dk's inter-chunk part)
-        cy = tl.exp(b_c) * tl.sum(hdh, axis=0) + tl.sum(tl.sum(k_t * dk_t, axis=1), axis=0)
-        tl.store(cpart + ((i_k * B + i_b) * NT + c) * H + i_h, cy)
+        dq_t = dq_i * tl.exp(b_t)
+        dk_t = dk_i * tl.exp(b_c[None, :] - b_t)
+        # the gate carry per key channel: e^{b_C} <h_c, dh_c>_v + sum_j k_j (V dh_c^T)_j e^{b_C - b_j}
+        tl.store(cpart + ((i_b * NT + c) * H + i_h) * K + o_k, tl.exp(b_c) * hdh + tl.sum(k_t * dk_t, axis=0))
+        # intra-chunk part, level by level (see _gla_level): A_l = (q e^{qe}) (k e^{ke})^T on pairs,
+        # so dq += e^{qe} (dP_l (k e^{ke})) and dk += e^{ke} (dP_l^T (q e^{qe})); plus the diagonal
+        diag = tl.sum(tl.where(o_t[:, None] == o_t[None, :], dP, 0.), axis=1)
+        dq_t += diag[:, None] * k_t
+        dk_t += diag[:, None] * q_t
+        for LV in tl.static_range(8):
+            if (BT >> (LV + 1)) > 0:
+                qe, ke, pair = _gla_level(b_t, o_t, LV, BT, BK)
+                eq = tl.exp(qe)
+                ek = tl.exp(ke)
+                dPl = _r16(tl.where(pair, dP, 0.), DT, EMU)
+                dq_t += eq * tl.dot(dPl, _r16(k_t * ek, DT, EMU), input_precision=IP)
+                dk_t += ek * tl.dot(tl.trans(dPl), _r16(q_t * eq, DT, EMU), input_precision=IP)
+        tl.store(dq + offs, _st((dq_t * scale), dq.dtype.element_ty, EMU), mask=mask_t[:, None])
+        tl.store(dk + offs, _st(dk_t, dk.dtype.element_ty, EMU), mask=mask_t[:, None])
+        tl.store(dgl + offs, q_t * dq_t - k_t * dk_t, mask=mask_t[:, None])
     else:
-        dPg = tl.where(causal, dP, 0.)
-        dq_t = dq_i
-        dk_t = dk_i
-    dq_t += tl.dot(_r16(dPg, DT, EMU), _r16(k_t, DT, EMU), input_precision=IP)
-    dk_t += tl.dot(tl.trans(_r16(dPg, DT, EMU)), _r16(q_t, DT, EMU), input_precision=IP)
-    # dq_t is dL/dq~ (q~ = scale q): dL/dq = scale dq_t, and q dL/dq = q~ dq_t.
-    offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
-    tl.store(dq + offs, _st((dq_t * scale), dq.dtype.element_ty, EMU), mask=mask_t[:, None])
-    tl.store(dk + offs, _st(dk_t, dk.dtype.element_ty, EMU), mask=mask_t[:, None])
-    if GATE == 1:
-        part = tl.sum(q_t * dq_t - k_t * dk_t, axis=1)
-        tl.store(dgl + i_k * (B * T * H) + i_b * T * H + i_h + rows * H, part,
-                 mask=mask_t)
-
-
-@triton.jit
-def _sub_offsets(g_ptr, c, s, T, o_k, row_stride, BT: tl.constexpr, BC: tl.constexpr):
-    """Vector gate, sub-chunk ``s`` of chunk ``c``: rows, mask, g rows [BC, BK] and the chunk-local
-    cumulative log gate at the sub-chunk's start B0 and end B1 ([BK]) and at its rows b ([BC, BK])."""
-    o_c = tl.arange(0, BT)
-    rows_c = c * BT + o_c
-    g_c = tl.load(g_ptr + rows_c[:, None] * row_stride + o_k[None, :],
-                  mask=((rows_c < T) & (o_c < s * BC))[:, None], other=0.).to(tl.float32)
-    B0 = tl.sum(g_c, axis=0)
-    rows = c * BT + s * BC + tl.arange(0, BC)
-    mask_t = rows < T
-    g_s = tl.load(g_ptr + rows[:, None] * row_stride + o_k[None, :], mask=mask_t[:, None], other=0.).to(tl.float32)
-    b = B0[None, :] + tl.cumsum(g_s, axis=0)
-    B1 = B0 + tl.sum(g_s, axis=0)
-    return rows, mask_t, b, B0, B1
-
-
-@triton.jit
-def _bwd_dv_gla_kernel(q, k, g, do, dhs, dv, scale, T, NT,
-                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       BT: tl.constexpr, BC: tl.constexpr, BV: tl.constexpr, BKA: tl.constexpr,
-                       IP: tl.constexpr, EMU: tl.constexpr):
-    """Vector gate, chunk of BT = 4 BC tokens: dV per sub-chunk, newest first, with the state
-    gradient carried across the sub-chunks on chip; grid (NV, NT, B*H).
-
-    dh_sub (gradient w.r.t. the state leaving the current sub-chunk) starts as the chunk's dh;
-    dV_s = A_ss^T dO_s + (K_s e^{B1 - b_s}) dh_sub;  dh_sub <- e^{B1 - B0} dh_sub + (Q~_s e^{b_s - B0})^T dO_s.
-    """
-    DT = k.dtype.element_ty
-    i_v = tl.program_id(0)
-    c = tl.program_id(1)
-    i_bh = tl.program_id(2)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    o_k = tl.arange(0, K)
-    o_v = i_v * BV + tl.arange(0, BV)
-    qk_base = i_b * T * H * K + i_h * K
-    v_base = i_b * T * H * V + i_h * V
-    dh = tl.load(dhs + (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]).to(tl.float32)
-    for ss in tl.range(0, BT // BC):
-        s = BT // BC - 1 - ss
-        rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
-        k_s = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
-                      other=0.).to(tl.float32)
-        q_s = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
-                      other=0.).to(tl.float32) * scale
-        do_s = _r16(tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
-                       other=0.), DT, EMU)
-        A = _gla_intra_scores(q + qk_base, k + qk_base, g + qk_base, rows, mask_t, H * K, scale, K, BC, BKA)
-        dv_s = tl.dot(tl.trans(_r16(A, DT, EMU)), do_s, input_precision=IP)
-        kg = _r16((k_s * tl.exp(B1[None, :] - b)), DT, EMU)
-        dv_s += tl.dot(kg, _r16(dh, DT, EMU), input_precision=IP)
-        tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], _st(dv_s, dv.dtype.element_ty, EMU),
-                 mask=mask_t[:, None])
-        qg = _r16((q_s * tl.exp(b - B0[None, :])), DT, EMU)
-        dh = dh * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(qg), do_s, input_precision=IP)
-
-
-@triton.jit
-def _bwd_dqdk_gla_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, T, NT,
-                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                         BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                         IP: tl.constexpr, EMU: tl.constexpr):
-    """Vector gate: dQ, dK and q*dq - k*dk per sub-chunk; grid (NK, NT, B*H).
-
-    Pass 1, oldest sub-chunk first, carries the state entering the sub-chunk (h_sub, [BK, V]):
-    dQ~_s = (dO_s h_sub^T) e^{b_s - B0} + sum_j dP_ij K_j e^{b_i - b_j} (pairs inside the sub-chunk).
-    Pass 2, newest first, carries the state gradient (dh_sub):
-    dK_s = (V_s dh_sub^T) e^{B1 - b_s} + sum_i dP_ij Q~_i e^{b_i - b_j}.
-    """
-    DT = k.dtype.element_ty
-    i_k = tl.program_id(0)
-    c = tl.program_id(1)
-    i_bh = tl.program_id(2)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = tl.arange(0, V)
-    o_i = tl.arange(0, BC)
-    causal = o_i[:, None] >= o_i[None, :]
-    qk_base = i_b * T * H * K + i_h * K
-    v_base = i_b * T * H * V + i_h * V
-    st = (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
-    h = tl.load(hs + st).to(tl.float32)
-    for s in tl.range(0, BT // BC):
-        rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
+        if GATE == 1:
+            g_t = tl.load(g + i_b * T * H + i_h + rows * H, mask=mask_t, other=0.).to(tl.float32)
+            b_t = tl.cumsum(g_t, axis=0)
+            b_c = tl.sum(g_t, axis=0)
+            dPg = dP * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
+            dq_t = dq_i * tl.exp(b_t)[:, None]
+            dk_t = dk_i * tl.exp(b_c - b_t)[:, None]
+            # the gate carry of this chunk (all fp32, from the fp32 accumulator of dk's inter-chunk part)
+            cy = tl.exp(b_c) * tl.sum(hdh, axis=0) + tl.sum(tl.sum(k_t * dk_t, axis=1), axis=0)
+            tl.store(cpart + ((i_k * B + i_b) * NT + c) * H + i_h, cy)
+        else:
+            dPg = tl.where(causal, dP, 0.)
+            dq_t = dq_i
+            dk_t = dk_i
+        dq_t += tl.dot(_r16(dPg, DT, EMU), _r16(k_t, DT, EMU), input_precision=IP)
+        dk_t += tl.dot(tl.trans(_r16(dPg, DT, EMU)), _r16(q_t, DT, EMU), input_precision=IP)
+        # dq_t is dL/dq~ (q~ = scale q): dL/dq = scale dq_t, and q dL/dq = q~ dq_t.
         offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
-        k_s = tl.load(k + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
-        q_s = tl.load(q + offs, mask=mask_t[:, None], other=0.).to(tl.float32) * scale
-        v_s = _r16(tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.), DT, EMU)
-        do_s = _r16(tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
-                       other=0.), DT, EMU)
-        dP = tl.dot(do_s, tl.trans(v_s), input_precision=IP)                        # [BC, BC]
-        decay = tl.exp(tl.where(causal[:, :, None], b[:, None, :] - b[None, :, :], float("-inf")))
-        dq_s = tl.dot(do_s, tl.trans(_r16(h, DT, EMU)), input_precision=IP) * tl.exp(b - B0[None, :])
-        dq_s += tl.sum(dP[:, :, None] * decay * k_s[None, :, :], axis=1)
-        tl.store(dq + offs, _st((dq_s * scale), dq.dtype.element_ty, EMU), mask=mask_t[:, None])
-        tl.store(dgl + offs, q_s * dq_s, mask=mask_t[:, None])
-        kg = _r16((k_s * tl.exp(B1[None, :] - b)), DT, EMU)
-        h = h * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(kg), v_s, input_precision=IP)
-    # pass 2 reads back what pass 1 stored into dgl (same program): order the two
-    tl.debug_barrier()
-    dh = tl.load(dhs + st).to(tl.float32)
-    # h is now the state leaving the chunk (fp32, carried on chip): the chunk's gate carry
-    # <h_{c+1}, dh_c> per key channel, written to cpart [B, NT, H, K]
-    tl.store(cpart + ((i_b * NT + c) * H + i_h) * K + o_k, tl.sum(h * dh, axis=1))
-    for ss in tl.range(0, BT // BC):
-        s = BT // BC - 1 - ss
-        rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
-        offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
-        k_s = tl.load(k + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
-        q_s = tl.load(q + offs, mask=mask_t[:, None], other=0.).to(tl.float32) * scale
-        v_s = _r16(tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.), DT, EMU)
-        do_s = _r16(tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
-                       other=0.), DT, EMU)
-        dP = tl.dot(do_s, tl.trans(v_s), input_precision=IP)
-        decay = tl.exp(tl.where(causal[:, :, None], b[:, None, :] - b[None, :, :], float("-inf")))
-        dk_s = tl.dot(v_s, tl.trans(_r16(dh, DT, EMU)), input_precision=IP) * tl.exp(B1[None, :] - b)
-        dk_s += tl.sum(dP[:, :, None] * decay * q_s[:, None, :], axis=0)
-        tl.store(dk + offs, _st(dk_s, dk.dtype.element_ty, EMU), mask=mask_t[:, None])
-        prev = tl.load(dgl + offs, mask=mask_t[:, None], other=0.)
-        tl.store(dgl + offs, prev - k_s * dk_s, mask=mask_t[:, None])
-        qg = _r16((q_s * tl.exp(b - B0[None, :])), DT, EMU)
-        dh = dh * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(qg), do_s, input_precision=IP)
+        tl.store(dq + offs, _st((dq_t * scale), dq.dtype.element_ty, EMU), mask=mask_t[:, None])
+        tl.store(dk + offs, _st(dk_t, dk.dtype.element_ty, EMU), mask=mask_t[:, None])
+        if GATE == 1:
+            part = tl.sum(q_t * dq_t - k_t * dk_t, axis=1)
+            tl.store(dgl + i_k * (B * T * H) + i_b * T * H + i_h + rows * H, part,
+                     mask=mask_t)
 
 
 @triton.jit
@@ -702,21 +594,15 @@ class _Cfg:
     """Tile sizes and launch parameters, chosen by simple rules of thumb (see NOTES_gla.md)."""
 
     def __init__(self, gate: int, B: int, T: int, H: int, K: int, V: int, dtype, device, num_segments=None):
-        # BT: the chunk of the state marches and of the backward's stored states; BTF: the chunk of
-        # the fused forward march (16 for the vector gate, whose intra-chunk scores are formed pair
-        # by pair); BC: the vector gate's backward sub-chunk.
+        # BT: the chunk of every march and of the backward's stored states (all three gates)
         self.BT = 64
-        self.BTF = 64
-        self.BC = 16
         self.NT = triton.cdiv(T, self.BT)
-        self.NTF = triton.cdiv(T, self.BTF)
         # forward: full K per program (o needs the whole K sum); the state tile is K x BV.
         self.BV_f = min(V, 64 if K <= 128 else 32)
-        self.BKA = min(K, 32)                  # K-slice of the vector-gate pair broadcast [BT, BT, BKA]
         self.BK_s = min(K, 64)                 # state-only marches tile K as well
         self.BV_s = min(V, 64)
         self.BV_dv = min(V, 64)
-        self.BK_dq = min(K, 32 if gate == 2 else 64)
+        self.BK_dq = min(K, 64)
         self.BV_dq = min(V, 64)
         self.IP = "ieee" if dtype == torch.float32 else "tf32"
         # Triton's interpreter mis-computes tl.dot on 16-bit operands, so there the dots run in
@@ -748,7 +634,6 @@ class _Cfg:
         num_segments = max(1, min(int(num_segments), self.NT))
         self.SEG = triton.cdiv(self.NT, num_segments)
         self.NS = triton.cdiv(self.NT, self.SEG)   # no empty segment
-        self.SEGF = self.SEG * (self.BT // self.BTF)   # the same segments in fused-forward chunks
 
 
 def _gate_code(g):
@@ -773,8 +658,8 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
         inits = h0
         grid = (V // cfg.BV_f, BH)
         _fwd_kernel[grid](q, k, v, gg, o, h0 if h0 is not None else dummy, ht if ht is not None else dummy,
-                          dummy, dummy, scale, T, cfg.NTF, cfg.SEGF, cfg.NS, H=H, K=K, V=V, BT=cfg.BTF, BK=K,
-                          BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=h0 is not None, COMPUTE_O=True,
+                          dummy, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V, BT=cfg.BT, BK=K,
+                          BV=cfg.BV_f, GATE=gate, HAS_H0=h0 is not None, COMPUTE_O=True,
                           STORE_FINAL=ht is not None, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU,
                           num_warps=cfg.warps_f, num_stages=cfg.stages_f)
     else:
@@ -783,7 +668,7 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
         dec = torch.zeros(BH * NS, K if gate == 2 else 1, dtype=f32, device=dev)
         grid = ((K // cfg.BK_s) * (V // cfg.BV_s), BH * NS)
         _fwd_kernel[grid](q, k, v, gg, dummy, dummy, contrib, dec, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS,
-                          H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, BKA=cfg.BKA, GATE=gate,
+                          H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate,
                           HAS_H0=False, COMPUTE_O=False, STORE_FINAL=True, STORE_DEC=gate != 0,
                           STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=4)
         inits = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
@@ -792,8 +677,8 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
             K=K, V=V, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate, HAS_H0=h0 is not None,
             STORE_FINAL=ht is not None, REVERSE=False, num_warps=4)
         _fwd_kernel[(V // cfg.BV_f, BH * NS)](
-            q, k, v, gg, o, inits, dummy, dummy, dummy, scale, T, cfg.NTF, cfg.SEGF, cfg.NS, H=H, K=K, V=V,
-            BT=cfg.BTF, BK=K, BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=True, COMPUTE_O=True,
+            q, k, v, gg, o, inits, dummy, dummy, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V,
+            BT=cfg.BT, BK=K, BV=cfg.BV_f, GATE=gate, HAS_H0=True, COMPUTE_O=True,
             STORE_FINAL=False, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=cfg.warps_f,
             num_stages=cfg.stages_f)
     return o, ht, (inits if need_inits else None), cfg
@@ -817,7 +702,7 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
     dec = torch.zeros(BH * NS, K if gate == 2 else 1, dtype=f32, device=dev) if (split and gate) else dummy
     _fwd_kernel[(NKV, BH * NS)](q, k, v, gg, dummy, inits if inits is not None else dummy, dummy, dec, hs,
                                 scale, T, NT, cfg.SEG, NS, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s,
-                                BKA=cfg.BKA, GATE=gate, HAS_H0=inits is not None, COMPUTE_O=False,
+                                GATE=gate, HAS_H0=inits is not None, COMPUTE_O=False,
                                 STORE_FINAL=False, STORE_DEC=split and gate != 0, STORE_H=True, IP=cfg.IP,
                                 EMU=cfg.EMU, num_warps=4)
     # (2) reverse march for dh (gradient w.r.t. the state leaving each chunk) and dh0; split like
@@ -843,14 +728,9 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
                                        HAS_INIT=True, STORE_DH=True, STORE_OUT=False, **common)
     # (3) dv, then dq, dk and the gate terms, parallel over chunks
     dv = torch.empty_like(v)
-    if gate == 2:
-        _bwd_dv_gla_kernel[(V // cfg.BV_dv, NT, BH)](q, k, g, do, dhs, dv, scale, T, NT, H=H, K=K, V=V,
-                                                     BT=cfg.BT, BC=cfg.BC, BV=cfg.BV_dv, BKA=cfg.BKA, IP=cfg.IP,
-                                                     EMU=cfg.EMU, num_warps=4 if K <= 64 else 8)
-    else:
-        _bwd_dv_kernel[(V // cfg.BV_dv, NT, BH)](q, k, gg, do, dhs, dv, scale, T, NT, H=H, K=K, V=V, BT=cfg.BT,
-                                                 BV=cfg.BV_dv, GATE=gate, IP=cfg.IP, EMU=cfg.EMU,
-                                                 num_warps=4 if K <= 64 else 8)
+    _bwd_dv_kernel[(V // cfg.BV_dv, NT, BH)](q, k, gg, do, dhs, dv, scale, T, NT, H=H, K=K, V=V, BT=cfg.BT,
+                                             BV=cfg.BV_dv, GATE=gate, IP=cfg.IP, EMU=cfg.EMU,
+                                             num_warps=4 if K <= 64 else 8)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     NK = K // cfg.BK_dq
@@ -866,14 +746,9 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
         cpart = torch.empty(NK, B, NT, H, dtype=f32, device=dev)
     else:
         cpart = dummy
-    if gate == 2:
-        _bwd_dqdk_gla_kernel[(NK, NT, BH)](q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, T, NT, H=H, K=K, V=V,
-                                           BT=cfg.BT, BC=cfg.BC, BK=cfg.BK_dq, IP=cfg.IP, EMU=cfg.EMU,
-                                           num_warps=8 if K >= 64 else 4)
-    else:
-        _bwd_dqdk_kernel[(NK, NT, BH)](q, k, v, gg, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, NT, H=H, K=K, V=V,
-                                       BT=cfg.BT, BK=cfg.BK_dq, BV=cfg.BV_dq, GATE=gate, IP=cfg.IP,
-                                       EMU=cfg.EMU, num_warps=8 if cfg.BK_dq >= 64 else 4)
+    _bwd_dqdk_kernel[(NK, NT, BH)](q, k, v, gg, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, NT, H=H, K=K, V=V,
+                                   BT=cfg.BT, BK=cfg.BK_dq, BV=cfg.BV_dq, GATE=gate, IP=cfg.IP,
+                                   EMU=cfg.EMU, num_warps=8 if cfg.BK_dq >= 64 else 4)
     dg = None
     if gate:
         # dL/dB_t (B_t = g_1 + ... + g_t over the whole sequence) is q*dq - k*dk; dg_t is its

@@ -214,7 +214,7 @@ def test_gpu_large(op, dtype, T, num_segments):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("op,T", [("simple_gla", 1024), ("gla", 512)])
+@pytest.mark.parametrize("op,T", [("simple_gla", 1024), ("gla", 1024)])
 def test_gate_gradient_long_bf16(device, op, T):
     """dg stays as accurate as dq, dk over a long sequence in bfloat16.
 
@@ -226,7 +226,7 @@ def test_gate_gradient_long_bf16(device, op, T):
     operands, stored states and outputs are rounded to bfloat16 as on the GPU (``_r16``), so this
     test sees the same error mechanism on CPU. Bounds: the 2e-2 cap the issue allows for gate
     gradients, and at most 8x the error of dq and dk (the in-chunk suffix sum of up to 64 terms
-    that partly cancel costs a small factor; measured about 4.5x for simple_gla, 2x for gla).
+    that partly cancel costs a small factor; measured about 4.5x for simple_gla, 4x for gla).
     """
     q, k, v, g, _ = _inputs(op, 1, T, 1, 32, 32, torch.bfloat16, device, h0=False, seed=11)
     do = torch.randn(1, T, 1, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(device)

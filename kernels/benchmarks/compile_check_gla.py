@@ -52,7 +52,7 @@ def main(argv=None):
         def __getitem__(self, grid):
             return lambda *a, **kw: launches.append((self.fn, grid, a, kw))
 
-    helpers = ("_gla_intra_scores", "_sub_offsets", "_r16", "_st")      # called inside kernels, not launched
+    helpers = ("_gla_level", "_gla_chunk_scores", "_r16", "_st")      # called inside kernels, not launched
     for name in dir(M):
         obj = getattr(M, name)
         if isinstance(obj, triton.runtime.jit.JITFunction) and name not in helpers:
