@@ -51,7 +51,7 @@ def _parse(argv=None):
     p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
     p.add_argument("--no-fla", action="store_true", help="time only our kernels")
     p.add_argument("--explore", action="store_true",
-                   help="instead of the benchmark: time our forward of linear_attn and simple_gla over a "
+                   help="instead of the benchmark: time our forward of the three ops over a "
                         "grid of launch parameters (triton_gla.TUNE) at B=32,T=2048 and B=1,T=32768; "
                         "writes $OUT/explore_gla.json (or kernels/results/logs/explore_gla.json)")
     p.add_argument("--budget-s", type=float, default=200.0,
@@ -155,7 +155,7 @@ def explore(args):
     out.mkdir(parents=True, exist_ok=True)
     grid = [dict(BV_f=bv, warps_f=w, stages_f=st) for bv, w, st in itertools.product((64, 128), (4, 8), (2, 3))]
     grid += [dict(BV_f=64, warps_f=8, stages_f=3, split=False)]
-    for op in ("linear_attn", "simple_gla"):
+    for op in ("linear_attn", "simple_gla", "gla"):
         fn = _our_fns()[op]
         for B, T in ((32, 2048), (1, 32768)):
             q, k, v, g, _ = _inputs(op, B, T, torch.bfloat16, "cuda")
