@@ -148,21 +148,48 @@ def _gla_level(b, o_i, LV: tl.constexpr, BT: tl.constexpr, K: tl.constexpr):
 def _gla_chunk_scores(q_t, k_t, b, BT: tl.constexpr, K: tl.constexpr, DT: tl.constexpr, EMU: tl.constexpr,
                       IP: tl.constexpr):
     """Vector gate, one chunk: A_ij = sum_d q_id k_jd e^{b_id - b_jd} for j <= i, else 0 (``[BT, BT]``
-    float32; q_t, k_t, b ``[BT, K]`` float32). The diagonal has exponent 0; the pairs i > j come in
-    log2(BT) levels of one matrix product each (:func:`_gla_level`)."""
+    float32; q_t, k_t ``[BT, K]`` in any float dtype (kept as given, to save registers), b ``[BT, K]``
+    float32). The diagonal has exponent 0; the pairs i > j come in log2(BT) levels of one matrix
+    product each (:func:`_gla_level`)."""
     o_i = tl.arange(0, BT)
-    A = tl.where(o_i[:, None] == o_i[None, :], tl.sum(q_t * k_t, axis=1)[:, None], 0.)
+    A = tl.where(o_i[:, None] == o_i[None, :],
+                 tl.sum(q_t.to(tl.float32) * k_t.to(tl.float32), axis=1)[:, None], 0.)
     for LV in tl.static_range(8):          # BT <= 256: levels with half-blocks of BT/2, ..., 1 rows
         if (BT >> (LV + 1)) > 0:
             qe, ke, pair = _gla_level(b, o_i, LV, BT, K)
-            ql = _r16(q_t * tl.exp(qe), DT, EMU)
-            kl = _r16(k_t * tl.exp(ke), DT, EMU)
+            ql = _r16(q_t.to(tl.float32) * tl.exp(qe), DT, EMU)
+            kl = _r16(k_t.to(tl.float32) * tl.exp(ke), DT, EMU)
             A += tl.where(pair, tl.dot(ql, tl.trans(kl), input_precision=IP), 0.)
     return A
 
 
 @triton.jit
-def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
+def _gla_scores_kernel(q, k, g, As, scale, T, NT,
+                       H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, IP: tl.constexpr,
+                       EMU: tl.constexpr):
+    """Vector gate: the intra-chunk scores scale * A (K5) of every chunk, in parallel; grid (NT, B*H).
+    ``As`` ``[B*H, NT*BT, BT]`` in q's dtype (the forward march rounds A to it for the tensor cores
+    anyway)."""
+    DT = k.dtype.element_ty
+    c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    rows = c * BT + o_t
+    mask_t = rows < T
+    offs = i_b * T * H * K + i_h * K + rows[:, None] * (H * K) + o_k[None, :]
+    q_t = tl.load(q + offs, mask=mask_t[:, None], other=0.)
+    k_t = tl.load(k + offs, mask=mask_t[:, None], other=0.)
+    b_t = tl.cumsum(tl.load(g + offs, mask=mask_t[:, None], other=0.).to(tl.float32), axis=0)
+    A = _gla_chunk_scores(q_t, k_t, b_t, BT, K, DT, EMU, IP) * scale
+    tl.store(As + (i_bh * NT + c).to(tl.int64) * BT * BT + o_t[:, None] * BT + o_t[None, :],
+             _st(A, As.dtype.element_ty, EMU))
+
+
+@triton.jit
+def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, As, scale, T, NT, SEG_CHUNKS, NS,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 GATE: tl.constexpr, HAS_H0: tl.constexpr, COMPUTE_O: tl.constexpr,
@@ -173,6 +200,8 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
     grid = (NK * NV, B*H*NS). ``h0``/``ht``: per-(bh, segment) entering/leaving states
     ``[B*H*NS, K, V]`` fp32; ``dec``: per-(bh, segment) total log decay (``[B*H*NS, K]``);
     ``hs``: per-chunk entering states ``[B*H, NT, K, V]`` fp32. ``COMPUTE_O`` needs ``BK == K``.
+    ``As``: vector gate only, the intra-chunk scores (times the scale) ``[B*H, NT*BT, BT]`` written by
+    :func:`_gla_scores_kernel`.
     """
     DT = k.dtype.element_ty
     i_kv = tl.program_id(0)
@@ -233,9 +262,12 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
         if COMPUTE_O:
             if GATE == 2:
                 q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
-                              other=0.).to(tl.float32) * scale
-                o_c = tl.dot(_r16((q_t * tl.exp(b_t)), DT, EMU), _r16(S, DT, EMU), input_precision=IP)
-                A = _gla_chunk_scores(q_t, k_t.to(tl.float32), b_t, BT, K, DT, EMU, IP)
+                              other=0.)
+                o_c = tl.dot(_r16((q_t.to(tl.float32) * tl.exp(b_t)), DT, EMU), _r16(S, DT, EMU),
+                             input_precision=IP) * scale
+                # the scores come from a parallel pre-pass (keeps this march's registers for the state)
+                A = tl.load(As + (i_bh * NT + c).to(tl.int64) * BT * BT + o_t[:, None] * BT + o_t[None, :],
+                            mask=(c < NT) & (o_t[:, None] >= 0), other=0.)
             else:
                 # q goes to the tensor cores as loaded (so its load is pipelined); the scale and
                 # the scalar decays act on the float32 results
@@ -654,11 +686,16 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
     gg = g if g is not None else q                 # placeholder pointer when there is no gate
     ht = torch.empty(B, H, K, V, dtype=f32, device=dev) if output_final_state else None
     dummy = torch.empty(1, dtype=f32, device=dev)
+    As = dummy
+    if gate == 2:
+        As = torch.empty(BH, cfg.NT * cfg.BT, cfg.BT, dtype=q.dtype, device=dev)
+        _gla_scores_kernel[(cfg.NT, BH)](q, k, g, As, scale, T, cfg.NT, H=H, K=K, BT=cfg.BT, IP=cfg.IP,
+                                         EMU=cfg.EMU, num_warps=4 if K <= 64 else 8)
     if cfg.NS == 1:
         inits = h0
         grid = (V // cfg.BV_f, BH)
         _fwd_kernel[grid](q, k, v, gg, o, h0 if h0 is not None else dummy, ht if ht is not None else dummy,
-                          dummy, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V, BT=cfg.BT, BK=K,
+                          dummy, dummy, As, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V, BT=cfg.BT, BK=K,
                           BV=cfg.BV_f, GATE=gate, HAS_H0=h0 is not None, COMPUTE_O=True,
                           STORE_FINAL=ht is not None, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU,
                           num_warps=cfg.warps_f, num_stages=cfg.stages_f)
@@ -667,7 +704,7 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
         contrib = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
         dec = torch.zeros(BH * NS, K if gate == 2 else 1, dtype=f32, device=dev)
         grid = ((K // cfg.BK_s) * (V // cfg.BV_s), BH * NS)
-        _fwd_kernel[grid](q, k, v, gg, dummy, dummy, contrib, dec, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS,
+        _fwd_kernel[grid](q, k, v, gg, dummy, dummy, contrib, dec, dummy, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS,
                           H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate,
                           HAS_H0=False, COMPUTE_O=False, STORE_FINAL=True, STORE_DEC=gate != 0,
                           STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=4)
@@ -677,7 +714,7 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
             K=K, V=V, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate, HAS_H0=h0 is not None,
             STORE_FINAL=ht is not None, REVERSE=False, num_warps=4)
         _fwd_kernel[(V // cfg.BV_f, BH * NS)](
-            q, k, v, gg, o, inits, dummy, dummy, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V,
+            q, k, v, gg, o, inits, dummy, dummy, dummy, As, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V,
             BT=cfg.BT, BK=K, BV=cfg.BV_f, GATE=gate, HAS_H0=True, COMPUTE_O=True,
             STORE_FINAL=False, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=cfg.warps_f,
             num_stages=cfg.stages_f)
@@ -700,7 +737,7 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
     NKV = (K // cfg.BK_s) * (V // cfg.BV_s)
     split = NS > 1
     dec = torch.zeros(BH * NS, K if gate == 2 else 1, dtype=f32, device=dev) if (split and gate) else dummy
-    _fwd_kernel[(NKV, BH * NS)](q, k, v, gg, dummy, inits if inits is not None else dummy, dummy, dec, hs,
+    _fwd_kernel[(NKV, BH * NS)](q, k, v, gg, dummy, inits if inits is not None else dummy, dummy, dec, hs, dummy,
                                 scale, T, NT, cfg.SEG, NS, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s,
                                 GATE=gate, HAS_H0=inits is not None, COMPUTE_O=False,
                                 STORE_FINAL=False, STORE_DEC=split and gate != 0, STORE_H=True, IP=cfg.IP,
