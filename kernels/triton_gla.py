@@ -419,13 +419,14 @@ def _bwd_dh_kernel(q, g, do, dinit, dhs, dout, scale, T, NT, SEG_CHUNKS, NS,
 
 
 @triton.jit
-def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
+def _bwd_dv_kernel(q, k, g, do, dhs, dv, As, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BV: tl.constexpr,
                    GATE: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
     """dV = A^T dO + (K * e^{b_C - b}) dh, one chunk and V-block per program; grid (NV, NT, B*H).
 
-    For the vector gate (``GATE == 2``) A comes from :func:`_gla_chunk_scores`.
+    For the vector gate (``GATE == 2``) A is read from the forward's score pre-pass ``As``
+    (:func:`_gla_scores_kernel`, scale included).
     """
     DT = k.dtype.element_ty
     i_v = tl.program_id(0)
@@ -452,7 +453,7 @@ def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
                       other=0.).to(tl.float32)
         b_t = tl.cumsum(g_t, axis=0)
         b_c = tl.sum(g_t, axis=0)
-        A = _gla_chunk_scores(q_t, k_t.to(tl.float32), b_t, BT, K, DT, EMU, IP)
+        A = tl.load(As + (i_bh * NT + c).to(tl.int64) * BT * BT + o_t[:, None] * BT + o_t[None, :])
         kg = _r16((k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)), DT, EMU)
     elif GATE == 1:
         A = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)
@@ -718,10 +719,12 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
             BT=cfg.BT, BK=K, BV=cfg.BV_f, GATE=gate, HAS_H0=True, COMPUTE_O=True,
             STORE_FINAL=False, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=cfg.warps_f,
             num_stages=cfg.stages_f)
-    return o, ht, (inits if need_inits else None), cfg
+    # what the backward needs: the segment entering states and (vector gate) the scores
+    return o, ht, ((inits, As if gate == 2 else None) if need_inits else None), cfg
 
 
-def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
+def _backward(q, k, v, g, scale, saved, ht, do, dht, cfg, need_dh0):
+    inits, As = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
     gate = _gate_code(g)
@@ -765,7 +768,7 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
                                        HAS_INIT=True, STORE_DH=True, STORE_OUT=False, **common)
     # (3) dv, then dq, dk and the gate terms, parallel over chunks
     dv = torch.empty_like(v)
-    _bwd_dv_kernel[(V // cfg.BV_dv, NT, BH)](q, k, gg, do, dhs, dv, scale, T, NT, H=H, K=K, V=V, BT=cfg.BT,
+    _bwd_dv_kernel[(V // cfg.BV_dv, NT, BH)](q, k, gg, do, dhs, dv, As if As is not None else dummy, scale, T, NT, H=H, K=K, V=V, BT=cfg.BT,
                                              BV=cfg.BV_dv, GATE=gate, IP=cfg.IP, EMU=cfg.EMU,
                                              num_warps=4 if K <= 64 else 8)
     dq = torch.empty_like(q)
@@ -804,8 +807,9 @@ class _ChunkGLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, h0, scale, output_final_state, num_segments):
         need = any(ctx.needs_input_grad[:5])
-        o, ht, inits, cfg = _forward(q, k, v, g, scale, h0, output_final_state, need, num_segments)
-        ctx.save_for_backward(q, k, v, g, inits, ht)
+        o, ht, saved, cfg = _forward(q, k, v, g, scale, h0, output_final_state, need, num_segments)
+        inits, As = saved if saved is not None else (None, None)
+        ctx.save_for_backward(q, k, v, g, inits, As, ht)
         ctx.scale = scale
         ctx.cfg = cfg
         ctx.has_h0 = h0 is not None
@@ -814,11 +818,11 @@ class _ChunkGLAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, inits, ht = ctx.saved_tensors
+        q, k, v, g, inits, As, ht = ctx.saved_tensors
         do = do.contiguous()
         if dht is not None:
             dht = dht.contiguous().float()
-        dq, dk, dv, dg, dh0 = _backward(q, k, v, g, ctx.scale, inits, ht, do, dht, ctx.cfg, ctx.has_h0)
+        dq, dk, dv, dg, dh0 = _backward(q, k, v, g, ctx.scale, (inits, As), ht, do, dht, ctx.cfg, ctx.has_h0)
         if dh0 is not None:
             dh0 = dh0.to(ctx.h0_dtype)
         return dq, dk, dv, dg, dh0, None, None, None
