@@ -220,8 +220,10 @@ def main(argv=None):
                             "no initial/final state",
                   "fla_env": {"FLA_DISABLE_BACKEND_DISPATCH": os.environ.get("FLA_DISABLE_BACKEND_DISPATCH")}}
         return harness.write_results("bench_gla", config, records)
-    for op in ops:
-        for B, T in shapes:
+    # shapes outer, ops inner: if the budget runs out, it is the last shapes of every op that are
+    # skipped, not a whole op
+    for B, T in shapes:
+        for op in ops:
             if over_budget():
                 for impl, _ in impls:
                     for pass_ in ("fwd", "fwdbwd"):
