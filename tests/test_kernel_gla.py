@@ -213,6 +213,14 @@ def test_gpu_large(op, dtype, T, num_segments):
     _compare(op, q, k, v, g, s0, True, tol=TOL[dtype], ref="chunk", num_segments=num_segments)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only shapes (compiled kernels)")
+@pytest.mark.parametrize("op", OPS)
+def test_gpu_head_size_256(op):
+    """The largest head size compiles and fits the GPU's shared memory (2 pipeline stages there)."""
+    q, k, v, g, s0 = _inputs(op, 1, 200, 2, 256, 256, torch.bfloat16, "cuda", seed=9)
+    _compare(op, q, k, v, g, s0, True, tol=TOL[torch.bfloat16], ref="chunk")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("op,T", [("simple_gla", 1024), ("gla", 1024)])
 def test_gate_gradient_long_bf16(device, op, T):
