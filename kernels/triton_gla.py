@@ -533,6 +533,10 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, N
         tl.store(cpart + ((i_b * NT + c) * H + i_h) * K + o_k, tl.exp(b_c) * hdh + tl.sum(k_t * dk_t, axis=0))
         # intra-chunk part, level by level (see _gla_level): A_l = (q e^{qe}) (k e^{ke})^T on pairs,
         # so dq += e^{qe} (dP_l (k e^{ke})) and dk += e^{ke} (dP_l^T (q e^{qe})); plus the diagonal
+        # gate terms q~.dq - k.dk: the inter parts now; the diagonal pair cancels exactly and is left
+        # out; each level adds ql * (dP_l kl) - kl * (dP_l^T ql) from the *same* rounded ql, kl, dP_l,
+        # so that pairs inside a suffix cancel to float32 accuracy in dg (see the scalar branch)
+        dgt = q_t * dq_t - k_t * dk_t
         diag = tl.sum(tl.where(o_t[:, None] == o_t[None, :], dP, 0.), axis=1)
         dq_t += diag[:, None] * k_t
         dk_t += diag[:, None] * q_t
@@ -542,11 +546,16 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, N
                 eq = tl.exp(qe)
                 ek = tl.exp(ke)
                 dPl = _r16(tl.where(pair, dP, 0.), DT, EMU)
-                dq_t += eq * tl.dot(dPl, _r16(k_t * ek, DT, EMU), input_precision=IP)
-                dk_t += ek * tl.dot(tl.trans(dPl), _r16(q_t * eq, DT, EMU), input_precision=IP)
+                ql = _r16(q_t * eq, DT, EMU)
+                kl = _r16(k_t * ek, DT, EMU)
+                rq = tl.dot(dPl, kl, input_precision=IP)
+                ck = tl.dot(tl.trans(dPl), ql, input_precision=IP)
+                dq_t += eq * rq
+                dk_t += ek * ck
+                dgt += ql.to(tl.float32) * rq - kl.to(tl.float32) * ck
         tl.store(dq + offs, _st((dq_t * scale), dq.dtype.element_ty, EMU), mask=mask_t[:, None])
         tl.store(dk + offs, _st(dk_t, dk.dtype.element_ty, EMU), mask=mask_t[:, None])
-        tl.store(dgl + offs, q_t * dq_t - k_t * dk_t, mask=mask_t[:, None])
+        tl.store(dgl + offs, dgt, mask=mask_t[:, None])
     else:
         if GATE == 1:
             g_t = tl.load(g + i_b * T * H + i_h + rows * H, mask=mask_t, other=0.).to(tl.float32)
@@ -558,6 +567,14 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, N
             # the gate carry of this chunk (all fp32, from the fp32 accumulator of dk's inter-chunk part)
             cy = tl.exp(b_c) * tl.sum(hdh, axis=0) + tl.sum(tl.sum(k_t * dk_t, axis=1), axis=0)
             tl.store(cpart + ((i_k * B + i_b) * NT + c) * H + i_h, cy)
+            # per-position gate terms q~.dq - k.dk: the inter-chunk parts, plus the intra-chunk pairs
+            # M_ij = dP_ij Gamma_ij (q~_i . k_j) (i > j) entering row i with + and row j with -.
+            # The pair i = j enters q~.dq and k.dk alike and cancels exactly, so it is left out rather
+            # than computed twice with different 16-bit roundings (with those, the diagonal's
+            # rounding noise dominated dg's error); M is float32 from the float32 dP and scores.
+            QK = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)
+            M = tl.where(o_t[:, None] > o_t[None, :], dPg * QK, 0.)
+            part = tl.sum(q_t * dq_t - k_t * dk_t, axis=1) + tl.sum(M, axis=1) - tl.sum(M, axis=0)
         else:
             dPg = tl.where(causal, dP, 0.)
             dq_t = dq_i
@@ -569,7 +586,6 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, N
         tl.store(dq + offs, _st((dq_t * scale), dq.dtype.element_ty, EMU), mask=mask_t[:, None])
         tl.store(dk + offs, _st(dk_t, dk.dtype.element_ty, EMU), mask=mask_t[:, None])
         if GATE == 1:
-            part = tl.sum(q_t * dq_t - k_t * dk_t, axis=1)
             tl.store(dgl + i_k * (B * T * H) + i_b * T * H + i_h + rows * H, part,
                      mask=mask_t)
 

@@ -230,11 +230,14 @@ def test_gate_gradient_long_bf16(device, op, T):
     16-bit rounding errors of those terms add up (growing like sqrt(T)) while dg itself does not
     grow: round 1 measured dg err ratios of 0.09-0.2 on the GPU at T >= 2048 against 0.003 for dq.
     The kernel takes the part from later chunks from the chunk's state and state gradient instead
-    (see _dg_kernel), so only one chunk's terms are summed. Under the interpreter the matmul
-    operands, stored states and outputs are rounded to bfloat16 as on the GPU (``_r16``), so this
-    test sees the same error mechanism on CPU. Bounds: the 2e-2 cap the issue allows for gate
-    gradients, and at most 8x the error of dq and dk (the in-chunk suffix sum of up to 64 terms
-    that partly cancel costs a small factor; measured about 4.5x for simple_gla, 4x for gla).
+    (see _dg_kernel), so only one chunk's terms are summed, and forms the in-chunk terms so that
+    pairs of positions that cancel in exact arithmetic cancel in float32 too (the diagonal pair is
+    left out; the other pairs use the same rounded factors on both sides). Under the interpreter
+    the matmul operands, stored states and outputs are rounded to bfloat16 as on the GPU
+    (``_r16``), so this test sees the same error mechanism on CPU. Bounds: 1e-2, and at most 3x the
+    error of dq and dk. Measured: dg/dq about 1.2x (simple_gla) and 1.7x (gla); with the chunk
+    carry alone (diagonal pairs computed twice) 4.5x and 4x, with the round-1 sequence-long suffix
+    sum 0.036 for simple_gla — both fail.
     """
     q, k, v, g, _ = _inputs(op, 1, T, 1, 32, 32, torch.bfloat16, device, h0=False, seed=11)
     do = torch.randn(1, T, 1, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(device)
@@ -245,4 +248,4 @@ def test_gate_gradient_long_bf16(device, op, T):
                                   _leaves(*(x.detach().double() for x in (q, k, v, g))), do, None, False)
     err = {n: err_ratio(a, b) for n, a, b in zip(("dq", "dk", "dv", "dg"), grads, grads64)}
     assert max(err["dq"], err["dk"], err["dv"]) <= TOL[torch.bfloat16], err
-    assert err["dg"] <= 2e-2 and err["dg"] <= 8 * max(err["dq"], err["dk"]), err
+    assert err["dg"] <= 1e-2 and err["dg"] <= 3 * max(err["dq"], err["dk"]), err
