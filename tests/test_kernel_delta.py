@@ -1,0 +1,275 @@
+"""Triton (gated) delta-rule kernels vs the float64 token-by-token definition: outputs, final states
+and every gradient (q, k, v, beta, g, initial_state).
+
+On a machine without CUDA the kernels run through Triton's interpreter (tiny shapes keep this file
+fast); with CUDA the same tests run compiled on the GPU, plus larger GPU-only shapes. The oracle is
+``kernels.reference.recurrent_ref`` (the recurrence itself, no chunking) in float64 with autograd,
+fed the *same* (already rounded) inputs as the kernel, so only the kernel's own arithmetic counts.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels import reference
+
+DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]   # CPU: interpreter; CUDA: compiled
+
+# Tolerances, relative to the largest magnitude of the reference quantity (max-abs error / max-abs ref).
+# float32: the kernel runs in float32 (tl.dot with input_precision="ieee"), eps = 1.2e-7. Errors grow
+# through the 64×64 triangular solve (β up to 2 gives entries of (I + A)^{-1} of order 10-100) and
+# through ≤ 130-step recurrences; measured ~1e-6 on the interpreter. 2e-4 leaves > 100× headroom,
+# while a wrong mask, index or gate exponent gives errors of order 1.
+TOL32 = 2e-4
+# bfloat16/float16: the kernel rounds W, U, v', the state and the gated q, k to the input dtype before
+# every tensor-core product (as fla does); bf16 has unit roundoff 2^-9 ≈ 2e-3, and several such
+# roundings meet in each output (measured RMS error ratio ≈ 3-4e-3 for o and the final state and
+# ≈ 2.5-5e-3 for the gradients on the interpreter). We use fla's RMS error ratio
+# (harness.err_ratio) with bound 1e-2: above what correct rounding gives, far below the O(1) of a
+# real bug. fp16 (unit roundoff 2^-12) measures ≈ 5e-4 and gets the same bound. (The interpreter
+# rounds to nearest even like the GPU; see triton_delta._interpreter_fixes.)
+TOL16_OUT, TOL16_GRAD = 1e-2, 1e-2
+
+
+def _rel_err(x, ref):
+    x = x.detach().double()
+    ref = ref.detach().double()
+    assert torch.isfinite(x).all(), "non-finite values"
+    return ((x - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def _rms_ratio(x, ref):
+    from kernels.benchmarks.harness import err_ratio
+    return err_ratio(x, ref)
+
+
+def _inputs(B, T, H, K, V, *, gated, seed, device, harsh=False, beta_max=2.0, normalise=True,
+            noncontig=False, with_h0=True):
+    gen = torch.Generator().manual_seed(seed)
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+    if noncontig:   # [B, H, T, D] storage viewed as [B, T, H, D]
+        q = rnd(B, H, T, K).transpose(1, 2)
+        k = rnd(B, H, T, K).transpose(1, 2)
+        v = rnd(B, H, T, V).transpose(1, 2)
+    else:
+        q, k, v = rnd(B, T, H, K), rnd(B, T, H, K), rnd(B, T, H, V)
+    k = F.normalize(k, dim=-1) if normalise else 0.3 * k
+    beta = torch.rand(B, T, H, generator=gen, dtype=torch.float64) * beta_max
+    g = None
+    if gated:
+        g = F.logsigmoid(rnd(B, T, H) + 2.0)                      # mild: decays near 1
+        if harsh:   # log decays down to about -1000 (e^g underflows), plus exact zeros (no decay)
+            g = -torch.exp(3.0 * rnd(B, T, H))
+            g = torch.where(torch.rand(B, T, H, generator=gen) < 0.2, torch.zeros_like(g), g)
+    h0 = rnd(B, H, K, V) if with_h0 else None
+    out = dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0)
+    return {n: (t.to(device) if t is not None else None) for n, t in out.items()}
+
+
+def _run(inp, dtype, *, gated, fs, scale=None, backend="triton", grad=True):
+    """Run the op on ``dtype`` copies (leaf tensors); returns outputs and the leaves."""
+    leaves = {}
+    for n, t in inp.items():
+        if t is None:
+            continue
+        # the state is float32 in every case; .to keeps strides, so non-contiguous inputs stay so
+        x = t.float() if n == "h0" else t.to(dtype)
+        leaves[n] = x.detach().requires_grad_(grad)
+    args = (leaves["q"], leaves["k"], leaves["v"])
+    kw = dict(scale=scale, initial_state=leaves.get("h0"), output_final_state=fs)
+    if backend is not None:
+        kw["backend"] = backend
+    if gated:
+        o, ht = kernels.chunk_gated_delta_rule(*args, leaves["g"], leaves["beta"], **kw)
+    else:
+        o, ht = kernels.chunk_delta_rule(*args, leaves["beta"], **kw)
+    return o, ht, leaves
+
+
+def _reference(leaves, *, gated, fs, scale):
+    """float64 recurrence on the kernel's (rounded) inputs, with float64 leaves for autograd."""
+    ref = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
+    K = ref["q"].shape[-1]
+    o, ht = reference.recurrent_ref(ref["q"], ref["k"], ref["v"], ref.get("g") if gated else None,
+                                    ref["beta"], scale if scale is not None else K ** -0.5,
+                                    ref.get("h0"), fs)
+    return o, ht, ref
+
+
+def _check(inp, dtype, *, gated, fs, scale=None, seed=0):
+    o, ht, leaves = _run(inp, dtype, gated=gated, fs=fs, scale=scale)
+    ro, rht, ref = _reference(leaves, gated=gated, fs=fs, scale=scale)
+    assert o.dtype == dtype and o.shape == ro.shape
+    gen = torch.Generator().manual_seed(seed + 1)
+    do = torch.randn(ro.shape, generator=gen, dtype=torch.float64).to(ro.device)
+    loss_k = (o.double() * do).sum()
+    loss_r = (ro * do).sum()
+    if fs:
+        assert ht is not None and ht.dtype == torch.float32 and ht.shape == rht.shape
+        dht = torch.randn(rht.shape, generator=gen, dtype=torch.float64).to(ro.device)
+        loss_k = loss_k + (ht.double() * dht).sum()
+        loss_r = loss_r + (rht * dht).sum()
+    else:
+        assert ht is None
+    loss_k.backward()
+    loss_r.backward()
+    exact = dtype == torch.float32
+    errs = {"o": (o, ro)}
+    if fs:
+        errs["ht"] = (ht, rht)
+    for n in leaves:
+        assert leaves[n].grad is not None, f"no gradient for {n}"
+        assert leaves[n].grad.dtype == leaves[n].dtype
+        errs["d" + n] = (leaves[n].grad, ref[n].grad)
+    for name, (x, r) in errs.items():
+        if exact:
+            err = _rel_err(x, r)
+            assert err <= TOL32, f"{name}: max rel err {err:.3g} > {TOL32}"
+        else:
+            err = _rms_ratio(x, r)
+            tol = TOL16_OUT if name in ("o", "ht") else TOL16_GRAD
+            assert err <= tol, f"{name}: RMS err ratio {err:.3g} > {tol}"
+
+
+# (op gated?, T, K, V, with h0, output_final_state, harsh gates, beta_max, L2-normalised keys)
+CASES_F32 = [
+    (False, 1, 16, 16, False, False, False, 1.0, True),
+    (False, 5, 16, 32, True, True, False, 2.0, True),
+    (False, 63, 32, 16, False, True, False, 2.0, True),
+    (False, 65, 32, 32, True, False, False, 1.0, True),
+    (False, 130, 16, 16, True, True, False, 2.0, True),
+    (False, 65, 16, 16, True, True, False, 1.5, False),
+    (True, 1, 16, 16, True, True, False, 1.0, True),
+    (True, 5, 32, 16, False, False, False, 2.0, True),
+    (True, 63, 16, 32, True, True, True, 2.0, True),
+    (True, 65, 32, 32, False, True, False, 1.0, True),
+    (True, 130, 16, 16, True, True, True, 1.8, True),
+    (True, 130, 16, 32, False, False, False, 2.0, False),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gated,T,K,V,h0,fs,harsh,beta_max,normalise", CASES_F32)
+def test_float32_outputs_states_and_grads(device, gated, T, K, V, h0, fs, harsh, beta_max, normalise):
+    B, H = (2, 1) if T <= 65 else (1, 2)
+    inp = _inputs(B, T, H, K, V, gated=gated, seed=T + K + 7 * V, device=device, harsh=harsh,
+                  beta_max=beta_max, normalise=normalise, with_h0=h0)
+    _check(inp, torch.float32, gated=gated, fs=fs, seed=T)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gated", [False, True])
+def test_half_precision(device, dtype, gated):
+    inp = _inputs(1, 70, 2, 32, 32, gated=gated, seed=3, device=device, beta_max=1.0)
+    _check(inp, dtype, gated=gated, fs=True, seed=5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_noncontiguous_inputs_and_custom_scale(device):
+    inp = _inputs(1, 40, 2, 16, 16, gated=True, seed=11, device=device, noncontig=True)
+    assert not inp["q"].is_contiguous()
+    _check(inp, torch.float32, gated=True, fs=True, scale=0.7, seed=11)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inference_path_without_grad(device):
+    """No input needs a gradient: the forward skips saving chunk states; same outputs."""
+    inp = _inputs(1, 100, 2, 16, 16, gated=True, seed=2, device=device)
+    with torch.no_grad():
+        o, ht, leaves = _run(inp, torch.float32, gated=True, fs=True, grad=False)
+        ro, rht, _ = _reference({n: t for n, t in leaves.items()}, gated=True, fs=True, scale=None)
+    assert _rel_err(o, ro) <= TOL32 and _rel_err(ht, rht) <= TOL32
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradient_only_through_final_state(device):
+    """Loss on the final state alone: ``do`` is zero, the state adjoint carries everything."""
+    inp = _inputs(1, 70, 1, 16, 16, gated=True, seed=4, device=device)
+    o, ht, leaves = _run(inp, torch.float32, gated=True, fs=True)
+    ro, rht, ref = _reference(leaves, gated=True, fs=True, scale=None)
+    ht.square().sum().backward()
+    rht.square().sum().backward()
+    for n in leaves:
+        if ref[n].grad is None:     # q does not reach the final state: its gradient is exactly zero
+            assert leaves[n].grad is None or not leaves[n].grad.any(), n
+            continue
+        err = _rel_err(leaves[n].grad, ref[n].grad)
+        assert err <= TOL32, f"d{n}: {err:.3g}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("K,V", [(24, 16), (16, 48), (256, 16), (16, 8)])
+def test_bad_head_sizes_raise(device, K, V):
+    q = torch.randn(1, 8, 1, K, device=device)
+    k = F.normalize(torch.randn(1, 8, 1, K, device=device), dim=-1)
+    v = torch.randn(1, 8, 1, V, device=device)
+    beta = torch.rand(1, 8, 1, device=device)
+    g = -torch.rand(1, 8, 1, device=device)
+    with pytest.raises(ValueError, match="head size"):
+        kernels.chunk_delta_rule(q, k, v, beta, backend="triton")
+    with pytest.raises(ValueError, match="head size"):
+        kernels.chunk_gated_delta_rule(q, k, v, g, beta, backend="triton")
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU only: realistic head sizes and long sequences, against the float64 chunkwise reference
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled-GPU shapes: needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gated,T,K,V", [(True, 2049, 128, 128), (False, 2049, 128, 128),
+                                         (True, 1000, 64, 128), (True, 777, 128, 64)])
+def test_gpu_large_shapes(dtype, gated, T, K, V):
+    B, H = 2, 3
+    inp = _inputs(B, T, H, K, V, gated=gated, seed=T + K, device="cuda", beta_max=1.0,
+                  harsh=gated and T == 777)
+    o, ht, leaves = _run(inp, dtype, gated=gated, fs=True)
+    ref = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
+    ro, rht = reference.chunk_scalar_ref(ref["q"], ref["k"], ref["v"], ref.get("g") if gated else None,
+                                         ref["beta"], K ** -0.5, ref["h0"], True)
+    gen = torch.Generator().manual_seed(0)
+    do = torch.randn(ro.shape, generator=gen, dtype=torch.float64).cuda()
+    dht = torch.randn(rht.shape, generator=gen, dtype=torch.float64).cuda()
+    ((o.double() * do).sum() + (ht.double() * dht).sum()).backward()
+    ((ro * do).sum() + (rht * dht).sum()).backward()
+    # float32: RMS ratio 1e-4 (ieee float32 throughout; 2049 steps of error growth);
+    # bf16: 2e-2, twice the small-shape bound: K = 128 sums and 2049 steps add more roundings.
+    tol_o, tol_g = (1e-4, 1e-4) if dtype == torch.float32 else (2e-2, 2e-2)
+    assert _rms_ratio(o, ro) <= tol_o, _rms_ratio(o, ro)
+    assert _rms_ratio(ht, rht) <= tol_o, _rms_ratio(ht, rht)
+    for n in leaves:
+        err = _rms_ratio(leaves[n].grad, ref[n].grad)
+        assert err <= tol_g, f"d{n}: RMS err ratio {err:.3g} > {tol_g}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_fallback_backward_agrees(device, monkeypatch):
+    """The batched-PyTorch backward of the per-chunk algebra (LATTN_DELTA_BWD=torch) stays correct."""
+    from kernels import triton_delta
+    monkeypatch.setattr(triton_delta, "_BWD_IMPL", "torch")
+    inp = _inputs(1, 70, 2, 16, 32, gated=True, seed=9, device=device, harsh=True)
+    _check(inp, torch.float32, gated=True, fs=True, seed=9)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_of_resources_falls_back_to_torch_backward(device, monkeypatch):
+    """If the per-chunk backward kernel cannot launch (e.g. float32 at K = V = 128 needs more shared
+    memory than the GPU has), the batched-PyTorch backward takes over with the same gradients."""
+    from triton.runtime.errors import OutOfResources
+    from kernels import triton_delta
+
+    def refuse(*args, **kwargs):
+        raise OutOfResources(253952, 232448, "shared memory")
+    monkeypatch.setattr(triton_delta, "_local_grads_triton", refuse)
+    inp = _inputs(1, 40, 1, 16, 16, gated=True, seed=12, device=device)
+    _check(inp, torch.float32, gated=True, fs=True, seed=12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_local_backward_kernel(device, monkeypatch):
+    """LATTN_DELTA_BWD_SPLIT=0: one per-chunk backward kernel instead of two; same gradients."""
+    from kernels import triton_delta
+    monkeypatch.setattr(triton_delta, "_BWD_SPLIT", False)
+    inp = _inputs(1, 70, 2, 32, 16, gated=True, seed=13, device=device, harsh=True)
+    _check(inp, torch.float32, gated=True, fs=True, seed=13)
