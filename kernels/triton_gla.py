@@ -15,8 +15,10 @@ g_i``, ``b_C`` its value at the chunk's last token) and ``S`` the state entering
 
 Only *differences* of cumulative log gates inside one chunk appear in exponents, and every exponent
 is <= 0, so nothing overflows however harsh the gates are. For the vector gate the intra-chunk
-score ``sum_d q_id k_jd e^{b_id - b_jd}`` is formed pair by pair (a ``[BT, BT, BKA]`` broadcast)
-with small chunks (``BT = 16``), which is exact and stable but costs ``BT`` exponentials per score.
+score ``sum_d q_id k_jd e^{b_id - b_jd}`` is split into log2(BT) levels: level l pairs the second
+half of every block of 2h rows (h = BT / 2^(l+1)) with its first half, and with E the cumulative gate
+at the end of the first half, e^{b_i - b_j} = e^{b_i - E} e^{E - b_j} with both exponents <= 0 — one
+matrix product per level (plus the diagonal, exponent 0). See :func:`_gla_level`.
 
 Forward (no per-chunk states written to HBM): one program per (batch*head, V-block) marches over
 the chunks with the state in registers, writing only ``o``. When batch*heads*V-blocks is too small
@@ -27,8 +29,9 @@ segment's entering state; (3) the fused forward runs per segment from that state
 Backward: (1) the per-chunk entering states ``h`` are recomputed (in parallel over segments, from
 the segment entering states saved by the forward); (2) a reverse march gives ``dh`` (the gradient
 w.r.t. the state leaving each chunk) and the initial state's gradient; (3) two kernels parallel over
-chunks give ``dv`` and ``dq, dk`` plus the per-position gate terms ``q*dq - k*dk``, whose reverse
-cumulative sum over the sequence (plus the final-state term ``sum_v S_T * dS_T``) is ``dg``.
+chunks give ``dv`` and ``dq, dk`` plus the per-position gate terms ``q*dq - k*dk`` and every chunk's
+gate carry ``<h_{c+1}, dh_c>`` (the sum of those terms over all later positions, final state
+included); ``dg`` is the carry plus a suffix sum inside the chunk (:func:`_dg_kernel`).
 """
 from __future__ import annotations
 
@@ -44,6 +47,12 @@ __all__ = ["chunk_simple_gla_triton", "chunk_gla_triton", "SUPPORTED_HEAD_SIZES"
 
 SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256)
 _NUM_SMS_DEFAULT = 132
+
+#: Overrides of the forward's launch parameters, for tuning sweeps only (``bench_gla --explore``):
+#: keys ``"BV_f"`` (value columns per forward program, a power of two dividing V), ``"warps_f"``
+#: (its num_warps), ``"stages_f"`` (its num_stages) and ``"split"`` (False: never split the sequence).
+#: Empty by default; the tests do not use it.
+TUNE: dict = {}
 
 
 def _patch_interpreter_loop_bounds():
@@ -79,30 +88,110 @@ if INTERPRET:
 # ----------------------------------------------------------------------------------------------
 
 @triton.jit
-def _gla_intra_scores(q_ptr, k_ptr, g_ptr, rows, mask_t, row_stride, scale,
-                      K: tl.constexpr, BT: tl.constexpr, BKA: tl.constexpr):
-    """Vector gate: A_ij = sum_d (scale q_id) k_jd exp(b_id - b_jd) for j <= i, else 0 ([BT, BT])."""
-    o_d = tl.arange(0, BKA)
+def _r16(x, DT: tl.constexpr, EMU: tl.constexpr):
+    """Round ``x`` to the matmul operand dtype ``DT``.
+
+    Compiled: a plain cast (the tensor cores take 16-bit operands). Under the interpreter
+    (``EMU``) the value is rounded to ``DT`` *and kept in float32*, because the interpreter
+    mis-computes 16-bit ``tl.dot``; bfloat16 is rounded to nearest-even by hand, because the
+    interpreter's own float32 -> bfloat16 cast truncates (a biased rounding the GPU does not have).
+    So the CPU tests see the same operand roundings as the GPU.
+    """
+    if EMU:
+        if DT == tl.bfloat16:
+            u = x.to(tl.float32).to(tl.uint32, bitcast=True)
+            u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+            return u.to(tl.float32, bitcast=True)
+        elif DT == tl.float16:
+            return x.to(tl.float16).to(tl.float32)
+        else:
+            return x.to(tl.float32)
+    else:
+        return x.to(DT)
+
+
+@triton.jit
+def _st(x, ODT: tl.constexpr, EMU: tl.constexpr):
+    """Cast ``x`` for a store into a tensor of dtype ``ODT`` (rounded to nearest under EMU too)."""
+    return _r16(x, ODT, EMU).to(ODT)
+
+
+@triton.jit
+def _gla_level(b, o_i, LV: tl.constexpr, BT: tl.constexpr, K: tl.constexpr):
+    """Level ``LV`` of the vector gate's intra-chunk scores (chunk of BT tokens, b ``[BT, K]`` the
+    chunk-local cumulative log gate).
+
+    Level LV pairs the rows i in the second half of a block of 2*HB rows (HB = BT >> (LV + 1)) with
+    the rows j in its first half. With E the cumulative gate at the last row of the first half,
+    e^{b_i - b_j} = e^{b_i - E} e^{E - b_j}, and both exponents are <= 0 (b is non-increasing), so
+    the level's scores are one matrix product (q e^{b - E}) (k e^{E - b})^T. Returns the query
+    exponent ``qe`` and key exponent ``ke`` ``[BT, K]`` (-inf on rows outside their half, so that
+    those rows vanish) and the ``[BT, BT]`` mask of the level's pairs. Every pair i > j of the chunk
+    belongs to exactly one level (the highest bit in which i and j differ).
+    """
+    HB: tl.constexpr = BT >> (LV + 1)
+    NB: tl.constexpr = BT // (2 * HB)
+    b4 = tl.reshape(b, [NB, 2, HB, K])
+    i1 = tl.arange(0, 2)[None, :, None, None]
+    i2 = tl.arange(0, HB)[None, None, :, None]
+    E = tl.sum(tl.sum(tl.where((i1 == 0) & (i2 == HB - 1), b4, 0.), axis=2), axis=1)      # [NB, K]
+    Er = tl.reshape(tl.broadcast_to(E[:, None, None, :], [NB, 2, HB, K]), [BT, K])
+    second = ((o_i // HB) % 2) == 1
+    qe = tl.where(second[:, None], b - Er, float("-inf"))
+    ke = tl.where(second[:, None], float("-inf"), Er - b)
+    pair = (second[:, None] & (((o_i // HB) % 2) == 0)[None, :]
+            & ((o_i // (2 * HB))[:, None] == (o_i // (2 * HB))[None, :]))
+    return qe, ke, pair
+
+
+@triton.jit
+def _gla_chunk_scores(q_t, k_t, b, BT: tl.constexpr, K: tl.constexpr, DT: tl.constexpr, EMU: tl.constexpr,
+                      IP: tl.constexpr):
+    """Vector gate, one chunk: A_ij = sum_d q_id k_jd e^{b_id - b_jd} for j <= i, else 0 (``[BT, BT]``
+    float32; q_t, k_t ``[BT, K]`` in any float dtype (kept as given, to save registers), b ``[BT, K]``
+    float32). The diagonal has exponent 0; the pairs i > j come in log2(BT) levels of one matrix
+    product each (:func:`_gla_level`)."""
     o_i = tl.arange(0, BT)
-    causal = o_i[:, None] >= o_i[None, :]
-    A = tl.zeros([BT, BT], dtype=tl.float32)
-    for kb in tl.static_range(K // BKA):
-        offs = rows[:, None] * row_stride + kb * BKA + o_d[None, :]
-        m2 = mask_t[:, None]
-        qb = tl.load(q_ptr + offs, mask=m2, other=0.).to(tl.float32) * scale
-        kk = tl.load(k_ptr + offs, mask=m2, other=0.).to(tl.float32)
-        gb = tl.load(g_ptr + offs, mask=m2, other=0.).to(tl.float32)
-        bb = tl.cumsum(gb, axis=0)
-        diff = bb[:, None, :] - bb[None, :, :]                                   # [BT, BT, BKA]
-        diff = tl.where(causal[:, :, None], diff, float("-inf"))
-        A += tl.sum(qb[:, None, :] * kk[None, :, :] * tl.exp(diff), axis=2)
+    A = tl.where(o_i[:, None] == o_i[None, :],
+                 tl.sum(q_t.to(tl.float32) * k_t.to(tl.float32), axis=1)[:, None], 0.)
+    for LV in tl.static_range(8):          # BT <= 256: levels with half-blocks of BT/2, ..., 1 rows
+        if (BT >> (LV + 1)) > 0:
+            qe, ke, pair = _gla_level(b, o_i, LV, BT, K)
+            ql = _r16(q_t.to(tl.float32) * tl.exp(qe), DT, EMU)
+            kl = _r16(k_t.to(tl.float32) * tl.exp(ke), DT, EMU)
+            A += tl.where(pair, tl.dot(ql, tl.trans(kl), input_precision=IP), 0.)
     return A
 
 
 @triton.jit
-def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
+def _gla_scores_kernel(q, k, g, As, scale, T, NT,
+                       H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, IP: tl.constexpr,
+                       EMU: tl.constexpr):
+    """Vector gate: the intra-chunk scores scale * A (K5) of every chunk, in parallel; grid (NT, B*H).
+    ``As`` ``[B*H, NT*BT, BT]`` in q's dtype (the forward march rounds A to it for the tensor cores
+    anyway)."""
+    DT = k.dtype.element_ty
+    c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    rows = c * BT + o_t
+    mask_t = rows < T
+    offs = i_b * T * H * K + i_h * K + rows[:, None] * (H * K) + o_k[None, :]
+    q_t = tl.load(q + offs, mask=mask_t[:, None], other=0.)
+    k_t = tl.load(k + offs, mask=mask_t[:, None], other=0.)
+    b_t = tl.cumsum(tl.load(g + offs, mask=mask_t[:, None], other=0.).to(tl.float32), axis=0)
+    A = _gla_chunk_scores(q_t, k_t, b_t, BT, K, DT, EMU, IP) * scale
+    tl.store(As + (i_bh * NT + c).to(tl.int64) * BT * BT + o_t[:, None] * BT + o_t[None, :],
+             _st(A, As.dtype.element_ty, EMU))
+
+
+@triton.jit
+def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, As, scale, T, NT, SEG_CHUNKS, NS,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKA: tl.constexpr,
+                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 GATE: tl.constexpr, HAS_H0: tl.constexpr, COMPUTE_O: tl.constexpr,
                 STORE_FINAL: tl.constexpr, STORE_DEC: tl.constexpr, STORE_H: tl.constexpr,
                 IP: tl.constexpr, EMU: tl.constexpr):
@@ -111,8 +200,10 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
     grid = (NK * NV, B*H*NS). ``h0``/``ht``: per-(bh, segment) entering/leaving states
     ``[B*H*NS, K, V]`` fp32; ``dec``: per-(bh, segment) total log decay (``[B*H*NS, K]``);
     ``hs``: per-chunk entering states ``[B*H, NT, K, V]`` fp32. ``COMPUTE_O`` needs ``BK == K``.
+    ``As``: vector gate only, the intra-chunk scores (times the scale) ``[B*H, NT*BT, BT]`` written by
+    :func:`_gla_scores_kernel`.
     """
-    DT = tl.float32 if EMU else k.dtype.element_ty
+    DT = k.dtype.element_ty
     i_kv = tl.program_id(0)
     i_bhs = tl.program_id(1)
     NV: tl.constexpr = V // BV
@@ -142,17 +233,25 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
     # The last segment may be shorter: its chunks past NT load nothing (masked: k = v = 0, g = 0),
     # which leaves S unchanged, and store nothing. (Loop bounds are host integers, not derived
     # from program ids, so the interpreter and the compiler treat them alike.)
+    if GATE == 1:
+        # the scalar gate is loaded one chunk ahead: Triton's pipeliner only prefetches loads that
+        # feed a tl.dot, and a plain load inside the loop exposes one memory latency per chunk
+        # (round 1: the scalar-gated forward took about twice the ungated one)
+        rows0 = i_s * SEG_CHUNKS * BT + o_t
+        g_next = tl.load(g + g_base + rows0 * H, mask=rows0 < T, other=0.)
     for j in tl.range(0, SEG_CHUNKS):
         c = i_s * SEG_CHUNKS + j
         rows = c * BT + o_t
         mask_t = rows < T
         if STORE_H:
-            tl.store(hs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, S.to(hs.dtype.element_ty),
+            tl.store(hs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, _st(S, hs.dtype.element_ty, EMU),
                      mask=(c < NT) & (st_offs >= 0))
         k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
         v_t = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
         if GATE == 1:
-            g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
+            g_t = g_next.to(tl.float32)
+            rows_n = rows + BT
+            g_next = tl.load(g + g_base + rows_n * H, mask=rows_n < T, other=0.)
             b_t = tl.cumsum(g_t, axis=0)
             b_c = tl.sum(g_t, axis=0)
         if GATE == 2:
@@ -161,38 +260,43 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, scale, T, NT, SEG_CHUNKS, NS,
             b_t = tl.cumsum(g_t, axis=0)
             b_c = tl.sum(g_t, axis=0)
         if COMPUTE_O:
-            q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
-                          other=0.).to(tl.float32) * scale
             if GATE == 2:
-                qg = (q_t * tl.exp(b_t)).to(DT)
+                q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                              other=0.)
+                o_c = tl.dot(_r16((q_t.to(tl.float32) * tl.exp(b_t)), DT, EMU), _r16(S, DT, EMU),
+                             input_precision=IP) * scale
+                # the scores come from a parallel pre-pass (keeps this march's registers for the state)
+                A = tl.load(As + (i_bh * NT + c).to(tl.int64) * BT * BT + o_t[:, None] * BT + o_t[None, :],
+                            mask=(c < NT) & (o_t[:, None] >= 0), other=0.)
             else:
-                qg = q_t.to(DT)
-            o_c = tl.dot(qg, S.to(DT), input_precision=IP)                   # [BT, BV]
-            if GATE == 1:
-                o_c = o_c * tl.exp(b_t)[:, None]
-            if GATE == 2:
-                A = _gla_intra_scores(q + qk_base, k + qk_base, g + g_base, rows, mask_t, H * K, scale,
-                                      K, BT, BKA)
-            else:
-                A = tl.dot(q_t.to(DT), tl.trans(k_t.to(DT)), input_precision=IP)   # [BT, BT]
+                # q goes to the tensor cores as loaded (so its load is pipelined); the scale and
+                # the scalar decays act on the float32 results
+                q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                              other=0.)
+                o_c = tl.dot(_r16(q_t, DT, EMU), _r16(S, DT, EMU), input_precision=IP)       # [BT, BV]
+                A = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)   # [BT, BT]
                 causal = o_t[:, None] >= o_t[None, :]
                 if GATE == 1:
-                    A = A * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
+                    o_c = o_c * (scale * tl.exp(b_t))[:, None]
+                    A = A * (scale * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf"))))
                 else:
-                    A = tl.where(causal, A, 0.)
-            o_c += tl.dot(A.to(DT), v_t.to(DT), input_precision=IP)
-            tl.store(o + v_base + rows[:, None] * (H * V) + o_v[None, :], o_c.to(o.dtype.element_ty),
+                    o_c = o_c * scale
+                    A = tl.where(causal, A * scale, 0.)
+            o_c += tl.dot(_r16(A, DT, EMU), _r16(v_t, DT, EMU), input_precision=IP)
+            tl.store(o + v_base + rows[:, None] * (H * V) + o_v[None, :], _st(o_c, o.dtype.element_ty, EMU),
                      mask=mask_t[:, None])
         # state update: S <- e^{b_C} S + (K * e^{b_C - b})^T V
         if GATE == 0:
-            S += tl.dot(tl.trans(k_t.to(DT)), v_t.to(DT), input_precision=IP)
+            S += tl.dot(tl.trans(_r16(k_t, DT, EMU)), _r16(v_t, DT, EMU), input_precision=IP)
         if GATE == 1:
-            kg = (k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]).to(DT)
-            S = S * tl.exp(b_c) + tl.dot(tl.trans(kg), v_t.to(DT), input_precision=IP)
+            # the per-token decay e^{b_C - b_j} scales row j of V (64 columns) rather than of K (so
+            # k goes to the tensor cores as loaded)
+            vg = _r16((v_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]), DT, EMU)
+            S = S * tl.exp(b_c) + tl.dot(tl.trans(_r16(k_t, DT, EMU)), vg, input_precision=IP)
             total += b_c
         if GATE == 2:
-            kg = (k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)).to(DT)
-            S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(kg), v_t.to(DT), input_precision=IP)
+            kg = _r16((k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)), DT, EMU)
+            S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(kg), _r16(v_t, DT, EMU), input_precision=IP)
             total += b_c
     if STORE_FINAL:
         tl.store(ht + i_bhs * K * V + st_offs, S)
@@ -256,7 +360,7 @@ def _bwd_dh_kernel(q, g, do, dinit, dhs, dout, scale, T, NT, SEG_CHUNKS, NS,
     ``dout``: the gradient w.r.t. the state entering it (the segment's contribution when started
     from zero; the initial state's gradient when NS = 1).
     """
-    DT = tl.float32 if EMU else q.dtype.element_ty
+    DT = q.dtype.element_ty
     i_kv = tl.program_id(0)
     i_bhs = tl.program_id(1)
     NV: tl.constexpr = V // BV
@@ -277,45 +381,54 @@ def _bwd_dh_kernel(q, g, do, dinit, dhs, dout, scale, T, NT, SEG_CHUNKS, NS,
     if HAS_INIT:
         dS += tl.load(dinit + i_bhs * K * V + st_offs)
     # chunks past NT (in the last segment) load nothing and leave dS unchanged
+    if GATE == 1:   # prefetched one chunk ahead, as in _fwd_kernel
+        rows0 = (i_s * SEG_CHUNKS + SEG_CHUNKS - 1) * BT + o_t
+        g_next = tl.load(g + g_base + rows0 * H, mask=rows0 < T, other=0.)
     for j in tl.range(0, SEG_CHUNKS):
         c = i_s * SEG_CHUNKS + SEG_CHUNKS - 1 - j
         if STORE_DH:
-            tl.store(dhs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, dS.to(dhs.dtype.element_ty),
+            tl.store(dhs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, _st(dS, dhs.dtype.element_ty, EMU),
                      mask=(c < NT) & (st_offs >= 0))
         rows = c * BT + o_t
         mask_t = rows < T
-        q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
-                      other=0.).to(tl.float32) * scale
         do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
         if GATE == 0:
-            dS += tl.dot(tl.trans(q_t.to(DT)), do_t.to(DT), input_precision=IP)
+            q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
+            dS += tl.dot(tl.trans(_r16(q_t, DT, EMU)), _r16(do_t, DT, EMU), input_precision=IP) * scale
         if GATE == 1:
-            g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
+            q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
+            g_t = g_next.to(tl.float32)
+            rows_n = rows - BT
+            g_next = tl.load(g + g_base + rows_n * H, mask=(rows_n >= 0) & (rows_n < T), other=0.)
             b_t = tl.cumsum(g_t, axis=0)
             b_c = tl.sum(g_t, axis=0)
-            qg = (q_t * tl.exp(b_t)[:, None]).to(DT)
-            dS = dS * tl.exp(b_c) + tl.dot(tl.trans(qg), do_t.to(DT), input_precision=IP)
+            # the decays e^{b_i} (and the scale) act on the rows of dO, so q goes to the tensor cores as loaded
+            dog = _r16((do_t.to(tl.float32) * (scale * tl.exp(b_t))[:, None]), DT, EMU)
+            dS = dS * tl.exp(b_c) + tl.dot(tl.trans(_r16(q_t, DT, EMU)), dog, input_precision=IP)
         if GATE == 2:
+            q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                          other=0.).to(tl.float32) * scale
             g_t = tl.load(g + g_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                           other=0.).to(tl.float32)
             b_t = tl.cumsum(g_t, axis=0)
             b_c = tl.sum(g_t, axis=0)
-            qg = (q_t * tl.exp(b_t)).to(DT)
-            dS = dS * tl.exp(b_c)[:, None] + tl.dot(tl.trans(qg), do_t.to(DT), input_precision=IP)
+            qg = _r16((q_t * tl.exp(b_t)), DT, EMU)
+            dS = dS * tl.exp(b_c)[:, None] + tl.dot(tl.trans(qg), _r16(do_t, DT, EMU), input_precision=IP)
     if STORE_OUT:
         tl.store(dout + i_bhs * K * V + st_offs, dS)
 
 
 @triton.jit
-def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
+def _bwd_dv_kernel(q, k, g, do, dhs, dv, As, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BV: tl.constexpr,
                    GATE: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
     """dV = A^T dO + (K * e^{b_C - b}) dh, one chunk and V-block per program; grid (NV, NT, B*H).
 
-    No gate or scalar gate (``GATE`` 0 or 1); the vector gate has :func:`_bwd_dv_gla_kernel`.
+    For the vector gate (``GATE == 2``) A is read from the forward's score pre-pass ``As``
+    (:func:`_gla_scores_kernel`, scale included).
     """
-    DT = tl.float32 if EMU else k.dtype.element_ty
+    DT = k.dtype.element_ty
     i_v = tl.program_id(0)
     c = tl.program_id(1)
     i_bh = tl.program_id(2)
@@ -334,35 +447,47 @@ def _bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
     dh = tl.load(dhs + (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :])
     q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                   other=0.).to(tl.float32) * scale
-    A = tl.dot(q_t.to(DT), tl.trans(k_t.to(DT)), input_precision=IP)
     causal = o_t[:, None] >= o_t[None, :]
-    if GATE == 1:
+    if GATE == 2:
+        g_t = tl.load(g + g_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                      other=0.).to(tl.float32)
+        b_t = tl.cumsum(g_t, axis=0)
+        b_c = tl.sum(g_t, axis=0)
+        A = tl.load(As + (i_bh * NT + c).to(tl.int64) * BT * BT + o_t[:, None] * BT + o_t[None, :])
+        kg = _r16((k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)), DT, EMU)
+    elif GATE == 1:
+        A = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)
         g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
         b_t = tl.cumsum(g_t, axis=0)
         b_c = tl.sum(g_t, axis=0)
         A = A * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
-        kg = (k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]).to(DT)
+        kg = _r16((k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]), DT, EMU)
     else:
+        A = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)
         A = tl.where(causal, A, 0.)
-        kg = k_t.to(DT)
-    dv_c = tl.dot(tl.trans(A.to(DT)), do_t.to(DT), input_precision=IP)
-    dv_c += tl.dot(kg, dh.to(DT), input_precision=IP)
-    tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], dv_c.to(dv.dtype.element_ty),
+        kg = _r16(k_t, DT, EMU)
+    dv_c = tl.dot(tl.trans(_r16(A, DT, EMU)), _r16(do_t, DT, EMU), input_precision=IP)
+    dv_c += tl.dot(kg, _r16(dh, DT, EMU), input_precision=IP)
+    tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], _st(dv_c, dv.dtype.element_ty, EMU),
              mask=mask_t[:, None])
 
 
 @triton.jit
-def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, B, T, NT,
+def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, NT,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      GATE: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
     """dQ, dK and the gate terms q*dq - k*dk for one chunk and K-block; grid (NK, NT, B*H).
 
     dQ~ = (dO h^T) e^{b} + (dP * Gamma) K,    dK = (V dh^T) e^{b_C - b} + (dP * Gamma)^T Q~,
-    with dP = dO V^T. No gate or scalar gate; the vector gate has :func:`_bwd_dqdk_gla_kernel`.
-    ``dgl``: fp32 ``[NK, B, T, H]`` partial sums over this K-block of q*dq - k*dk (scalar gate).
+    with dP = dO V^T. For the vector gate (``GATE == 2``) Gamma is per key channel and the intra-chunk
+    terms go level by level (:func:`_gla_level`); ``dgl`` and ``cpart`` are then per channel,
+    ``[B, T, H, K]`` and ``[1, B, NT, H, K]``.
+    ``dgl``: fp32 ``[NK, B, T, H]`` partial sums over this K-block of q*dq - k*dk (scalar gate);
+    ``cpart``: fp32 ``[NK, B, NT, H]`` this K-block's part of the chunk's gate carry
+    ``<h_{c+1}, dh_c> = e^{b_C} <h_c, dh_c> + sum_j k_j . (V dh_c^T)_j e^{b_C - b_j}`` (see _dg_kernel).
     """
-    DT = tl.float32 if EMU else k.dtype.element_ty
+    DT = k.dtype.element_ty
     i_k = tl.program_id(0)
     c = tl.program_id(1)
     i_bh = tl.program_id(2)
@@ -378,14 +503,17 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, B, T, NT,
     dP = tl.zeros([BT, BT], dtype=tl.float32)
     dq_i = tl.zeros([BT, BK], dtype=tl.float32)
     dk_i = tl.zeros([BT, BK], dtype=tl.float32)
+    hdh = tl.zeros([BK], dtype=tl.float32)
     for vb in tl.static_range(V // BV):
         o_v = vb * BV + tl.arange(0, BV)
-        v_t = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
-                      other=0.).to(DT)
-        do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
-                       other=0.).to(DT)
-        h = tl.load(hs + st_base + o_k[:, None] * V + o_v[None, :]).to(DT)
-        dh = tl.load(dhs + st_base + o_k[:, None] * V + o_v[None, :]).to(DT)
+        v_t = _r16(tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                      other=0.), DT, EMU)
+        do_t = _r16(tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+                       other=0.), DT, EMU)
+        h = _r16(tl.load(hs + st_base + o_k[:, None] * V + o_v[None, :]), DT, EMU)
+        dh = _r16(tl.load(dhs + st_base + o_k[:, None] * V + o_v[None, :]), DT, EMU)
+        if GATE != 0:
+            hdh += tl.sum(h.to(tl.float32) * dh.to(tl.float32), axis=1)
         dP += tl.dot(do_t, tl.trans(v_t), input_precision=IP)
         dq_i += tl.dot(do_t, tl.trans(h), input_precision=IP)
         dk_i += tl.dot(v_t, tl.trans(dh), input_precision=IP)
@@ -394,160 +522,87 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, B, T, NT,
     k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                   other=0.).to(tl.float32)
     causal = o_t[:, None] >= o_t[None, :]
-    if GATE == 1:
-        g_t = tl.load(g + i_b * T * H + i_h + rows * H, mask=mask_t, other=0.).to(tl.float32)
+    if GATE == 2:
+        offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
+        g_t = tl.load(g + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
         b_t = tl.cumsum(g_t, axis=0)
         b_c = tl.sum(g_t, axis=0)
-        dPg = dP * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
-        dq_t = dq_i * tl.exp(b_t)[:, None]
-        dk_t = dk_i * tl.exp(b_c - b_t)[:, None]
+        dq_t = dq_i * tl.exp(b_t)
+        dk_t = dk_i * tl.exp(b_c[None, :] - b_t)
+        # the gate carry per key channel: e^{b_C} <h_c, dh_c>_v + sum_j k_j (V dh_c^T)_j e^{b_C - b_j}
+        tl.store(cpart + ((i_b * NT + c) * H + i_h) * K + o_k, tl.exp(b_c) * hdh + tl.sum(k_t * dk_t, axis=0))
+        # intra-chunk part, level by level (see _gla_level): A_l = (q e^{qe}) (k e^{ke})^T on pairs,
+        # so dq += e^{qe} (dP_l (k e^{ke})) and dk += e^{ke} (dP_l^T (q e^{qe})); plus the diagonal
+        # gate terms q~.dq - k.dk: the inter parts now; the diagonal pair cancels exactly and is left
+        # out; each level adds ql * (dP_l kl) - kl * (dP_l^T ql) from the *same* rounded ql, kl, dP_l,
+        # so that pairs inside a suffix cancel to float32 accuracy in dg (see the scalar branch)
+        dgt = q_t * dq_t - k_t * dk_t
+        diag = tl.sum(tl.where(o_t[:, None] == o_t[None, :], dP, 0.), axis=1)
+        dq_t += diag[:, None] * k_t
+        dk_t += diag[:, None] * q_t
+        for LV in tl.static_range(8):
+            if (BT >> (LV + 1)) > 0:
+                qe, ke, pair = _gla_level(b_t, o_t, LV, BT, BK)
+                eq = tl.exp(qe)
+                ek = tl.exp(ke)
+                dPl = _r16(tl.where(pair, dP, 0.), DT, EMU)
+                ql = _r16(q_t * eq, DT, EMU)
+                kl = _r16(k_t * ek, DT, EMU)
+                rq = tl.dot(dPl, kl, input_precision=IP)
+                ck = tl.dot(tl.trans(dPl), ql, input_precision=IP)
+                dq_t += eq * rq
+                dk_t += ek * ck
+                dgt += ql.to(tl.float32) * rq - kl.to(tl.float32) * ck
+        tl.store(dq + offs, _st((dq_t * scale), dq.dtype.element_ty, EMU), mask=mask_t[:, None])
+        tl.store(dk + offs, _st(dk_t, dk.dtype.element_ty, EMU), mask=mask_t[:, None])
+        tl.store(dgl + offs, dgt, mask=mask_t[:, None])
     else:
-        dPg = tl.where(causal, dP, 0.)
-        dq_t = dq_i
-        dk_t = dk_i
-    dq_t += tl.dot(dPg.to(DT), k_t.to(DT), input_precision=IP)
-    dk_t += tl.dot(tl.trans(dPg.to(DT)), q_t.to(DT), input_precision=IP)
-    # dq_t is dL/dq~ (q~ = scale q): dL/dq = scale dq_t, and q dL/dq = q~ dq_t.
-    offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
-    tl.store(dq + offs, (dq_t * scale).to(dq.dtype.element_ty), mask=mask_t[:, None])
-    tl.store(dk + offs, dk_t.to(dk.dtype.element_ty), mask=mask_t[:, None])
-    if GATE == 1:
-        part = tl.sum(q_t * dq_t - k_t * dk_t, axis=1)
-        tl.store(dgl + i_k * (B * T * H) + i_b * T * H + i_h + rows * H, part,
-                 mask=mask_t)
-
-
-@triton.jit
-def _sub_offsets(g_ptr, c, s, T, o_k, row_stride, BT: tl.constexpr, BC: tl.constexpr):
-    """Vector gate, sub-chunk ``s`` of chunk ``c``: rows, mask, g rows [BC, BK] and the chunk-local
-    cumulative log gate at the sub-chunk's start B0 and end B1 ([BK]) and at its rows b ([BC, BK])."""
-    o_c = tl.arange(0, BT)
-    rows_c = c * BT + o_c
-    g_c = tl.load(g_ptr + rows_c[:, None] * row_stride + o_k[None, :],
-                  mask=((rows_c < T) & (o_c < s * BC))[:, None], other=0.).to(tl.float32)
-    B0 = tl.sum(g_c, axis=0)
-    rows = c * BT + s * BC + tl.arange(0, BC)
-    mask_t = rows < T
-    g_s = tl.load(g_ptr + rows[:, None] * row_stride + o_k[None, :], mask=mask_t[:, None], other=0.).to(tl.float32)
-    b = B0[None, :] + tl.cumsum(g_s, axis=0)
-    B1 = B0 + tl.sum(g_s, axis=0)
-    return rows, mask_t, b, B0, B1
-
-
-@triton.jit
-def _bwd_dv_gla_kernel(q, k, g, do, dhs, dv, scale, T, NT,
-                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       BT: tl.constexpr, BC: tl.constexpr, BV: tl.constexpr, BKA: tl.constexpr,
-                       IP: tl.constexpr, EMU: tl.constexpr):
-    """Vector gate, chunk of BT = 4 BC tokens: dV per sub-chunk, newest first, with the state
-    gradient carried across the sub-chunks on chip; grid (NV, NT, B*H).
-
-    dh_sub (gradient w.r.t. the state leaving the current sub-chunk) starts as the chunk's dh;
-    dV_s = A_ss^T dO_s + (K_s e^{B1 - b_s}) dh_sub;  dh_sub <- e^{B1 - B0} dh_sub + (Q~_s e^{b_s - B0})^T dO_s.
-    """
-    DT = tl.float32 if EMU else k.dtype.element_ty
-    i_v = tl.program_id(0)
-    c = tl.program_id(1)
-    i_bh = tl.program_id(2)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    o_k = tl.arange(0, K)
-    o_v = i_v * BV + tl.arange(0, BV)
-    qk_base = i_b * T * H * K + i_h * K
-    v_base = i_b * T * H * V + i_h * V
-    dh = tl.load(dhs + (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]).to(tl.float32)
-    for ss in tl.range(0, BT // BC):
-        s = BT // BC - 1 - ss
-        rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
-        k_s = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
-                      other=0.).to(tl.float32)
-        q_s = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
-                      other=0.).to(tl.float32) * scale
-        do_s = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
-                       other=0.).to(DT)
-        A = _gla_intra_scores(q + qk_base, k + qk_base, g + qk_base, rows, mask_t, H * K, scale, K, BC, BKA)
-        dv_s = tl.dot(tl.trans(A.to(DT)), do_s, input_precision=IP)
-        kg = (k_s * tl.exp(B1[None, :] - b)).to(DT)
-        dv_s += tl.dot(kg, dh.to(DT), input_precision=IP)
-        tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], dv_s.to(dv.dtype.element_ty),
-                 mask=mask_t[:, None])
-        qg = (q_s * tl.exp(b - B0[None, :])).to(DT)
-        dh = dh * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(qg), do_s, input_precision=IP)
-
-
-@triton.jit
-def _bwd_dqdk_gla_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, T, NT,
-                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                         BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                         IP: tl.constexpr, EMU: tl.constexpr):
-    """Vector gate: dQ, dK and q*dq - k*dk per sub-chunk; grid (NK, NT, B*H).
-
-    Pass 1, oldest sub-chunk first, carries the state entering the sub-chunk (h_sub, [BK, V]):
-    dQ~_s = (dO_s h_sub^T) e^{b_s - B0} + sum_j dP_ij K_j e^{b_i - b_j} (pairs inside the sub-chunk).
-    Pass 2, newest first, carries the state gradient (dh_sub):
-    dK_s = (V_s dh_sub^T) e^{B1 - b_s} + sum_i dP_ij Q~_i e^{b_i - b_j}.
-    """
-    DT = tl.float32 if EMU else k.dtype.element_ty
-    i_k = tl.program_id(0)
-    c = tl.program_id(1)
-    i_bh = tl.program_id(2)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = tl.arange(0, V)
-    o_i = tl.arange(0, BC)
-    causal = o_i[:, None] >= o_i[None, :]
-    qk_base = i_b * T * H * K + i_h * K
-    v_base = i_b * T * H * V + i_h * V
-    st = (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
-    h = tl.load(hs + st).to(tl.float32)
-    for s in tl.range(0, BT // BC):
-        rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
+        if GATE == 1:
+            g_t = tl.load(g + i_b * T * H + i_h + rows * H, mask=mask_t, other=0.).to(tl.float32)
+            b_t = tl.cumsum(g_t, axis=0)
+            b_c = tl.sum(g_t, axis=0)
+            dPg = dP * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
+            dq_t = dq_i * tl.exp(b_t)[:, None]
+            dk_t = dk_i * tl.exp(b_c - b_t)[:, None]
+            # the gate carry of this chunk (all fp32, from the fp32 accumulator of dk's inter-chunk part)
+            cy = tl.exp(b_c) * tl.sum(hdh, axis=0) + tl.sum(tl.sum(k_t * dk_t, axis=1), axis=0)
+            tl.store(cpart + ((i_k * B + i_b) * NT + c) * H + i_h, cy)
+            # per-position gate terms q~.dq - k.dk: the inter-chunk parts, plus the intra-chunk pairs
+            # M_ij = dP_ij Gamma_ij (q~_i . k_j) (i > j) entering row i with + and row j with -.
+            # The pair i = j enters q~.dq and k.dk alike and cancels exactly, so it is left out rather
+            # than computed twice with different 16-bit roundings (with those, the diagonal's
+            # rounding noise dominated dg's error); M is float32 from the float32 dP and scores.
+            QK = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)
+            M = tl.where(o_t[:, None] > o_t[None, :], dPg * QK, 0.)
+            part = tl.sum(q_t * dq_t - k_t * dk_t, axis=1) + tl.sum(M, axis=1) - tl.sum(M, axis=0)
+        else:
+            dPg = tl.where(causal, dP, 0.)
+            dq_t = dq_i
+            dk_t = dk_i
+        dq_t += tl.dot(_r16(dPg, DT, EMU), _r16(k_t, DT, EMU), input_precision=IP)
+        dk_t += tl.dot(tl.trans(_r16(dPg, DT, EMU)), _r16(q_t, DT, EMU), input_precision=IP)
+        # dq_t is dL/dq~ (q~ = scale q): dL/dq = scale dq_t, and q dL/dq = q~ dq_t.
         offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
-        k_s = tl.load(k + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
-        q_s = tl.load(q + offs, mask=mask_t[:, None], other=0.).to(tl.float32) * scale
-        v_s = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.).to(DT)
-        do_s = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
-                       other=0.).to(DT)
-        dP = tl.dot(do_s, tl.trans(v_s), input_precision=IP)                        # [BC, BC]
-        decay = tl.exp(tl.where(causal[:, :, None], b[:, None, :] - b[None, :, :], float("-inf")))
-        dq_s = tl.dot(do_s, tl.trans(h.to(DT)), input_precision=IP) * tl.exp(b - B0[None, :])
-        dq_s += tl.sum(dP[:, :, None] * decay * k_s[None, :, :], axis=1)
-        tl.store(dq + offs, (dq_s * scale).to(dq.dtype.element_ty), mask=mask_t[:, None])
-        tl.store(dgl + offs, q_s * dq_s, mask=mask_t[:, None])
-        kg = (k_s * tl.exp(B1[None, :] - b)).to(DT)
-        h = h * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(kg), v_s, input_precision=IP)
-    # pass 2 reads back what pass 1 stored into dgl (same program): order the two
-    tl.debug_barrier()
-    dh = tl.load(dhs + st).to(tl.float32)
-    for ss in tl.range(0, BT // BC):
-        s = BT // BC - 1 - ss
-        rows, mask_t, b, B0, B1 = _sub_offsets(g + qk_base, c, s, T, o_k, H * K, BT, BC)
-        offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
-        k_s = tl.load(k + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
-        q_s = tl.load(q + offs, mask=mask_t[:, None], other=0.).to(tl.float32) * scale
-        v_s = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.).to(DT)
-        do_s = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
-                       other=0.).to(DT)
-        dP = tl.dot(do_s, tl.trans(v_s), input_precision=IP)
-        decay = tl.exp(tl.where(causal[:, :, None], b[:, None, :] - b[None, :, :], float("-inf")))
-        dk_s = tl.dot(v_s, tl.trans(dh.to(DT)), input_precision=IP) * tl.exp(B1[None, :] - b)
-        dk_s += tl.sum(dP[:, :, None] * decay * q_s[:, None, :], axis=0)
-        tl.store(dk + offs, dk_s.to(dk.dtype.element_ty), mask=mask_t[:, None])
-        prev = tl.load(dgl + offs, mask=mask_t[:, None], other=0.)
-        tl.store(dgl + offs, prev - k_s * dk_s, mask=mask_t[:, None])
-        qg = (q_s * tl.exp(b - B0[None, :])).to(DT)
-        dh = dh * tl.exp(B1 - B0)[:, None] + tl.dot(tl.trans(qg), do_s, input_precision=IP)
+        tl.store(dq + offs, _st((dq_t * scale), dq.dtype.element_ty, EMU), mask=mask_t[:, None])
+        tl.store(dk + offs, _st(dk_t, dk.dtype.element_ty, EMU), mask=mask_t[:, None])
+        if GATE == 1:
+            tl.store(dgl + i_k * (B * T * H) + i_b * T * H + i_h + rows * H, part,
+                     mask=mask_t)
 
 
 @triton.jit
-def _dg_kernel(dgl, carry, dg, B, T, NT, NP,
+def _dg_kernel(dgl, cpart, dg, B, T, NT, NP,
                H: tl.constexpr, KG: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
-    """dg_t = sum_{t' >= t} dgl_t': suffix sums inside each chunk plus the chunk's carry.
+    """dg_t = carry_c + sum_{t' >= t in chunk c} dgl_t', in parallel over chunks.
 
-    ``dgl``: fp32 ``[NP, B, T, H, KG]`` per-position terms (summed over the NP partials);
-    ``carry``: fp32 ``[B, NT, H, KG]``, the sum over all later chunks (plus the final-state term);
-    ``dg``: ``[B, T, H, KG]`` in g's dtype. Parallel over chunks: grid (KG // BK, NT, B*H).
+    ``dgl``: fp32 ``[NP, B, T, H, KG]`` per-position terms ``q*dq - k*dk`` (summed over NP partials);
+    ``cpart``: fp32 ``[NP, B, NT, H, KG]`` partials of the chunk's *carry*, the sum of those terms
+    over all later positions. The carry is not a suffix sum over the sequence: it is the local
+    quantity ``<h_{c+1}, dh_c>`` (the state leaving chunk c against the gradient w.r.t. it, final
+    state gradient included), equal to that sum in exact arithmetic (shifting every later cumulative
+    log gate by d scales the state leaving chunk c by e^d). A suffix sum over T positions would add
+    up T rounding errors of the terms (its error grows like sqrt(T) while dg does not); this carry
+    has the error of one chunk. ``dg`` in g's dtype; grid (KG // BK, NT, B*H).
     """
     i_k = tl.program_id(0)
     c = tl.program_id(1)
@@ -559,12 +614,11 @@ def _dg_kernel(dgl, carry, dg, B, T, NT, NP,
     m = (rows < T)[:, None]
     offs = i_b * T * H * KG + i_h * KG + rows[:, None] * (H * KG) + o_k[None, :]
     x = tl.zeros([BT, BK], dtype=tl.float32)
+    cy = tl.zeros([BK], dtype=tl.float32)
     for p in tl.range(0, NP):
         x += tl.load(dgl + p * (B * T * H * KG) + offs, mask=m, other=0.)
-    tot = tl.sum(x, axis=0)
-    cy = tl.load(carry + ((i_b * NT + c) * H + i_h) * KG + o_k)
-    # suffix sum inside the chunk: total - prefix sum + own term
-    rc = (tot + cy)[None, :] - tl.cumsum(x, axis=0) + x
+        cy += tl.load(cpart + p * (B * NT * H * KG) + ((i_b * NT + c) * H + i_h) * KG + o_k)
+    rc = cy[None, :] + tl.cumsum(x, axis=0, reverse=True)
     tl.store(dg + offs, rc.to(dg.dtype.element_ty), mask=m)
 
 
@@ -589,34 +643,34 @@ class _Cfg:
     """Tile sizes and launch parameters, chosen by simple rules of thumb (see NOTES_gla.md)."""
 
     def __init__(self, gate: int, B: int, T: int, H: int, K: int, V: int, dtype, device, num_segments=None):
-        # BT: the chunk of the state marches and of the backward's stored states; BTF: the chunk of
-        # the fused forward march (16 for the vector gate, whose intra-chunk scores are formed pair
-        # by pair); BC: the vector gate's backward sub-chunk.
+        # BT: the chunk of every march and of the backward's stored states (all three gates)
         self.BT = 64
-        self.BTF = 16 if gate == 2 else 64
-        self.BC = 16
         self.NT = triton.cdiv(T, self.BT)
-        self.NTF = triton.cdiv(T, self.BTF)
         # forward: full K per program (o needs the whole K sum); the state tile is K x BV.
-        if gate == 2:   # small chunks: the state tile may span all of V (no recomputed intra scores)
-            self.BV_f = min(V, 16384 // K)
-        else:
-            self.BV_f = min(V, 64 if K <= 128 else 32)
-        self.BKA = min(K, 32)                  # K-slice of the vector-gate pair broadcast [BT, BT, BKA]
+        self.BV_f = min(V, 64 if K <= 128 else 32)
         self.BK_s = min(K, 64)                 # state-only marches tile K as well
         self.BV_s = min(V, 64)
         self.BV_dv = min(V, 64)
-        self.BK_dq = min(K, 32 if gate == 2 else 64)
+        self.BK_dq = min(K, 64)
         self.BV_dq = min(V, 64)
         self.IP = "ieee" if dtype == torch.float32 else "tf32"
         # Triton's interpreter mis-computes tl.dot on 16-bit operands, so there the dots run in
-        # float32 (operands are not rounded to 16 bits; the compiled GPU path uses tensor cores).
+        # float32 on operands rounded to 16 bits (_r16); the compiled GPU path uses tensor cores.
         self.EMU = bool(INTERPRET)
         # Per-chunk states for the backward are stored in the input dtype for 16-bit inputs (the
-        # dots that read them round them to that dtype anyway, so this loses nothing) and in
-        # float32 otherwise.
-        self.state_dtype = torch.float32 if (dtype == torch.float32 or INTERPRET) else dtype
+        # dots that read them round them to that dtype anyway) and in float32 otherwise; the same
+        # under the interpreter, so that the CPU tests see the GPU's roundings (see _r16).
+        self.state_dtype = torch.float32 if dtype == torch.float32 else dtype
         self.warps_f = 4 if (K * self.BV_f) <= 64 * 64 else 8
+        # Triton's default 3 stages, but 2 at K = 256 (3 stages of q, k, g and the scores need more
+        # than the 227 KB of shared memory of an H100/H200 for the vector gate)
+        self.stages_f = 2 if K >= 256 else 3
+        if TUNE:
+            self.BV_f = min(V, int(TUNE.get("BV_f", self.BV_f)))
+            self.warps_f = int(TUNE.get("warps_f", self.warps_f))
+            self.stages_f = int(TUNE.get("stages_f", self.stages_f))
+            if TUNE.get("split", True) is False and num_segments is None:
+                num_segments = 1
         BH = B * H
         NV = V // self.BV_f
         if num_segments is None:
@@ -631,7 +685,6 @@ class _Cfg:
         num_segments = max(1, min(int(num_segments), self.NT))
         self.SEG = triton.cdiv(self.NT, num_segments)
         self.NS = triton.cdiv(self.NT, self.SEG)   # no empty segment
-        self.SEGF = self.SEG * (self.BT // self.BTF)   # the same segments in fused-forward chunks
 
 
 def _gate_code(g):
@@ -652,21 +705,26 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
     gg = g if g is not None else q                 # placeholder pointer when there is no gate
     ht = torch.empty(B, H, K, V, dtype=f32, device=dev) if output_final_state else None
     dummy = torch.empty(1, dtype=f32, device=dev)
+    As = dummy
+    if gate == 2:
+        As = torch.empty(BH, cfg.NT * cfg.BT, cfg.BT, dtype=q.dtype, device=dev)
+        _gla_scores_kernel[(cfg.NT, BH)](q, k, g, As, scale, T, cfg.NT, H=H, K=K, BT=cfg.BT, IP=cfg.IP,
+                                         EMU=cfg.EMU, num_warps=4 if K <= 64 else 8)
     if cfg.NS == 1:
         inits = h0
         grid = (V // cfg.BV_f, BH)
         _fwd_kernel[grid](q, k, v, gg, o, h0 if h0 is not None else dummy, ht if ht is not None else dummy,
-                          dummy, dummy, scale, T, cfg.NTF, cfg.SEGF, cfg.NS, H=H, K=K, V=V, BT=cfg.BTF, BK=K,
-                          BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=h0 is not None, COMPUTE_O=True,
+                          dummy, dummy, As, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V, BT=cfg.BT, BK=K,
+                          BV=cfg.BV_f, GATE=gate, HAS_H0=h0 is not None, COMPUTE_O=True,
                           STORE_FINAL=ht is not None, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU,
-                          num_warps=cfg.warps_f)
+                          num_warps=cfg.warps_f, num_stages=cfg.stages_f)
     else:
         NS = cfg.NS
         contrib = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
         dec = torch.zeros(BH * NS, K if gate == 2 else 1, dtype=f32, device=dev)
         grid = ((K // cfg.BK_s) * (V // cfg.BV_s), BH * NS)
-        _fwd_kernel[grid](q, k, v, gg, dummy, dummy, contrib, dec, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS,
-                          H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, BKA=cfg.BKA, GATE=gate,
+        _fwd_kernel[grid](q, k, v, gg, dummy, dummy, contrib, dec, dummy, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS,
+                          H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate,
                           HAS_H0=False, COMPUTE_O=False, STORE_FINAL=True, STORE_DEC=gate != 0,
                           STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=4)
         inits = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
@@ -675,13 +733,16 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
             K=K, V=V, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate, HAS_H0=h0 is not None,
             STORE_FINAL=ht is not None, REVERSE=False, num_warps=4)
         _fwd_kernel[(V // cfg.BV_f, BH * NS)](
-            q, k, v, gg, o, inits, dummy, dummy, dummy, scale, T, cfg.NTF, cfg.SEGF, cfg.NS, H=H, K=K, V=V,
-            BT=cfg.BTF, BK=K, BV=cfg.BV_f, BKA=cfg.BKA, GATE=gate, HAS_H0=True, COMPUTE_O=True,
-            STORE_FINAL=False, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=cfg.warps_f)
-    return o, ht, (inits if need_inits else None), cfg
+            q, k, v, gg, o, inits, dummy, dummy, dummy, As, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V,
+            BT=cfg.BT, BK=K, BV=cfg.BV_f, GATE=gate, HAS_H0=True, COMPUTE_O=True,
+            STORE_FINAL=False, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=cfg.warps_f,
+            num_stages=cfg.stages_f)
+    # what the backward needs: the segment entering states and (vector gate) the scores
+    return o, ht, ((inits, As if gate == 2 else None) if need_inits else None), cfg
 
 
-def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
+def _backward(q, k, v, g, scale, saved, ht, do, dht, cfg, need_dh0):
+    inits, As = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
     gate = _gate_code(g)
@@ -697,9 +758,9 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
     NKV = (K // cfg.BK_s) * (V // cfg.BV_s)
     split = NS > 1
     dec = torch.zeros(BH * NS, K if gate == 2 else 1, dtype=f32, device=dev) if (split and gate) else dummy
-    _fwd_kernel[(NKV, BH * NS)](q, k, v, gg, dummy, inits if inits is not None else dummy, dummy, dec, hs,
+    _fwd_kernel[(NKV, BH * NS)](q, k, v, gg, dummy, inits if inits is not None else dummy, dummy, dec, hs, dummy,
                                 scale, T, NT, cfg.SEG, NS, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s,
-                                BKA=cfg.BKA, GATE=gate, HAS_H0=inits is not None, COMPUTE_O=False,
+                                GATE=gate, HAS_H0=inits is not None, COMPUTE_O=False,
                                 STORE_FINAL=False, STORE_DEC=split and gate != 0, STORE_H=True, IP=cfg.IP,
                                 EMU=cfg.EMU, num_warps=4)
     # (2) reverse march for dh (gradient w.r.t. the state leaving each chunk) and dh0; split like
@@ -725,14 +786,9 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
                                        HAS_INIT=True, STORE_DH=True, STORE_OUT=False, **common)
     # (3) dv, then dq, dk and the gate terms, parallel over chunks
     dv = torch.empty_like(v)
-    if gate == 2:
-        _bwd_dv_gla_kernel[(V // cfg.BV_dv, NT, BH)](q, k, g, do, dhs, dv, scale, T, NT, H=H, K=K, V=V,
-                                                     BT=cfg.BT, BC=cfg.BC, BV=cfg.BV_dv, BKA=cfg.BKA, IP=cfg.IP,
-                                                     EMU=cfg.EMU, num_warps=4 if K <= 64 else 8)
-    else:
-        _bwd_dv_kernel[(V // cfg.BV_dv, NT, BH)](q, k, gg, do, dhs, dv, scale, T, NT, H=H, K=K, V=V, BT=cfg.BT,
-                                                 BV=cfg.BV_dv, GATE=gate, IP=cfg.IP, EMU=cfg.EMU,
-                                                 num_warps=4 if K <= 64 else 8)
+    _bwd_dv_kernel[(V // cfg.BV_dv, NT, BH)](q, k, gg, do, dhs, dv, As if As is not None else dummy, scale, T, NT, H=H, K=K, V=V, BT=cfg.BT,
+                                             BV=cfg.BV_dv, GATE=gate, IP=cfg.IP, EMU=cfg.EMU,
+                                             num_warps=4 if K <= 64 else 8)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     NK = K // cfg.BK_dq
@@ -743,33 +799,24 @@ def _backward(q, k, v, g, scale, inits, ht, do, dht, cfg, need_dh0):
     else:
         dgl = dummy
     if gate == 2:
-        _bwd_dqdk_gla_kernel[(NK, NT, BH)](q, k, v, g, do, hs, dhs, dq, dk, dgl, scale, T, NT, H=H, K=K, V=V,
-                                           BT=cfg.BT, BC=cfg.BC, BK=cfg.BK_dq, IP=cfg.IP, EMU=cfg.EMU,
-                                           num_warps=8 if K >= 64 else 4)
+        cpart = torch.empty(1, B, NT, H, K, dtype=f32, device=dev)
+    elif gate == 1:
+        cpart = torch.empty(NK, B, NT, H, dtype=f32, device=dev)
     else:
-        _bwd_dqdk_kernel[(NK, NT, BH)](q, k, v, gg, do, hs, dhs, dq, dk, dgl, scale, B, T, NT, H=H, K=K, V=V,
-                                       BT=cfg.BT, BK=cfg.BK_dq, BV=cfg.BV_dq, GATE=gate, IP=cfg.IP,
-                                       EMU=cfg.EMU, num_warps=8 if cfg.BK_dq >= 64 else 4)
+        cpart = dummy
+    _bwd_dqdk_kernel[(NK, NT, BH)](q, k, v, gg, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, NT, H=H, K=K, V=V,
+                                   BT=cfg.BT, BK=cfg.BK_dq, BV=cfg.BV_dq, GATE=gate, IP=cfg.IP,
+                                   EMU=cfg.EMU, num_warps=8 if cfg.BK_dq >= 64 else 4)
     dg = None
     if gate:
-        # dL/dB_t (B_t = g_1 + ... + g_t over the whole sequence) is q*dq - k*dk, plus the final
-        # state's sum_v S_T dS_T at t = T; dg_t is its reverse cumulative sum.
+        # dL/dB_t (B_t = g_1 + ... + g_t over the whole sequence) is q*dq - k*dk; dg_t is its
+        # reverse cumulative sum, formed per chunk from the chunk's carry <h_{c+1}, dh_c> (which
+        # includes the final state's gradient) plus a suffix sum inside the chunk (_dg_kernel).
         KG = K if gate == 2 else 1
         NP = 1 if gate == 2 else NK
-        # per-chunk totals, then for each chunk the sum over all later chunks (small tensors)
-        x = dgl.view(NP, B, T, H, KG)
-        pad = NT * cfg.BT - T
-        if pad:
-            x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
-        tot = x.view(NP, B, NT, cfg.BT, H, KG).sum((0, 3))                    # [B, NT, H, KG]
-        carry = tot.flip(1).cumsum(1).flip(1) - tot                            # exclusive suffix sum
-        if dht is not None and ht is not None:
-            fin = (ht * dht).sum(-1) if gate == 2 else (ht * dht).sum((-1, -2)).unsqueeze(-1)
-            carry = carry + fin.unsqueeze(1)                                   # [B, 1, H, KG]
-        carry = carry.contiguous()
         dg = torch.empty_like(g)
         BKG = min(KG, 64)
-        _dg_kernel[(KG // BKG, NT, BH)](dgl, carry, dg, B, T, NT, NP, H=H, KG=KG, BT=cfg.BT, BK=BKG,
+        _dg_kernel[(KG // BKG, NT, BH)](dgl, cpart, dg, B, T, NT, NP, H=H, KG=KG, BT=cfg.BT, BK=BKG,
                                         num_warps=4)
     return dq, dk, dv, dg, dh0
 
@@ -778,8 +825,9 @@ class _ChunkGLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, h0, scale, output_final_state, num_segments):
         need = any(ctx.needs_input_grad[:5])
-        o, ht, inits, cfg = _forward(q, k, v, g, scale, h0, output_final_state, need, num_segments)
-        ctx.save_for_backward(q, k, v, g, inits, ht)
+        o, ht, saved, cfg = _forward(q, k, v, g, scale, h0, output_final_state, need, num_segments)
+        inits, As = saved if saved is not None else (None, None)
+        ctx.save_for_backward(q, k, v, g, inits, As, ht)
         ctx.scale = scale
         ctx.cfg = cfg
         ctx.has_h0 = h0 is not None
@@ -788,11 +836,11 @@ class _ChunkGLAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, inits, ht = ctx.saved_tensors
+        q, k, v, g, inits, As, ht = ctx.saved_tensors
         do = do.contiguous()
         if dht is not None:
             dht = dht.contiguous().float()
-        dq, dk, dv, dg, dh0 = _backward(q, k, v, g, ctx.scale, inits, ht, do, dht, ctx.cfg, ctx.has_h0)
+        dq, dk, dv, dg, dh0 = _backward(q, k, v, g, ctx.scale, (inits, As), ht, do, dht, ctx.cfg, ctx.has_h0)
         if dh0 is not None:
             dh0 = dh0.to(ctx.h0_dtype)
         return dq, dk, dv, dg, dh0, None, None, None

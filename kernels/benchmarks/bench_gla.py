@@ -5,6 +5,7 @@ Usage (on a GPU)::
     python -m kernels.benchmarks.bench_gla            # full run, prints a table
     python -m kernels.benchmarks.bench_gla --quick    # one shape, fewer repetitions
     python -m kernels.benchmarks.bench_gla --write    # also writes kernels/results/bench_gla.json
+    python -m kernels.benchmarks.bench_gla --explore  # forward launch-parameter sweep (ours only)
 
 Shapes: bfloat16, H = 16, K = V = 128, B*T = 65,536 tokens with T in {2048, 8192, 32768}, plus
 B = 1, T = 32768. Passes: ``fwd`` (inputs without grad) and ``fwdbwd`` (forward + backward of
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 
 os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imported anywhere
@@ -48,6 +50,15 @@ def _parse(argv=None):
     p.add_argument("--write", action="store_true", help="write kernels/results/bench_gla.json")
     p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
     p.add_argument("--no-fla", action="store_true", help="time only our kernels")
+    p.add_argument("--explore", action="store_true",
+                   help="instead of the benchmark: time our forward of the three ops over a "
+                        "grid of launch parameters (triton_gla.TUNE) at B=32,T=2048 and B=1,T=32768; "
+                        "writes $OUT/explore_gla.json (or kernels/results/logs/explore_gla.json)")
+    p.add_argument("--budget-s", type=float, default=200.0,
+                   help="wall-clock budget in seconds (default 200): once spent, the remaining "
+                        "measurements are recorded as skipped (ms null, with a note), so one run stays "
+                        "bounded; with --write the JSON is rewritten after every shape, so whatever was "
+                        "measured is kept even if the run is killed")
     return p.parse_args(argv)
 
 
@@ -130,12 +141,57 @@ def _short(e: BaseException) -> str:
     return msg[:300]
 
 
+def explore(args):
+    """Forward launch-parameter sweep of our kernels (a tuning aid, not the benchmark)."""
+    import itertools
+    import json
+    from pathlib import Path
+    import torch
+    from kernels import triton_gla
+    from kernels.benchmarks import harness
+    t0 = time.perf_counter()
+    rows = []
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(__file__).resolve().parents[1] / "results" / "logs"
+    out.mkdir(parents=True, exist_ok=True)
+    grid = [dict(BV_f=bv, warps_f=w, stages_f=st) for bv, w, st in itertools.product((64, 128), (4, 8), (2, 3))]
+    grid += [dict(BV_f=64, warps_f=8, stages_f=3, split=False)]
+    for op in ("linear_attn", "simple_gla", "gla"):
+        fn = _our_fns()[op]
+        for B, T in ((32, 2048), (1, 32768)):
+            q, k, v, g, _ = _inputs(op, B, T, torch.bfloat16, "cuda")
+            triton_gla.TUNE.clear()
+            ref = fn(q, k, v, g)
+            for tune in [{}] + grid:
+                if time.perf_counter() - t0 > args.budget_s:
+                    break
+                triton_gla.TUNE.clear()
+                triton_gla.TUNE.update(tune)
+                try:
+                    o = fn(q, k, v, g)
+                    same = harness.err_ratio(o, ref)
+                    ms = harness.bench_ms(lambda: fn(q, k, v, g), warmup=5, rep=20)
+                    note = ""
+                except Exception as e:
+                    ms, same, note = None, None, _short(e)
+                rows.append({"op": op, "B": B, "T": T, "tune": tune or "default", "fwd_ms": ms,
+                             "err_vs_default": same, "note": note})
+                print(f"{op:11s} B={B:2d} T={T:5d} {str(tune or 'default'):60s} fwd {ms}  "
+                      f"(vs default config: {same}) {note}", flush=True)
+            triton_gla.TUNE.clear()
+            (out / "explore_gla.json").write_text(json.dumps({"env": harness.environment(), "rows": rows},
+                                                             indent=1, default=float))
+    print(f"wrote {out / 'explore_gla.json'} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
 def main(argv=None):
     args = _parse(argv)
     import torch
     if not torch.cuda.is_available():
         print("bench_gla needs a CUDA GPU (the comparison is against fla's GPU kernels); nothing to do.")
         return 1
+    if args.explore:
+        return explore(args)
     from kernels.benchmarks import harness
     dtype = torch.bfloat16
     device = "cuda"
@@ -150,8 +206,33 @@ def main(argv=None):
     fla_import_error = fla if isinstance(fla, str) else None
     impls = [("ours", ours)] + ([] if args.no_fla else [("fla", fla)])
     records = []
-    for op in ops:
-        for B, T in shapes:
+    t_start = time.perf_counter()
+    budget_note = f"skipped: the run's time budget (--budget-s {args.budget_s:g}) was spent"
+
+    def over_budget():
+        return time.perf_counter() - t_start > args.budget_s
+
+    def write():
+        config = {"dtype": "bfloat16", "H": H, "K": K, "V": V, "shapes": shapes, "ops": ops,
+                  "warmup_ms": warmup, "rep_ms": rep, "err_T_max": ERR_T_MAX, "budget_s": args.budget_s,
+                  "elapsed_s": round(time.perf_counter() - t_start, 1),
+                  "inputs": "q,k,v ~ N(0,1) (keys not normalised); g = logsigmoid(N(0,1)); scale K^-0.5; "
+                            "no initial/final state",
+                  "fla_env": {"FLA_DISABLE_BACKEND_DISPATCH": os.environ.get("FLA_DISABLE_BACKEND_DISPATCH")}}
+        return harness.write_results("bench_gla", config, records)
+    # shapes outer, ops inner: if the budget runs out, it is the last shapes of every op that are
+    # skipped, not a whole op
+    for B, T in shapes:
+        for op in ops:
+            if over_budget():
+                for impl, _ in impls:
+                    for pass_ in ("fwd", "fwdbwd"):
+                        records.append({"impl": impl, "op": op, "T": T, "B": B, "H": H, "K": K, "V": V,
+                                        "dtype": "bfloat16", "err_T": min(T, ERR_T_MAX), "pass": pass_,
+                                        "ms": None, "err": None, "note": budget_note})
+                print(f"{op:11s} B={B:2d} T={T:5d}  {budget_note}", flush=True)
+                continue
+            t_shape = time.perf_counter()
             q, k, v, g, do = _inputs(op, B, T, dtype, device)
             err_T = min(T, ERR_T_MAX)
             sl = tuple(None if x is None else x[:1, :err_T].contiguous() for x in (q, k, v, g, do))
@@ -171,6 +252,7 @@ def main(argv=None):
                     continue
                 fn = fns[op]
                 err, err_note = None, ""
+                t_impl = time.perf_counter()
                 if ref is not None:
                     try:
                         err = _errors(fn, op, sl, ref)
@@ -179,10 +261,14 @@ def main(argv=None):
                 torch.cuda.empty_cache()
                 # forward
                 try:
+                    if over_budget():
+                        raise RuntimeError(budget_note)
                     ms = harness.bench_ms(lambda: fn(q, k, v, g), warmup=warmup, rep=rep)
                     note = err_note
                 except Exception as e:
                     ms, note = None, _short(e)
+                # do_bench scales its repetitions to `rep` milliseconds, so a slow kernel costs a
+                # few calls; the budget is checked before each timed pass
                 records.append(dict(base, **{"pass": "fwd", "ms": ms,
                                              "err": None if err is None else {"o": err["o"]},
                                              "note": note}))
@@ -193,6 +279,8 @@ def main(argv=None):
                     o = fn(*leaves[:3], leaves[3] if g is not None else None)
                     return torch.autograd.grad(o, leaves, do)
                 try:
+                    if over_budget():
+                        raise RuntimeError(budget_note)
                     ms = harness.bench_ms(fwdbwd, warmup=warmup, rep=rep)
                     note = err_note
                 except Exception as e:
@@ -203,18 +291,20 @@ def main(argv=None):
                 del leaves
                 torch.cuda.empty_cache()
                 r = records[-2:]
+                for x in r:
+                    x["wall_s"] = round(time.perf_counter() - t_impl, 1)   # accuracy check + both timings
                 print(f"{impl:4s} {op:11s} B={B:2d} T={T:5d}  fwd {r[0]['ms']}  fwdbwd {r[1]['ms']}  "
-                      f"err {err} {r[0]['note'] or ''} {r[1]['note'] or ''}", flush=True)
+                      f"err {err} {r[0]['note'] or ''} {r[1]['note'] or ''}  "
+                      f"[{time.perf_counter() - t_impl:.1f} s; {time.perf_counter() - t_start:.0f} s total]",
+                      flush=True)
             del q, k, v, g, do, sl, ref
             torch.cuda.empty_cache()
+            print(f"  ({op} B={B} T={T}: {time.perf_counter() - t_shape:.1f} s)", flush=True)
+            if args.write:
+                write()
 
     if args.write:
-        config = {"dtype": "bfloat16", "H": H, "K": K, "V": V, "shapes": shapes, "ops": ops,
-                  "warmup_ms": warmup, "rep_ms": rep, "err_T_max": ERR_T_MAX,
-                  "inputs": "q,k,v ~ N(0,1) (keys not normalised); g = logsigmoid(N(0,1)); scale K^-0.5; "
-                            "no initial/final state",
-                  "fla_env": {"FLA_DISABLE_BACKEND_DISPATCH": os.environ.get("FLA_DISABLE_BACKEND_DISPATCH")}}
-        path = harness.write_results("bench_gla", config, records)
+        path = write()
         print(f"wrote {path}")
 
     # summary table (last)

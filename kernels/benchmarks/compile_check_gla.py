@@ -52,7 +52,7 @@ def main(argv=None):
         def __getitem__(self, grid):
             return lambda *a, **kw: launches.append((self.fn, grid, a, kw))
 
-    helpers = ("_gla_intra_scores", "_sub_offsets")      # called inside kernels, not launched
+    helpers = ("_gla_level", "_gla_chunk_scores", "_r16", "_st")      # called inside kernels, not launched
     for name in dir(M):
         obj = getattr(M, name)
         if isinstance(obj, triton.runtime.jit.JITFunction) and name not in helpers:
@@ -62,6 +62,8 @@ def main(argv=None):
     def compile_one(fn, a, kw):
         kw = dict(kw)
         opts = {"num_warps": kw.pop("num_warps", 4)}
+        if "num_stages" in kw:
+            opts["num_stages"] = kw.pop("num_stages")
         sig = {}
         for name, x in zip(fn.arg_names, a):
             if isinstance(x, torch.Tensor):
@@ -74,7 +76,12 @@ def main(argv=None):
                 sig[name] = "fp32"
         for name in kw:
             sig[name] = "constexpr"
-        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=kw), target=target, options=opts)
+        # the 16-divisibility that Triton's launcher assumes for tensor pointers and for integer
+        # arguments divisible by 16 (without it the loads are not vectorised nor pipelined)
+        attrs = {(i,): [["tt.divisibility", 16]] for i, x in enumerate(a)
+                 if isinstance(x, torch.Tensor) or (type(x) is int and x % 16 == 0)}
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=kw, attrs=attrs), target=target,
+                           options=opts)
         with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
             f.write(k.asm["ptx"])
         r = subprocess.run([ptxas, f"-arch=sm_{args.arch}a", "-v", f.name, "-o", os.devnull],
