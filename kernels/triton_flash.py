@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from ._common import INTERPRET, next_pow2
+from ._interp import apply_interpreter_fixes
 from .reference import attention_ref
 
 __all__ = ["flash_attention_triton", "FlashAttentionFunction"]
@@ -47,52 +48,8 @@ __all__ = ["flash_attention_triton", "FlashAttentionFunction"]
 _LOG2E = 1.4426950408889634
 
 
-def _interpreter_fixes():
-    """Two gaps of Triton 3.6's interpreter (with NumPy 2) that the compiled path does not have.
-
-    1. ``range()`` with program-id-derived bounds: the interpreter holds a scalar as a 1-element
-       array and converts it with ``int(array)``, which NumPy 2 rejects. We extend its per-launch
-       patch of ``tl.tensor`` (restored after each launch) with an ``__index__`` reading the element.
-    2. ``tl.dot`` on bfloat16: the interpreter stores bfloat16 as raw ``uint16`` bits and multiplies
-       the bits. We widen bfloat16 operands to float32 first (exact), so the product is the exact
-       float32 one, as on tensor cores (which accumulate bf16 products in float32).
-
-    Idempotent; applied only when interpreting.
-    """
-    import numpy as np
-    import triton.runtime.interpreter as interp
-
-    orig_patch = getattr(interp, "_patch_lang_tensor", None)
-    if orig_patch is not None and not getattr(orig_patch, "_lattn_fix", False):
-        def scalar_index(self):
-            data = np.asarray(self.handle.data)
-            if data.size != 1:
-                raise TypeError(f"only a scalar can be used as an index; got shape {data.shape}")
-            return int(data.reshape(-1)[0])
-
-        def patched(tensor, scope):
-            orig_patch(tensor, scope)
-            scope.set_attr(tensor, "__index__", scalar_index)
-        patched._lattn_fix = True
-        interp._patch_lang_tensor = patched
-
-    builder = getattr(interp, "InterpreterBuilder", None)
-    orig_dot = getattr(builder, "create_dot", None)
-    if orig_dot is not None and not getattr(orig_dot, "_lattn_fix", False):
-        def widen(h):
-            if h.dtype == tl.bfloat16 or getattr(h.dtype, "scalar", None) == tl.bfloat16:
-                bits = np.asarray(h.data).astype(np.uint32) << np.uint32(16)
-                return interp.TensorHandle(bits.view(np.float32), tl.float32)
-            return h
-
-        def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-            return orig_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-        create_dot._lattn_fix = True
-        builder.create_dot = create_dot
-
-
 if INTERPRET:
-    _interpreter_fixes()
+    apply_interpreter_fixes()
 
 
 @triton.jit

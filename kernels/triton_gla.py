@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from ._common import INTERPRET, next_pow2
+from ._interp import apply_interpreter_fixes
 
 __all__ = ["chunk_simple_gla_triton", "chunk_gla_triton", "SUPPORTED_HEAD_SIZES"]
 
@@ -55,32 +56,8 @@ _NUM_SMS_DEFAULT = 132
 TUNE: dict = {}
 
 
-def _patch_interpreter_loop_bounds():
-    """Let Triton's interpreter use runtime integers as loop bounds under NumPy >= 2.
-
-    The interpreter holds every scalar as a one-element array and turns it into a Python int with
-    ``int(array)``, which NumPy 2 rejects for arrays of shape ``(1,)``; so ``tl.range(0, n)`` with a
-    runtime ``n`` fails in the interpreter (the compiler is unaffected). The patch reads the single
-    element instead. It is idempotent, and applied only when the interpreter is in use.
-    """
-    try:
-        from triton.runtime import interpreter as _interp
-    except Exception:  # pragma: no cover
-        return
-    if getattr(_interp, "_lattn_index_patch", False):
-        return
-    orig = _interp._patch_lang_tensor
-
-    def patched(tensor, scope):
-        orig(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    _interp._patch_lang_tensor = patched
-    _interp._lattn_index_patch = True
-
-
 if INTERPRET:
-    _patch_interpreter_loop_bounds()
+    apply_interpreter_fixes()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ TOL32 = 2e-4
 # ≈ 2.5-5e-3 for the gradients on the interpreter). We use fla's RMS error ratio
 # (harness.err_ratio) with bound 1e-2: above what correct rounding gives, far below the O(1) of a
 # real bug. fp16 (unit roundoff 2^-12) measures ≈ 5e-4 and gets the same bound. (The interpreter
-# rounds to nearest even like the GPU; see triton_delta._interpreter_fixes.)
+# rounds to nearest even like the GPU; see kernels/_interp.py.)
 TOL16_OUT, TOL16_GRAD = 1e-2, 1e-2
 
 
