@@ -54,7 +54,7 @@ import numpy as np
 from ._validate import as_array, check_chunk_size, check_gate, check_positive, check_qkv
 
 __all__ = [
-    "forward_substitution",
+    "forward_substitution", "blockwise_unit_lower_inverse",
     "deltanet_recurrent", "deltanet_parallel", "deltanet_chunkwise",
     "gated_deltanet_recurrent", "gated_deltanet_parallel", "gated_deltanet_chunkwise",
     "comba_recurrent", "comba_to_gated_deltanet", "gated_deltanet_to_comba",
@@ -99,6 +99,35 @@ def forward_substitution(A, B) -> np.ndarray:
     for i in range(n):
         X[i] = B[i] - A[i, :i] @ X[:i]
     return X[:, 0] if vector else X
+
+
+def blockwise_unit_lower_inverse(A, block: int = 16) -> np.ndarray:
+    """``(I + A)^{-1}`` for strictly lower-triangular ``A``, block row by block row (the kernels' way).
+
+    With ``T = (I + A)^{-1}`` split into ``block × block`` tiles, the diagonal tiles are the inverses
+    of the diagonal tiles of ``I + A`` (each by :func:`forward_substitution`), and each tile below the
+    diagonal follows from ``(I + A) T = I``::
+
+        T_II = (I + A_II)^{-1},      T_IJ = -T_II sum_{J <= M < I} A_IM T_MJ      (J < I).
+
+    ``n`` need not be a multiple of ``block`` (the last tile is smaller).
+    """
+    A = as_array(A, "A", ("n", "n"))
+    n = A.shape[0]
+    if A.shape[1] != n:
+        raise ValueError(f"A must be square (n, n); got shape {A.shape}")
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
+        raise ValueError(f"block must be a positive integer; got {block!r}")
+    edges = list(range(0, n, block)) + [n]
+    tiles = [slice(a, b) for a, b in zip(edges[:-1], edges[1:])]
+    T = np.zeros((n, n))
+    for i, I in enumerate(tiles):
+        T[I, I] = forward_substitution(A[I, I], np.eye(I.stop - I.start))
+        for j in range(i):
+            J = tiles[j]
+            acc = sum(A[I, tiles[m]] @ T[tiles[m], J] for m in range(j, i))
+            T[I, J] = -T[I, I] @ acc
+    return T
 
 
 # --------------------------------------------------------------------------------------------

@@ -145,3 +145,59 @@ def test_cumulative_gate_breaks_where_predicted_for_alpha_099():
     below, above = res["error"]["float32"]
     assert below < 1e-4                 # float32 round-off while 1/abar is representable
     assert not np.isfinite(above)       # gone once it is not
+
+
+# --- the kernels' algebra (chapter 6, "How the chunkwise delta-rule kernel works") ---------------
+import torch  # noqa: E402
+
+
+def _gated_chunk(seed, C=64, d_k=16, d_v=8):
+    r = np.random.default_rng(seed)
+    K = r.normal(size=(C, d_k))
+    K /= np.linalg.norm(K, axis=1, keepdims=True)
+    Q, V = r.normal(size=(C, d_k)), r.normal(size=(C, d_v))
+    beta = r.uniform(0.1, 1.5, size=C)
+    b = np.cumsum(np.log(r.uniform(0.8, 1.0, size=C)))
+    Gam = np.exp(np.tril(b[:, None] - b[None, :])) * lc.causal_mask(C)
+    A = np.tril(beta[:, None] * (K @ K.T) * Gam, k=-1)
+    return r, Q, K, V, beta, b, Gam, A
+
+
+@pytest.mark.parametrize("n,block", [(64, 16), (70, 16), (33, 8), (5, 16)])
+def test_blockwise_inverse_equals_forward_substitution(n, block):
+    """(ch6-d-blockinv): T_II = (I + A_II)^-1, T_IJ = -T_II sum_M A_IM T_MJ, any n (ragged last tile)."""
+    A = np.tril(np.random.default_rng(n).normal(size=(n, n)) * 0.3, k=-1)
+    # float64 on O(1) unit-triangular systems of size <= 70: round-off ~1e-14
+    lc.check_close("blockwise inverse = forward substitution", lc.blockwise_unit_lower_inverse(A, block),
+                   lc.forward_substitution(A, np.eye(n)), 1e-10)
+    with pytest.raises(ValueError, match="block must be a positive integer"):
+        lc.blockwise_unit_lower_inverse(A, 0)
+    with pytest.raises(ValueError, match="strictly lower triangular"):
+        lc.blockwise_unit_lower_inverse(A + np.eye(n), block)
+
+
+def test_chunk_backward_closed_forms_match_autograd():
+    """(ch6-d-adjoint), (ch6-d-dA): the kernels' closed-form chunk gradients equal autograd."""
+    r, Q, K, V, beta, b, Gam, A = _gated_chunk(6)
+    C, d_k, d_v = K.shape[0], K.shape[1], V.shape[1]
+    f64 = lambda x: torch.tensor(x, dtype=torch.float64)
+    Qt, Kt, Vt, bt, bet, Gt = map(f64, (Q, K, V, b, beta, Gam))
+    At = f64(A).requires_grad_()
+    S0T = f64(r.normal(size=(d_k, d_v))).requires_grad_()
+    dO, dSn = f64(r.normal(size=(C, d_v))), f64(r.normal(size=(d_k, d_v)))
+    T = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + At)
+    W, Ut = T @ ((bet * bt.exp())[:, None] * Kt), T @ (bet[:, None] * Vt)
+    U = Ut - W @ S0T
+    U.retain_grad()
+    O = bt.exp()[:, None] * (Qt @ S0T) + ((Qt @ Kt.T) * Gt) @ U
+    SnT = bt[-1].exp() * S0T + ((bt[-1] - bt).exp()[:, None] * Kt).T @ U
+    ((O * dO).sum() + (SnT * dSn).sum()).backward()
+    with torch.no_grad():
+        dU = ((Qt @ Kt.T) * Gt).T @ dO + ((bt[-1] - bt).exp()[:, None] * Kt) @ dSn
+        dS0T = bt[-1].exp() * dSn + (bt.exp()[:, None] * Qt).T @ dO - W.T @ dU
+        dY, dX = T.T @ dU, -(T.T @ dU) @ S0T.T
+        dA = -(dY @ Ut.T + dX @ W.T) * f64(np.tril(np.ones((C, C)), k=-1))
+    # float64 autograd vs closed forms on O(10) entries: round-off ~1e-13
+    lc.check_close("dU = autograd", dU.numpy(), U.grad.numpy(), 1e-9)
+    lc.check_close("dS0^T = autograd", dS0T.numpy(), S0T.grad.numpy(), 1e-9)
+    lc.check_close("dA = autograd (strictly lower)", dA.numpy(), np.tril(At.grad.numpy(), k=-1), 1e-9)
