@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-__all__ = ["setup", "on_gpu", "show_widget", "time_cpu"]
+__all__ = ["setup", "on_gpu", "gpu_dtype", "show_widget", "time_cpu"]
 
 
 def on_gpu() -> bool:
@@ -20,6 +20,15 @@ def on_gpu() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:
         return False
+
+
+def gpu_dtype():
+    """The 16-bit dtype the chapters' GPU cells use: bfloat16 where the GPU has bf16 tensor cores
+    (compute capability 8.0 or newer: A100, L4, H100/H200), float16 otherwise (a Colab T4)."""
+    import torch
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8:
+        return torch.bfloat16
+    return torch.float16
 
 
 def setup(seed: int = 0, *, quiet: bool = False) -> dict:

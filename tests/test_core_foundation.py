@@ -91,3 +91,12 @@ def test_masks():
     assert M.sum() == 10 and Mm.sum() == 6 and np.all(M - Mm == np.eye(4))
     with pytest.raises(ValueError, match="n must be a positive integer"):
         lc.causal_mask(0)
+
+
+def test_gpu_dtype_matches_the_device():
+    import torch
+    from lattn_core.notebook import gpu_dtype
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8:
+        assert gpu_dtype() is torch.bfloat16
+    else:  # no GPU, or one without bf16 tensor cores (a Colab T4)
+        assert gpu_dtype() is torch.float16
