@@ -53,6 +53,19 @@ if INTERPRET:
 
 
 @triton.jit
+def _mask_scores(s, offs_m, offs_n, T, CAUSAL_MASK: tl.constexpr, TAIL_MASK: tl.constexpr):
+    """Set to -inf the scores of keys after the query (causal) or past the sequence end (tail)."""
+    if CAUSAL_MASK:
+        keep = offs_n[None, :] <= offs_m[:, None]
+        if TAIL_MASK:
+            keep = keep & (offs_n[None, :] < T)
+        s = tl.where(keep, s, float("-inf"))
+    elif TAIL_MASK:
+        s = tl.where(offs_n[None, :] < T, s, float("-inf"))
+    return s
+
+
+@triton.jit
 def _attn_block_loop(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d,
                      lo, hi, T, qk_scale,
                      BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, TAIL_MASK: tl.constexpr,
@@ -72,13 +85,7 @@ def _attn_block_loop(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, off
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)                # [BM, BN] float32, unscaled
-        if CAUSAL_MASK:
-            keep = offs_n[None, :] <= offs_m[:, None]
-            if TAIL_MASK:
-                keep = keep & (offs_n[None, :] < T)
-            s = tl.where(keep, s, float("-inf"))
-        elif TAIL_MASK:
-            s = tl.where(offs_n[None, :] < T, s, float("-inf"))
+        s = _mask_scores(s, offs_m, offs_n, T, CAUSAL_MASK, TAIL_MASK)
         # Scores in log2 units are qk_scale·s (qk_scale = scale·log2 e > 0, so the row max commutes
         # with the scaling and qk_scale·s − m is one fused multiply-add per score).
         # Every row has seen at least one visible key before or in its first block (key 0, or its
@@ -321,13 +328,7 @@ def _xloop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, stride_kt, stride_v
                 k = tl.load(k_ptrs)
                 v = tl.load(v_ptrs)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        if CAUSAL_MASK:
-            keep = offs_n[None, :] <= offs_m[:, None]
-            if TAIL_MASK:
-                keep = keep & (offs_n[None, :] < T)
-            s = tl.where(keep, s, float("-inf"))
-        elif TAIL_MASK:
-            s = tl.where(offs_n[None, :] < T, s, float("-inf"))
+        s = _mask_scores(s, offs_m, offs_n, T, CAUSAL_MASK, TAIL_MASK)
         m_blk = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         if LAZY_RESCALE:
             # keep the stale max unless it is more than THRESH below the true one (first block:
