@@ -71,22 +71,24 @@ _HEAD_SIZES = (16, 32, 64, 128)
 # (batched PyTorch + autograd, ``_chunk_local_grads``; a cross-check and a fallback).
 _BWD_IMPL = os.environ.get("LATTN_DELTA_BWD", "triton")
 _U_FP32 = os.environ.get("LATTN_DELTA_U_FP32", "0") == "1"
-# Split the per-chunk backward in two kernels (default), which keeps the K-wide float32
-# accumulators of the second apart from the 64×64 algebra of the first; "0" fuses them.
-_BWD_SPLIT = os.environ.get("LATTN_DELTA_BWD_SPLIT", "1") != "0"
 
 # Tuning overrides for exploration (``kernels/benchmarks/explore_delta.py``); 0 = the default
 # heuristic. Set through ``LATTN_DELTA_TUNE="fwd_bv=32,fwd_warps=4"`` (read at import) or the
 # ``tuning(**kw)`` context manager. An explicit warps/stages override launches exactly that config
 # (no fallback), so a config that does not fit raises instead of being silently replaced.
+#   kkt_warps                              the per-chunk T = (I + A)^{-1} kernel
+#   wy_fuse     1: W, U formed in the same kernel as T; 0: a second kernel (``_wu_fwd_kernel``)
+#   wu_bk / wu_warps                       column block and warps of the W, U products
 #   fwd_split   1: forward = sequential ``_state_vp_fwd_kernel`` (v', states) + parallel
 #               ``_out_fwd_kernel`` (outputs); 0: the fused ``_state_fwd_kernel``
 #   fwd_bv / fwd_warps / fwd_stages        the sequential forward kernel
-#   out_bv / out_warps / out_stages        the parallel output kernel (fwd_split=1)
+#   out_bv / out_warps                     the parallel output kernel (fwd_split=1)
 #   bwd_bv / bwd_warps / bwd_stages        the sequential backward kernel
-#   local_bv / par_warps / par_stages      the parallel backward kernels (and the WY kernel)
-_TUNE_KEYS = ("fwd_split", "fwd_bv", "fwd_warps", "fwd_stages", "out_bv", "out_warps", "out_stages",
-              "bwd_bv", "bwd_warps", "bwd_stages", "local_bv", "par_warps", "par_stages")
+#   dqk_bk / dqk_bv / dqk_warps            ``_bwd_dqk_kernel`` (K-block of the grid, V-block, warps)
+#   dwy_bv / dwy_warps                     ``_bwd_wy_kernel``
+_TUNE_KEYS = ("kkt_warps", "wy_fuse", "wu_bk", "wu_warps", "fwd_split", "fwd_bv", "fwd_warps",
+              "fwd_stages", "out_bv", "out_warps", "bwd_bv", "bwd_warps", "bwd_stages",
+              "dqk_bk", "dqk_bv", "dqk_warps", "dwy_bv", "dwy_warps")
 _TUNE = dict.fromkeys(_TUNE_KEYS, 0)
 
 
@@ -161,32 +163,74 @@ def _gram16(ka, kb, ba, bb, beta_a, DIAG: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _inv_unit_lower16(A):
-    """``(I + A)^{-1}`` for a strictly lower-triangular 16×16 ``A`` by forward substitution."""
+def _inv4_unit_lower16(A0, A1, A2, A3):
+    """``(I + A)^{-1}`` of four strictly lower-triangular 16×16 blocks by forward substitution,
+    row by row; the four independent solves share one loop so their steps can overlap."""
     r = tl.arange(0, 16)
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    Ti = eye
-    for i in tl.static_range(1, 16):
-        a = tl.sum(tl.where(r[:, None] == i, A, 0.0), 0)          # row i of A, indexed by column j
-        new = tl.where(r == i, 1.0, 0.0) - tl.sum(a[:, None] * Ti, 0)
-        Ti = tl.where(r[:, None] == i, new[None, :], Ti)
-    return Ti
+    T0 = eye
+    T1 = eye
+    T2 = eye
+    T3 = eye
+    for i in range(1, 16):      # a loop, not unrolled: far fewer live registers (ptxas, sm_90a)
+        sel = r[:, None] == i
+        e = tl.where(r == i, 1.0, 0.0)
+        a0 = tl.sum(tl.where(sel, A0, 0.0), 0)          # row i of A, indexed by column j
+        a1 = tl.sum(tl.where(sel, A1, 0.0), 0)
+        a2 = tl.sum(tl.where(sel, A2, 0.0), 0)
+        a3 = tl.sum(tl.where(sel, A3, 0.0), 0)
+        T0 = tl.where(sel, (e - tl.sum(a0[:, None] * T0, 0))[None, :], T0)
+        T1 = tl.where(sel, (e - tl.sum(a1[:, None] * T1, 0))[None, :], T1)
+        T2 = tl.where(sel, (e - tl.sum(a2[:, None] * T2, 0))[None, :], T2)
+        T3 = tl.where(sel, (e - tl.sum(a3[:, None] * T3, 0))[None, :], T3)
+    return T0, T1, T2, T3
+
+
+@triton.jit
+def _wu_chunk(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, n, bh, T, H, NTC,
+              K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """``W = T (β e^b K)`` and ``U = T (β V)`` of one chunk from its stored ``T``: ``[64, 64]``
+    products over K and V in column blocks of ``BK``."""
+    bi = bh // H
+    h = bh % H
+    dt = k_ptr.dtype.element_ty
+    rc = tl.arange(0, 64)
+    rows = n * 64 + rc
+    rmask = rows < T
+    Tm = tl.load(t_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :]).to(dt)
+    beta = tl.load(beta_ptr + bi * T * H + h + rows * H, mask=rmask, other=0.0).to(tl.float32)
+    sk = beta * tl.exp(tl.load(b_ptr + bh * NTC + rows))
+    for c0 in tl.static_range(0, K, BK):
+        ck = c0 + tl.arange(0, BK)
+        x = tl.load(k_ptr + (bi * T * H + h) * K + rows[:, None] * (H * K) + ck[None, :],
+                    mask=rmask[:, None], other=0.0)
+        x = (x.to(tl.float32) * sk[:, None]).to(dt)
+        tl.store(w_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :],
+                 tl.dot(Tm, x, input_precision=PREC).to(w_ptr.dtype.element_ty))
+    for c0 in tl.static_range(0, V, BK):
+        cv = c0 + tl.arange(0, BK)
+        y = tl.load(v_ptr + (bi * T * H + h) * V + rows[:, None] * (H * V) + cv[None, :],
+                    mask=rmask[:, None], other=0.0)
+        y = (y.to(tl.float32) * beta[:, None]).to(dt)
+        tl.store(u_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :],
+                 tl.dot(Tm, y, input_precision=PREC).to(u_ptr.dtype.element_ty))
 
 
 # ------------------------------------------------------------------------------------------------
 # 1. per-chunk WY/UT factors (parallel over chunks)
 # ------------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["T", "H", "NTC"])
-def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, T, H, NTC,
-                   K: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr, STORE_T: tl.constexpr):
+def _kkt_solve_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, T, H, NTC,
+                      K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+                      FUSE_WU: tl.constexpr):
+    """``T = (I + A)^{-1}`` of one chunk, written as a dense ``[64, 64]`` tile (zeros above the
+    diagonal); with ``FUSE_WU`` the same program then forms ``W`` and ``U`` from it."""
     n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
     bi = bh // H
     h = bh % H
     t0 = n * 64
-    # input views: k [B, T, H, K], v [B, T, H, V], beta [B, T, H]; b [B*H, NTC] float32 (padded)
     kp = k_ptr + (bi * T * H + h) * K
-    vp = v_ptr + (bi * T * H + h) * V
     btp = beta_ptr + bi * T * H + h
     bp = b_ptr + bh * NTC
     k0 = _rows16(kp, t0, T, H * K, K)
@@ -213,10 +257,7 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, T, H, NTC
     A31 = _gram16(k3, k1, g3, g1, be3, False, PREC)
     A32 = _gram16(k3, k2, g3, g2, be3, False, PREC)
     # T = (I + A)^{-1}: diagonal blocks by forward substitution, then block substitution
-    T00 = _inv_unit_lower16(A00)
-    T11 = _inv_unit_lower16(A11)
-    T22 = _inv_unit_lower16(A22)
-    T33 = _inv_unit_lower16(A33)
+    T00, T11, T22, T33 = _inv4_unit_lower16(A00, A11, A22, A33)
     T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision="ieee"), input_precision="ieee")
     T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision="ieee"), input_precision="ieee")
     T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision="ieee") + tl.dot(A21, T10, input_precision="ieee"),
@@ -226,71 +267,49 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, T, H, NTC
                   input_precision="ieee")
     T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision="ieee") + tl.dot(A31, T10, input_precision="ieee")
                   + tl.dot(A32, T20, input_precision="ieee"), input_precision="ieee")
-    dt = k_ptr.dtype.element_ty
-    # W = T (β e^b K)
-    x0 = (k0.to(tl.float32) * (be0 * tl.exp(g0))[:, None]).to(dt)
-    x1 = (k1.to(tl.float32) * (be1 * tl.exp(g1))[:, None]).to(dt)
-    x2 = (k2.to(tl.float32) * (be2 * tl.exp(g2))[:, None]).to(dt)
-    x3 = (k3.to(tl.float32) * (be3 * tl.exp(g3))[:, None]).to(dt)
-    w0 = tl.dot(T00.to(dt), x0, input_precision=PREC)
-    w1 = tl.dot(T10.to(dt), x0, input_precision=PREC) + tl.dot(T11.to(dt), x1, input_precision=PREC)
-    w2 = (tl.dot(T20.to(dt), x0, input_precision=PREC) + tl.dot(T21.to(dt), x1, input_precision=PREC)
-          + tl.dot(T22.to(dt), x2, input_precision=PREC))
-    w3 = (tl.dot(T30.to(dt), x0, input_precision=PREC) + tl.dot(T31.to(dt), x1, input_precision=PREC)
-          + tl.dot(T32.to(dt), x2, input_precision=PREC) + tl.dot(T33.to(dt), x3, input_precision=PREC))
+    # T as a dense [64, 64] tile per chunk, in the dtype that feeds the products (W, U and the backward)
     rr = tl.arange(0, 16)
-    ck = tl.arange(0, K)
-    wp = w_ptr + (bh * NTC + t0) * K
-    tl.store(wp + (rr[:, None]) * K + ck[None, :], w0.to(dt))
-    tl.store(wp + (16 + rr[:, None]) * K + ck[None, :], w1.to(dt))
-    tl.store(wp + (32 + rr[:, None]) * K + ck[None, :], w2.to(dt))
-    tl.store(wp + (48 + rr[:, None]) * K + ck[None, :], w3.to(dt))
-    # U = T (β V)
-    y0 = (_rows16(vp, t0, T, H * V, V).to(tl.float32) * be0[:, None]).to(dt)
-    y1 = (_rows16(vp, t0 + 16, T, H * V, V).to(tl.float32) * be1[:, None]).to(dt)
-    y2 = (_rows16(vp, t0 + 32, T, H * V, V).to(tl.float32) * be2[:, None]).to(dt)
-    y3 = (_rows16(vp, t0 + 48, T, H * V, V).to(tl.float32) * be3[:, None]).to(dt)
-    u0 = tl.dot(T00.to(dt), y0, input_precision=PREC)
-    u1 = tl.dot(T10.to(dt), y0, input_precision=PREC) + tl.dot(T11.to(dt), y1, input_precision=PREC)
-    u2 = (tl.dot(T20.to(dt), y0, input_precision=PREC) + tl.dot(T21.to(dt), y1, input_precision=PREC)
-          + tl.dot(T22.to(dt), y2, input_precision=PREC))
-    u3 = (tl.dot(T30.to(dt), y0, input_precision=PREC) + tl.dot(T31.to(dt), y1, input_precision=PREC)
-          + tl.dot(T32.to(dt), y2, input_precision=PREC) + tl.dot(T33.to(dt), y3, input_precision=PREC))
-    cv = tl.arange(0, V)
-    up = u_ptr + (bh * NTC + t0) * V
-    tl.store(up + (rr[:, None]) * V + cv[None, :], u0.to(u_ptr.dtype.element_ty))
-    tl.store(up + (16 + rr[:, None]) * V + cv[None, :], u1.to(u_ptr.dtype.element_ty))
-    tl.store(up + (32 + rr[:, None]) * V + cv[None, :], u2.to(u_ptr.dtype.element_ty))
-    tl.store(up + (48 + rr[:, None]) * V + cv[None, :], u3.to(u_ptr.dtype.element_ty))
-    if STORE_T:   # T = (I + A)^{-1} as a dense [64, 64] float32 tile per chunk, for the backward
-        tp = t_ptr + (bh * NTC + t0) * 64 + rr[:, None] * 64 + rr[None, :]
-        z = tl.zeros([16, 16], dtype=tl.float32)
-        tl.store(tp, T00)
-        tl.store(tp + 16, z)
-        tl.store(tp + 32, z)
-        tl.store(tp + 48, z)
-        tl.store(tp + 16 * 64, T10)
-        tl.store(tp + 16 * 64 + 16, T11)
-        tl.store(tp + 16 * 64 + 32, z)
-        tl.store(tp + 16 * 64 + 48, z)
-        tl.store(tp + 32 * 64, T20)
-        tl.store(tp + 32 * 64 + 16, T21)
-        tl.store(tp + 32 * 64 + 32, T22)
-        tl.store(tp + 32 * 64 + 48, z)
-        tl.store(tp + 48 * 64, T30)
-        tl.store(tp + 48 * 64 + 16, T31)
-        tl.store(tp + 48 * 64 + 32, T32)
-        tl.store(tp + 48 * 64 + 48, T33)
+    tp = t_ptr + (bh * NTC + t0) * 64 + rr[:, None] * 64 + rr[None, :]
+    tt = t_ptr.dtype.element_ty
+    z = tl.zeros([16, 16], dtype=tt)
+    tl.store(tp, T00.to(tt))
+    tl.store(tp + 16, z)
+    tl.store(tp + 32, z)
+    tl.store(tp + 48, z)
+    tl.store(tp + 16 * 64, T10.to(tt))
+    tl.store(tp + 16 * 64 + 16, T11.to(tt))
+    tl.store(tp + 16 * 64 + 32, z)
+    tl.store(tp + 16 * 64 + 48, z)
+    tl.store(tp + 32 * 64, T20.to(tt))
+    tl.store(tp + 32 * 64 + 16, T21.to(tt))
+    tl.store(tp + 32 * 64 + 32, T22.to(tt))
+    tl.store(tp + 32 * 64 + 48, z)
+    tl.store(tp + 48 * 64, T30.to(tt))
+    tl.store(tp + 48 * 64 + 16, T31.to(tt))
+    tl.store(tp + 48 * 64 + 32, T32.to(tt))
+    tl.store(tp + 48 * 64 + 48, T33.to(tt))
+    if FUSE_WU:
+        tl.debug_barrier()      # the tile written above is read back whole by every thread
+        _wu_chunk(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, n, bh, T, H, NTC, K, V, BK, PREC)
+
+
+@triton.jit(do_not_specialize=["T", "H", "NTC"])
+def _wu_fwd_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, T, H, NTC,
+                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    _wu_chunk(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, tl.program_id(0),
+              tl.program_id(1).to(tl.int64), T, H, NTC, K, V, BK, PREC)
 
 
 # ------------------------------------------------------------------------------------------------
 # 2. sequential state pass with fused output (state on chip)
 # ------------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=_NO_SPEC)
-def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, o_ptr, h0_ptr, ht_ptr, hs_ptr,
+def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, o_ptr, h0_ptr, ht_ptr, hs_ptr, vp_ptr,
                       scale, T, H, NT, NTC,
                       K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                       HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HS: tl.constexpr):
+    """Sequential over chunks, state ``S[K, BV]`` on chip; for training (``STORE_HS``) it also
+    writes the state entering every chunk and the pseudo-values ``v'`` (the backward reads both)."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
     bi = bh // H
@@ -325,6 +344,8 @@ def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, o_ptr, h0_ptr, ht_ptr, 
         Sd = S.to(dt)
         vp = u - tl.dot(w, Sd, input_precision=PREC)                      # pseudo-values v'
         vpd = vp.to(dt)
+        if STORE_HS:
+            tl.store(vp_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :], vpd)
         qe = (q.to(tl.float32) * (tl.exp(b) * scale)[:, None]).to(dt)
         o = tl.dot(qe, Sd, input_precision=PREC)
         s = tl.dot(q, tl.trans(k), input_precision=PREC)
@@ -420,7 +441,7 @@ def _out_fwd_kernel(q_ptr, k_ptr, vp_ptr, b_ptr, hs_ptr, o_ptr, scale, T, H, NT,
 # 3. backward: sequential reverse pass for the state adjoints
 # ------------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=_NO_SPEC)
-def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, do_ptr, dht_ptr, dh_ptr, dh0_ptr,
+def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, do_ptr, dht_ptr, dh_ptr, dh0_ptr, dvp_ptr,
                       scale, T, H, NT, NTC,
                       K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                       HAS_DHT: tl.constexpr):
@@ -460,32 +481,99 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, do_ptr, dht_ptr, dh_ptr, dh0_p
         pt = tl.where(upper, pt * tl.exp(tl.where(upper, b[None, :] - b[:, None], 0.0)) * scale, 0.0)
         kd = (k.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(dt)
         dvp = tl.dot(pt.to(dt), do, input_precision=PREC) + tl.dot(kd, dSd, input_precision=PREC)
+        dvpd = dvp.to(dt)
+        tl.store(dvp_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :], dvpd)   # for the local backward
         qe = (q.to(tl.float32) * (tl.exp(b) * scale)[:, None]).to(dt)
         dS = (dS * tl.exp(b_last) + tl.dot(tl.trans(qe), do, input_precision=PREC)
-              - tl.dot(tl.trans(w), dvp.to(dt), input_precision=PREC))
+              - tl.dot(tl.trans(w), dvpd, input_precision=PREC))
     tl.store(dh0_ptr + bh * K * V + ck[:, None] * V + cv[None, :], dS)
 
 
 # ------------------------------------------------------------------------------------------------
-# 4. backward: per-chunk algebra (parallel over chunks), states and state adjoints given
+# 4. backward: per-chunk algebra (parallel over chunks), given the states, the state adjoints,
+#    v' (from the forward) and dv' (from the sequential backward)
 # ------------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=_NO_SPEC)
-def _local_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, hs_ptr, dh_ptr, do_ptr,
-                      dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, db_ptr,
-                      scale, T, H, NT, NTC,
-                      K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      STATE_TERMS: tl.constexpr):
-    """Gradients of one chunk's objective ``<o, do> + <S', dS'>`` w.r.t. q, k, v, β and b, with the
-    entering state ``S`` (``hs``) and the leaving-state adjoint ``dS'`` (``dh``) held fixed.
-    Loops over V in blocks of ``BV``; everything else is one 64-row tile. With ``STATE_TERMS=False``
-    the two ``[64, K]`` terms that pair the output/state gradients with the states
-    (``e^b ⊙ do Sᵀ`` in dq, ``e^{b_C−b} ⊙ v' dS'ᵀ`` in dk) are left to ``_state_terms_bwd_kernel``
-    and dq, dk are written as float32 partial sums (fewer live registers at K = 128)."""
+def _bwd_dqk_kernel(q_ptr, k_ptr, b_ptr, hs_ptr, dh_ptr, do_ptr, vp_ptr, dvp_ptr,
+                    dq_ptr, dk_ptr, dw_ptr, db_ptr, scale, T, H, NT, NTC,
+                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                    PREC: tl.constexpr):
+    """Grid (K-blocks, chunks, batch·heads). For the key columns ``ck`` of one chunk:
+    ``dq = e^b ⊙ do Sᵀ + (dP ⊙ Γ ⊙ M) K`` (scaled), the partial ``dk`` through the scores and the
+    state update ``(dP ⊙ Γ ⊙ M)ᵀ Q̃ + e^{b_C − b} ⊙ v' dS'ᵀ`` (float32, completed by
+    ``_bwd_wy_kernel``), ``dW = −dv' Sᵀ`` and this K-block's share of the log-gate gradient;
+    ``dP = do v'ᵀ``. Every term is linear in the K-block, so the shares add up."""
+    ik = tl.program_id(0)
+    n = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    bi = bh // H
+    h = bh % H
+    dt = q_ptr.dtype.element_ty
+    t0 = n * 64
+    rc = tl.arange(0, 64)
+    ck = ik * BK + tl.arange(0, BK)
+    rows = t0 + rc
+    rmask = rows < T
+    causal = rc[:, None] >= rc[None, :]
+    vbase = (bi * T * H + h) * V
+    dqs = tl.zeros([64, BK], dtype=tl.float32)     # do Sᵀ
+    dks = tl.zeros([64, BK], dtype=tl.float32)     # v' dS'ᵀ
+    dW = tl.zeros([64, BK], dtype=tl.float32)      # -dv' Sᵀ
+    dPm = tl.zeros([64, 64], dtype=tl.float32)     # do v'ᵀ
+    c = tl.zeros([64], dtype=tl.float32)           # <S, dS'> on these rows (kept in entry 0)
+    for iv in range(V // BV):
+        cv = iv * BV + tl.arange(0, BV)
+        sp = (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :]
+        Sd = tl.load(hs_ptr + sp).to(dt)
+        dSd = tl.load(dh_ptr + sp).to(dt)
+        do = tl.load(do_ptr + vbase + rows[:, None] * (H * V) + cv[None, :], mask=rmask[:, None], other=0.0)
+        vpd = tl.load(vp_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :])
+        dvpd = tl.load(dvp_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :])
+        dqs += tl.dot(do, tl.trans(Sd), input_precision=PREC)
+        dks += tl.dot(vpd, tl.trans(dSd), input_precision=PREC)
+        dW -= tl.dot(dvpd, tl.trans(Sd), input_precision=PREC)
+        dPm += tl.dot(do, tl.trans(vpd), input_precision=PREC)
+        c += tl.sum(tl.sum(Sd.to(tl.float32) * dSd.to(tl.float32), 1), 0) * tl.where(rc == 0, 1.0, 0.0)
+    qkoff = (bi * T * H + h) * K + rows[:, None] * (H * K) + ck[None, :]
+    q = tl.load(q_ptr + qkoff, mask=rmask[:, None], other=0.0)
+    k = tl.load(k_ptr + qkoff, mask=rmask[:, None], other=0.0)
+    b = tl.load(b_ptr + bh * NTC + rows)
+    b_last = tl.load(b_ptr + bh * NTC + t0 + 63)
+    eb = tl.exp(b)
+    edec = tl.exp(b_last - b)
+    gam = tl.where(causal, tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)), 0.0)   # Γ ⊙ M
+    dPm = tl.where(causal, dPm, 0.0)
+    # log-gate gradient, this K-block's share: the scores (K-block part of q kᵀ), e^b q̃ S, the update
+    P = tl.dot(q, tl.trans(k), input_precision=PREC) * gam * scale
+    dPP = dPm * P
+    qf = q.to(tl.float32)
+    kf = k.to(tl.float32)
+    db_o = tl.sum(qf * dqs, 1) * eb * scale                  # rowsum(do ⊙ (e^b q̃) S)
+    r = tl.sum(kf * dks, 1) * edec                           # rowsum((K̃ dS') ⊙ v')
+    db = db_o + tl.sum(dPP, 1) - tl.sum(dPP, 0) - r
+    db += tl.where(rc == 63, tl.sum(r, 0) + tl.exp(b_last) * tl.sum(c, 0), 0.0)
+    tl.store(db_ptr + (ik * tl.num_programs(2) + bh) * NTC + rows, db)
+    dPg = (dPm * gam).to(dt)
+    dq = dqs * (eb * scale)[:, None] + tl.dot(dPg, k, input_precision=PREC) * scale
+    dk = tl.dot(tl.trans(dPg), q, input_precision=PREC) * scale + dks * edec[:, None]
+    tl.store(dq_ptr + qkoff, dq.to(dq_ptr.dtype.element_ty), mask=rmask[:, None])
+    tl.store(dk_ptr + qkoff, dk, mask=rmask[:, None])
+    tl.store(dw_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :], dW.to(dw_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=_NO_SPEC)
+def _bwd_wy_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, dvp_ptr, dw_ptr, dkp_ptr, dbp_ptr,
+                   dk_ptr, dv_ptr, dbeta_ptr, db_ptr, T, H, NTC,
+                   K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr,
+                   PREC: tl.constexpr):
+    """Grid (chunks, batch·heads). Through ``U = T (β V)``, ``W = T (β e^b K)`` and
+    ``A = diag(β)(K Kᵀ ⊙ Γ)`` (strictly lower): ``dv``, ``dβ``, the rest of ``dk`` (added to the
+    partial sums of ``_bwd_dqk_kernel``) and the rest of the log-gate gradient."""
     n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     bi = bh // H
     h = bh % H
-    dt = q_ptr.dtype.element_ty
+    dt = k_ptr.dtype.element_ty
     t0 = n * 64
     rc = tl.arange(0, 64)
     ck = tl.arange(0, K)
@@ -493,68 +581,33 @@ def _local_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
     rmask = rows < T
     causal = rc[:, None] >= rc[None, :]
     strict = rc[:, None] > rc[None, :]
-    qkbase = (bi * T * H + h) * K
     vbase = (bi * T * H + h) * V
-    q = tl.load(q_ptr + qkbase + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
-    k = tl.load(k_ptr + qkbase + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
+    Tmd = tl.load(t_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :]).to(dt)
     beta = tl.load(beta_ptr + bi * T * H + h + rows * H, mask=rmask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + bh * NTC + rows)
-    b_last = tl.load(b_ptr + bh * NTC + t0 + 63)
-    w = tl.load(w_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :])
-    Tm = tl.load(t_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :])
-    eb = tl.exp(b)
-    gam = tl.where(causal, tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)), 0.0)   # Γ ⊙ M
-    P = tl.dot(q, tl.trans(k), input_precision=PREC) * gam * scale                       # q̃ kᵀ ⊙ Γ ⊙ M
-    Pd = P.to(dt)
-    edec = tl.exp(b_last - b)
-    kd = (k.to(tl.float32) * edec[:, None]).to(dt)                                       # K̃
-    qe = (q.to(tl.float32) * (eb * scale)[:, None]).to(dt)                               # e^b ⊙ q̃
-    Tmd = Tm.to(dt)
-    if STATE_TERMS:
-        dqe = tl.zeros([64, K], dtype=tl.float32)   # do Sᵀ
-        dkd = tl.zeros([64, K], dtype=tl.float32)   # v' dS'ᵀ
-    dW = tl.zeros([64, K], dtype=tl.float32)        # -dv' Sᵀ
-    dPm = tl.zeros([64, 64], dtype=tl.float32)      # do v'ᵀ
     dAp = tl.zeros([64, 64], dtype=tl.float32)      # dY Uᵀ
-    db_o = tl.zeros([64], dtype=tl.float32)         # rowsum(do ⊙ (e^b q̃) S)
-    r = tl.zeros([64], dtype=tl.float32)            # rowsum((K̃ dS') ⊙ v')
     dbeta = tl.zeros([64], dtype=tl.float32)
-    c = tl.zeros([64], dtype=tl.float32)            # <S, dS'> (kept as a vector, summed at the end)
     for iv in range(V // BV):
         cv = iv * BV + tl.arange(0, BV)
-        sp = (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :]
-        S = tl.load(hs_ptr + sp).to(tl.float32)
-        dS = tl.load(dh_ptr + sp).to(tl.float32)
-        Sd = S.to(dt)
-        dSd = dS.to(dt)
-        do = tl.load(do_ptr + vbase + rows[:, None] * (H * V) + cv[None, :], mask=rmask[:, None], other=0.0)
+        dvpd = tl.load(dvp_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :])
+        u = tl.load(u_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :]).to(dt)
         vv = tl.load(v_ptr + vbase + rows[:, None] * (H * V) + cv[None, :], mask=rmask[:, None], other=0.0)
-        u = tl.load(u_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :])
-        vp = u.to(tl.float32) - tl.dot(w, Sd, input_precision=PREC)                      # v'
-        vpd = vp.to(dt)
-        KdS = tl.dot(kd, dSd, input_precision=PREC)
-        dvp = tl.dot(tl.trans(Pd), do, input_precision=PREC) + KdS                        # dv'
-        dvpd = dvp.to(dt)
-        qS = tl.dot(qe, Sd, input_precision=PREC)
-        db_o += tl.sum(do.to(tl.float32) * qS, 1)
-        r += tl.sum(KdS * vp, 1)
-        c += tl.sum(tl.sum(S * dS, 1), 0) * tl.where(rc == 0, 1.0, 0.0)
-        dPm += tl.dot(do, tl.trans(vpd), input_precision=PREC)
-        if STATE_TERMS:
-            dqe += tl.dot(do, tl.trans(Sd), input_precision=PREC)
-            dkd += tl.dot(vpd, tl.trans(dSd), input_precision=PREC)
-        dW -= tl.dot(dvpd, tl.trans(Sd), input_precision=PREC)
         dY = tl.dot(tl.trans(Tmd), dvpd, input_precision=PREC)                           # Tᵀ dU
         tl.store(dv_ptr + vbase + rows[:, None] * (H * V) + cv[None, :],
                  (dY * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=rmask[:, None])
         dbeta += tl.sum(dY * vv.to(tl.float32), 1)
-        dAp += tl.dot(dY.to(dt), tl.trans(u.to(dt)), input_precision=PREC)
+        dAp += tl.dot(dY.to(dt), tl.trans(u), input_precision=PREC)
+    qkoff = (bi * T * H + h) * K + rows[:, None] * (H * K) + ck[None, :]
+    k = tl.load(k_ptr + qkoff, mask=rmask[:, None], other=0.0)
+    w = tl.load(w_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :])
+    dWd = tl.load(dw_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :]).to(dt)
+    b = tl.load(b_ptr + bh * NTC + rows)
+    eb = tl.exp(b)
+    gam = tl.where(causal, tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)), 0.0)   # Γ ⊙ M
     # through W = T X, X = diag(β e^b) K
-    dX = tl.dot(tl.trans(Tmd), dW.to(dt), input_precision=PREC)                          # Tᵀ dW
+    dX = tl.dot(tl.trans(Tmd), dWd, input_precision=PREC)                                # Tᵀ dW
     dA = -(dAp + tl.dot(dX.to(dt), tl.trans(w), input_precision=PREC))
     dA = tl.where(strict, dA, 0.0)
-    kf = k.to(tl.float32)
-    xk = tl.sum(dX * kf, 1)
+    xk = tl.sum(dX * k.to(tl.float32), 1)
     dbeta += eb * xk
     db = beta * eb * xk
     dk = dX * (beta * eb)[:, None]
@@ -566,64 +619,12 @@ def _local_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
     db += tl.sum(dAA, 1) - tl.sum(dAA, 0)
     dGg = (dA * beta[:, None] * gam).to(dt)
     dk += tl.dot(dGg, k, input_precision=PREC) + tl.dot(tl.trans(dGg), k, input_precision=PREC)
-    # through o = (e^b ⊙ q̃) S + P v'
-    dPm = tl.where(causal, dPm, 0.0)
-    dPP = dPm * P
-    db += db_o + tl.sum(dPP, 1) - tl.sum(dPP, 0)
-    dPg = (dPm * gam).to(dt)
-    dq = tl.dot(dPg, k, input_precision=PREC) * scale
-    dk += tl.dot(tl.trans(dPg), q, input_precision=PREC) * scale
-    # through S' = e^{b_C} S + K̃ᵀ v' (and the e^b q̃ S term of o)
-    if STATE_TERMS:
-        dq += dqe * (eb * scale)[:, None]
-        dk += dkd * edec[:, None]
-    db += tl.where(rc == 63, tl.sum(r, 0) + tl.exp(b_last) * tl.sum(c, 0), 0.0) - r
-    tl.store(dq_ptr + qkbase + rows[:, None] * (H * K) + ck[None, :], dq.to(dq_ptr.dtype.element_ty),
-             mask=rmask[:, None])
-    tl.store(dk_ptr + qkbase + rows[:, None] * (H * K) + ck[None, :], dk.to(dk_ptr.dtype.element_ty),
-             mask=rmask[:, None])
+    dk += tl.load(dkp_ptr + qkoff, mask=rmask[:, None], other=0.0)
+    for ik in tl.static_range(NK):
+        db += tl.load(dbp_ptr + (ik * tl.num_programs(1) + bh) * NTC + rows)
+    tl.store(dk_ptr + qkoff, dk.to(dk_ptr.dtype.element_ty), mask=rmask[:, None])
     tl.store(dbeta_ptr + bi * T * H + h + rows * H, dbeta, mask=rmask)
     tl.store(db_ptr + bh * NTC + rows, db)
-
-
-@triton.jit(do_not_specialize=_NO_SPEC)
-def _state_terms_bwd_kernel(w_ptr, u_ptr, b_ptr, hs_ptr, dh_ptr, do_ptr, dq32_ptr, dk32_ptr, dq_ptr, dk_ptr,
-                            scale, T, H, NT, NTC,
-                            K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
-    """Adds the state terms ``e^b ⊙ scale · do Sᵀ`` (dq) and ``e^{b_C − b} ⊙ v' dS'ᵀ`` (dk) to the
-    float32 partial sums of ``_local_bwd_kernel`` (``STATE_TERMS=False``) and writes dq, dk."""
-    n = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    bi = bh // H
-    h = bh % H
-    dt = w_ptr.dtype.element_ty
-    t0 = n * 64
-    rc = tl.arange(0, 64)
-    ck = tl.arange(0, K)
-    rows = t0 + rc
-    rmask = rows < T
-    qkbase = (bi * T * H + h) * K
-    vbase = (bi * T * H + h) * V
-    b = tl.load(b_ptr + bh * NTC + rows)
-    b_last = tl.load(b_ptr + bh * NTC + t0 + 63)
-    w = tl.load(w_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :])
-    dqe = tl.zeros([64, K], dtype=tl.float32)
-    dkd = tl.zeros([64, K], dtype=tl.float32)
-    for iv in range(V // BV):
-        cv = iv * BV + tl.arange(0, BV)
-        sp = (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :]
-        Sd = tl.load(hs_ptr + sp).to(dt)
-        dSd = tl.load(dh_ptr + sp).to(dt)
-        do = tl.load(do_ptr + vbase + rows[:, None] * (H * V) + cv[None, :], mask=rmask[:, None], other=0.0)
-        u = tl.load(u_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :])
-        vpd = (u.to(tl.float32) - tl.dot(w, Sd, input_precision=PREC)).to(dt)
-        dqe += tl.dot(do, tl.trans(Sd), input_precision=PREC)
-        dkd += tl.dot(vpd, tl.trans(dSd), input_precision=PREC)
-    offs = qkbase + rows[:, None] * (H * K) + ck[None, :]
-    dq = tl.load(dq32_ptr + offs, mask=rmask[:, None], other=0.0) + dqe * (tl.exp(b) * scale)[:, None]
-    dk = tl.load(dk32_ptr + offs, mask=rmask[:, None], other=0.0) + dkd * tl.exp(b_last - b)[:, None]
-    tl.store(dq_ptr + offs, dq.to(dq_ptr.dtype.element_ty), mask=rmask[:, None])
-    tl.store(dk_ptr + offs, dk.to(dk_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -639,11 +640,16 @@ def _check_sizes(K: int, V: int):
 
 
 def _pick_bv(BH: int, V: int, K: int) -> int:
-    """Largest V-block (≤ 64) that still gives ~2 programs per SM on a 132-SM GPU; ≥ 16."""
-    bv = min(V, 64)
-    while bv > 16 and BH * (V // bv) < 264:
-        bv //= 2
-    return bv
+    """V-block of the sequential forward: 64 when that still gives two programs per SM of a
+    132-SM GPU, else 32 (round-2 sweep on the H200, NOTES_delta.md: at B·H = 32 a block of 32
+    beat 16 by 1.15×, at B·H = 512 a block of 64 beat 32)."""
+    return min(V, 64 if BH * max(V // 64, 1) >= 264 else 32)
+
+
+def _pick_bwd_bv(BH: int, V: int, K: int) -> int:
+    """V-block of the sequential backward: 32 (round-3 sweep on the H200: best at B·H = 512 and 32,
+    ahead of 16 and 64)."""
+    return min(V, 32)
 
 
 def _chunk_cumsum(g, B, T, H, NT):
@@ -683,19 +689,22 @@ def _launch(kernel, grid, args, meta, configs):
     raise err
 
 
-def _seq_configs(dtype, K, BV, warps=0, stages=0):
-    # 8 warps once the state tile K×BV has ≥ 2048 entries (ptxas, sm_90a: far fewer spills)
+def _seq_configs(dtype, K, BV, warps=0, stages=0, nw16=0, ns16=2):
+    """Configs of a sequential kernel, first = expected fastest. 16-bit inputs: ``nw16`` warps
+    (default: 8 once the state tile K×BV has ≥ 2048 entries) and ``ns16`` stages; float32 (IEEE
+    products, twice the registers) keeps round 1's 8 warps, 1 stage."""
     nw = 8 if K * BV >= 2048 else 4
     if warps or stages:    # explicit override (tuning): exactly this config, no fallback
-        return [dict(num_warps=warps or nw, num_stages=stages or (1 if dtype == torch.float32 else 2))]
-    first = [dict(num_warps=nw, num_stages=2)] if dtype != torch.float32 else []
+        return [dict(num_warps=warps or (nw16 or nw), num_stages=stages or (1 if dtype == torch.float32 else ns16))]
+    first = [dict(num_warps=nw16 or nw, num_stages=ns16)] if dtype != torch.float32 else []
     return first + [dict(num_warps=nw, num_stages=1), dict(num_warps=8, num_stages=1)]
 
 
-def _par_configs(K, V, warps=0, stages=0):
-    nw = 4 if max(K, V) <= 64 else 8
-    if warps or stages:
-        return [dict(num_warps=warps or nw, num_stages=stages or 1)]
+def _par_configs(K, V, warps=0, nw=0):
+    """Configs of a kernel that is parallel over chunks (one stage: no loop worth pipelining)."""
+    nw = nw or (4 if max(K, V) <= 64 else 8)
+    if warps:
+        return [dict(num_warps=warps, num_stages=1)]
     return [dict(num_warps=nw, num_stages=1), dict(num_warps=8, num_stages=1)]
 
 
@@ -710,8 +719,8 @@ def _precision(dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _wy_fwd(k, v, b, beta, store_t):
-    """Kernel 1: ``W, U`` (and ``T`` when ``store_t``) for every chunk."""
+def _wy_fwd(k, v, b, beta):
+    """Kernel 1: ``T = (I + A)^{-1}``, ``W`` and ``U`` of every chunk (``T`` is kept for the backward)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
@@ -720,15 +729,28 @@ def _wy_fwd(k, v, b, beta, store_t):
     dev = k.device
     w = torch.empty(BH, NTC, K, dtype=k.dtype, device=dev)
     u = torch.empty(BH, NTC, V, dtype=torch.float32 if _U_FP32 else k.dtype, device=dev)
-    tm = torch.empty(BH, NTC, CHUNK, dtype=torch.float32, device=dev) if store_t else None
-    _launch(_wy_fwd_kernel, (NT, BH), (k, v, beta, b, w, u, tm if tm is not None else w, T, H, NTC),
-            dict(K=K, V=V, PREC=_precision(k.dtype), STORE_T=store_t),
-            _par_configs(K, V, _TUNE["par_warps"], _TUNE["par_stages"]))
+    # T in the dtype of the products it feeds (for 16-bit inputs every use rounds it to that dtype)
+    tm = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev)
+    prec = _precision(k.dtype)
+    BK = _tuned_bv("wu_bk", min(64, K, V), min(K, V))
+    fuse = bool(_TUNE["wy_fuse"])
+    # one warp for 16-bit inputs: the 16×16 tiles of the solve are replicated across warps, so more
+    # warps only add reduction traffic (round-3 sweep on the H200: 1 warp 0.40 ms, 4 warps 0.95 ms
+    # at B·T = 65,536, NOTES_delta.md); float32 keeps 4 (its operands would not fit one warp)
+    kcfg = _par_configs(K, V, _TUNE["kkt_warps"], nw=1 if k.dtype != torch.float32 else 4)
+    args = (k, v, beta, b, w, u, tm, T, H, NTC)
+    _launch(_kkt_solve_kernel, (NT, BH), args, dict(K=K, V=V, BK=BK, PREC=prec, FUSE_WU=fuse), kcfg)
+    if not fuse:
+        _launch(_wu_fwd_kernel, (NT, BH), args, dict(K=K, V=V, BK=BK, PREC=prec),
+                _par_configs(K, V, _TUNE["wu_warps"], nw=4))
     return w, u, tm
 
 
 def _state_fwd(q, k, w, u, b, scale, h0, output_final_state, store_states):
-    """Kernel 2 (fused) or 2b (``fwd_split``: sequential v' + states, parallel outputs)."""
+    """Kernel 2 (fused) or 2b (``fwd_split``: sequential v' + states, parallel outputs).
+
+    Returns ``o``, the final state, and for training (``store_states``) the state entering every
+    chunk and the pseudo-values ``v'``."""
     B, T, H, K = q.shape
     V = u.shape[-1]
     NT = triton.cdiv(T, CHUNK)
@@ -739,50 +761,57 @@ def _state_fwd(q, k, w, u, b, scale, h0, output_final_state, store_states):
     split = bool(_TUNE["fwd_split"])
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
-    # chunk states for the backward, in the input dtype: every use there feeds a tensor-core product
-    # in that dtype anyway, and bf16 halves the largest saved tensor (always kept when split)
+    # chunk states and v' for the backward, in the input dtype: every use there feeds a tensor-core
+    # product in that dtype anyway, and bf16 halves the largest saved tensors (always kept when split)
     hs = torch.empty(BH, NT, K, V, dtype=q.dtype, device=dev) if (store_states or split) else None
+    vp = torch.empty(BH, NTC, V, dtype=q.dtype, device=dev) if (store_states or split) else None
     BV = _tuned_bv("fwd_bv", _pick_bv(BH, V, K), V)
-    seq_cfg = _seq_configs(q.dtype, K, BV, _TUNE["fwd_warps"], _TUNE["fwd_stages"])
+    # 16-bit: 4 warps (two programs per SM at 255 registers), 2 stages when B·H fills the GPU with
+    # V-blocks of 64, else 3 (round-2 sweep on the H200, NOTES_delta.md)
+    seq_cfg = _seq_configs(q.dtype, K, BV, _TUNE["fwd_warps"], _TUNE["fwd_stages"],
+                           nw16=4, ns16=2 if BV >= 64 else 3)
     if not split:
         _launch(_state_fwd_kernel, (V // BV, BH),
                 (q, k, w, u, b, o, h0 if h0 is not None else o, ht if ht is not None else o,
-                 hs if hs is not None else o, float(scale), T, H, NT, NTC),
+                 hs if hs is not None else o, vp if vp is not None else o, float(scale), T, H, NT, NTC),
                 dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=h0 is not None, STORE_HT=output_final_state,
                      STORE_HS=store_states), seq_cfg)
-        return o, ht, hs
-    vp = torch.empty(BH, NTC, V, dtype=q.dtype, device=dev)
+        return o, ht, hs, vp
     _launch(_state_vp_fwd_kernel, (V // BV, BH),
             (k, w, u, b, vp, h0 if h0 is not None else o, ht if ht is not None else o, hs, T, H, NT, NTC),
             dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=h0 is not None, STORE_HT=output_final_state), seq_cfg)
     BVO = _tuned_bv("out_bv", min(V, 64), V)
     _launch(_out_fwd_kernel, (NT, V // BVO, BH), (q, k, vp, b, hs, o, float(scale), T, H, NT, NTC),
-            dict(K=K, V=V, BV=BVO, PREC=prec),
-            _par_configs(K, BVO, _TUNE["out_warps"], _TUNE["out_stages"]))
-    return o, ht, hs
+            dict(K=K, V=V, BV=BVO, PREC=prec), _par_configs(K, BVO, _TUNE["out_warps"]))
+    return o, ht, hs, vp
 
 
 def _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states):
-    w, u, tm = _wy_fwd(k, v, b, beta, store_states)
-    o, ht, hs = _state_fwd(q, k, w, u, b, scale, h0, output_final_state, store_states)
-    return o.to(v.dtype), ht, w, u, tm, hs
+    w, u, tm = _wy_fwd(k, v, b, beta)
+    o, ht, hs, vp = _state_fwd(q, k, w, u, b, scale, h0, output_final_state, store_states)
+    return o.to(v.dtype), ht, w, u, tm, hs, vp
 
 
 def _state_bwd(q, k, w, b, do, dht, scale, NT):
-    """Kernel 3: leaving-state adjoints of every chunk and the gradient of the initial state."""
+    """Kernel 3: leaving-state adjoints of every chunk, ``dv'`` of every chunk and the gradient of
+    the initial state."""
     B, T, H, K = q.shape
     V = do.shape[-1]
     BH = B * H
     dh = torch.empty(BH, NT, K, V, dtype=q.dtype, device=q.device)   # leaving-state adjoints
+    dvp = torch.empty(BH, NT * CHUNK, V, dtype=q.dtype, device=q.device)
     dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device)
-    BV = _tuned_bv("bwd_bv", _pick_bv(BH, V, K), V)
+    BV = _tuned_bv("bwd_bv", _pick_bwd_bv(BH, V, K), V)
     has_dht = dht is not None
     dht_c = dht.float().contiguous() if has_dht else dh0
+    # 16-bit: 4 warps (two programs per SM), 2 pipeline stages when B·H fills the GPU, else 3
+    # (round-3 sweep on the H200, NOTES_delta.md)
     _launch(_state_bwd_kernel, (V // BV, BH),
-            (q, k, w, b, do, dht_c, dh, dh0, float(scale), T, H, NT, NT * CHUNK),
+            (q, k, w, b, do, dht_c, dh, dh0, dvp, float(scale), T, H, NT, NT * CHUNK),
             dict(K=K, V=V, BV=BV, PREC=_precision(q.dtype), HAS_DHT=has_dht),
-            _seq_configs(q.dtype, K, BV, _TUNE["bwd_warps"], _TUNE["bwd_stages"]))
-    return dh, dh0
+            _seq_configs(q.dtype, K, BV, _TUNE["bwd_warps"], _TUNE["bwd_stages"],
+                         nw16=4, ns16=2 if BH * max(V // 64, 1) >= 264 else 3))
+    return dh, dh0, dvp
 
 
 def _chunk_local_grads(q, k, v, g, beta, scale, hs, dh, do):
@@ -840,35 +869,38 @@ def _chunk_local_grads(q, k, v, g, beta, scale, hs, dh, do):
     return dq, dk, dv, dbeta, dg
 
 
-def _local_grads_triton(q, k, v, g, beta, b, w, u, tm, hs, dh, do, scale):
-    """Per-chunk backward on the GPU: ``_local_bwd_kernel`` (+ ``_state_terms_bwd_kernel``)."""
+def _local_grads_triton(q, k, v, g, beta, b, w, u, tm, hs, dh, do, vp, dvp, scale):
+    """Per-chunk backward on the GPU: ``_bwd_dqk_kernel`` then ``_bwd_wy_kernel``."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = hs.shape[1]
+    NTC = NT * CHUNK
     BH = B * H
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    split = _BWD_SPLIT
-    if split:   # float32 partial sums, completed by _state_terms_bwd_kernel
-        dq_p = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        dk_p = torch.empty(k.shape, dtype=torch.float32, device=q.device)
-    else:
-        dq_p, dk_p = dq, dk
-    dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
-    db = torch.empty(BH, NT * CHUNK, dtype=torch.float32, device=q.device)
-    # V-block of the inner loop: 32 at K = 128 (ptxas, sm_90a, bf16: fewest register spills)
-    BVL = _tuned_bv("local_bv", min(V, 32 if K >= 128 else 64), V)
+    dev = q.device
     prec = _precision(q.dtype)
-    pcfg = _par_configs(K, V, _TUNE["par_warps"], _TUNE["par_stages"])
-    _launch(_local_bwd_kernel, (NT, BH),
-            (q, k, v, beta, b, w, u, tm, hs, dh, do, dq_p, dk_p, dv, dbeta, db, scale, T, H, NT, NT * CHUNK),
-            dict(K=K, V=V, BV=BVL, PREC=prec, STATE_TERMS=not split), pcfg)
-    if split:
-        _launch(_state_terms_bwd_kernel, (NT, BH),
-                (w, u, b, hs, dh, do, dq_p, dk_p, dq, dk, scale, T, H, NT, NT * CHUNK),
-                dict(K=K, V=V, BV=BVL, PREC=prec), pcfg)
+    BK = _tuned_bv("dqk_bk", min(K, 64), K)
+    NK = K // BK
+    BVQ = _tuned_bv("dqk_bv", min(V, 64), V)
+    BVW = _tuned_bv("dwy_bv", min(V, 64), V)
+    # 4 warps for 16-bit inputs (round-3 sweep on the H200: 0.84× and 0.90× the time at 8 warps
+    # for the two kernels); float32 (IEEE products, twice the registers) keeps 8 at head size 128
+    pw = 4 if q.dtype != torch.float32 else 0
+    dq = torch.empty_like(q)
+    dk_p = torch.empty(q.shape, dtype=torch.float32, device=dev)      # partial dk (scores, state)
+    dw = torch.empty(BH, NTC, K, dtype=q.dtype, device=dev)
+    db_p = torch.empty(NK, BH, NTC, dtype=torch.float32, device=dev)
+    _launch(_bwd_dqk_kernel, (NK, NT, BH),
+            (q, k, b, hs, dh, do, vp, dvp, dq, dk_p, dw, db_p, scale, T, H, NT, NTC),
+            dict(K=K, V=V, BK=BK, BV=BVQ, PREC=prec), _par_configs(BK, V, _TUNE["dqk_warps"], nw=pw))
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dbeta = torch.empty(B, T, H, dtype=torch.float32, device=dev)
+    db = torch.empty(BH, NTC, dtype=torch.float32, device=dev)
+    _launch(_bwd_wy_kernel, (NT, BH),
+            (k, v, beta, b, w, u, tm, dvp, dw, dk_p, db_p, dk, dv, dbeta, db, T, H, NTC),
+            dict(K=K, V=V, BV=BVW, NK=NK, PREC=prec), _par_configs(K, V, _TUNE["dwy_warps"], nw=pw))
     dg = None
     if g is not None:   # b_i = Σ_{s ≤ i} g_s inside a chunk: dg = reverse cumulative sum of db
-        dg = db.view(B, H, NT, CHUNK).flip(-1).cumsum(-1).flip(-1).view(B, H, NT * CHUNK)
+        dg = db.view(B, H, NT, CHUNK).flip(-1).cumsum(-1).flip(-1).view(B, H, NTC)
         dg = dg[:, :, :T].transpose(1, 2)
     return dq, dk, dv, dbeta, dg
 
@@ -881,9 +913,9 @@ class _ChunkDeltaFn(torch.autograd.Function):
         NT = triton.cdiv(T, CHUNK)
         b = _chunk_cumsum(g, B, T, H, NT) if g is not None else \
             torch.zeros(B * H, NT * CHUNK, dtype=torch.float32, device=q.device)
-        o, ht, w, u, tm, hs = _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states=train)
+        o, ht, w, u, tm, hs, vp = _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states=train)
         if train:
-            ctx.save_for_backward(q, k, v, g, beta, b, w, u, tm, hs)
+            ctx.save_for_backward(q, k, v, g, beta, b, w, u, tm, hs, vp)
             ctx.scale = scale
             ctx.has_h0 = h0 is not None
             ctx.h0_dtype = h0.dtype if h0 is not None else None
@@ -891,17 +923,17 @@ class _ChunkDeltaFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, b, w, u, tm, hs = ctx.saved_tensors
+        q, k, v, g, beta, b, w, u, tm, hs, vp = ctx.saved_tensors
         B, T, H, K = q.shape
         V = v.shape[-1]
         NT = hs.shape[1]
         BH = B * H
         do = do.to(q.dtype).contiguous()
-        dh, dh0 = _state_bwd(q, k, w, b, do, dht, float(ctx.scale), NT)
+        dh, dh0, dvp = _state_bwd(q, k, w, b, do, dht, float(ctx.scale), NT)
         res = None
         if _BWD_IMPL != "torch":
             try:
-                res = _local_grads_triton(q, k, v, g, beta, b, w, u, tm, hs, dh, do, float(ctx.scale))
+                res = _local_grads_triton(q, k, v, g, beta, b, w, u, tm, hs, dh, do, vp, dvp, float(ctx.scale))
             except OutOfResources:
                 # e.g. float32 inputs at K = V = 128 need more shared memory than a GPU has for
                 # this kernel; the batched-PyTorch path computes the same gradients

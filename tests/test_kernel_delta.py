@@ -273,19 +273,11 @@ def test_out_of_resources_falls_back_to_torch_backward(device, monkeypatch):
     _check(inp, torch.float32, gated=True, fs=True, seed=12)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_fused_local_backward_kernel(device, monkeypatch):
-    """LATTN_DELTA_BWD_SPLIT=0: one per-chunk backward kernel instead of two; same gradients."""
-    from kernels import triton_delta
-    monkeypatch.setattr(triton_delta, "_BWD_SPLIT", False)
-    inp = _inputs(1, 70, 2, 32, 16, gated=True, seed=13, device=device, harsh=True)
-    _check(inp, torch.float32, gated=True, fs=True, seed=13)
-
-
 # tuning variants (kernels/benchmarks/explore_delta.py sweeps them on the GPU at K = V = 128 and
 # checks each against the default there): each must compute the same function; small shapes here
 VARIANTS = [dict(fwd_split=1), dict(fwd_split=1, out_bv=16, fwd_bv=16),
-            dict(fwd_bv=16, bwd_bv=16, local_bv=16), dict(fwd_bv=32, bwd_bv=32, fwd_warps=4, fwd_stages=1)]
+            dict(fwd_bv=16, bwd_bv=16, dqk_bv=16, dwy_bv=16), dict(fwd_bv=32, bwd_bv=32, fwd_warps=4, fwd_stages=1),
+            dict(wy_fuse=1, wu_bk=16), dict(kkt_warps=2, wu_warps=2, dqk_warps=8, dwy_warps=8)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -295,6 +287,16 @@ def test_tuning_variants(device, tune):
     with triton_delta.tuning(**tune):
         inp = _inputs(1, 70, 2, 32, 32, gated=True, seed=21, device=device, with_h0=True, beta_max=1.0)
         _check(inp, torch.bfloat16 if ON_GPU else torch.float32, gated=True, fs=True, seed=21)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_key_split_local_backward(device):
+    """The per-chunk backward split over key columns (``dqk_bk`` < K): every K-block's share of
+    dq, dk and the log-gate gradient must add up to the unsplit result."""
+    from kernels import triton_delta
+    with triton_delta.tuning(dqk_bk=32):
+        inp = _inputs(1, 70, 2, 64, 32, gated=True, seed=22, device=device, with_h0=True, harsh=True)
+        _check(inp, torch.bfloat16 if ON_GPU else torch.float32, gated=True, fs=True, seed=22)
 
 
 def test_tuning_rejects_bad_knobs():

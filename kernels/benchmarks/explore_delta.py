@@ -12,12 +12,13 @@ At two shapes (bf16, H = 16, K = V = 128; B = 32, T = 2048 and B = 2, T = 32768)
    sum, and the end-to-end op (fwd without grad, fwd+bwd); fla's end-to-end fwd (gated) and fwd+bwd
    (delta rule: fla refuses its gated backward on Triton 3.6 Hopper); and a ``torch.profiler``
    per-kernel table of one call of each (ours with and without the split forward, fla's stages).
-2. **variants** of the expensive kernels through ``triton_delta.tuning(...)``: the sequential forward
-   (fused, or ``fwd_split=1``: sequential v' + states then a parallel output kernel), BV ∈ {16, 32,
-   64, 128}, num_warps ∈ {4, 8}, num_stages ∈ {1, 2, 3}; the output kernel's BV; the sequential
-   backward (same grid); the per-chunk backward (local BV, warps, split/fused). Every variant is
-   checked against the default's results (``harness.err_ratio`` ≤ 1e-2, the bf16 tolerance of the
-   tests); compile/launch errors are recorded, never fatal.
+2. **variants** of every kernel through ``triton_delta.tuning(...)`` (list: ``_variants``): the
+   per-chunk T/W/U kernels (warps, fused or separate W/U, column block), the two per-chunk backward
+   kernels (K-block, V-block, warps), the sequential forward (fused or ``fwd_split=1``, V-block,
+   stages at 4 warps) and the sequential backward (V-block, warps, stages). Every variant is checked
+   against the default's results (``harness.err_ratio`` ≤ 1e-2, the bf16 tolerance of the tests);
+   compile/launch errors are recorded, never fatal (but an illegal memory access poisons the CUDA
+   context for everything after it, which is why risky variants come last).
 
 Compiles are the slow part: a process pool (spawn) compiles every variant at a small shape with the
 same specialisation (H = 16, T and chunk counts multiples of 16) while the main process measures
@@ -44,24 +45,31 @@ STAGES = (1, 2, 3)
 
 
 def _variants():
-    """(group, tune dict) in priority order: the forward first (the 0.5× target), then backward."""
+    """(group, tune dict) in priority order. Round 3: the new per-chunk kernels (``wy``: T, W, U;
+    ``local``: the two backward kernels) fully, and the sequential kernels around round 2's best
+    (4 warps; ``bwd`` without 1 stage, where round 2 hit an illegal memory access)."""
     out = []
+    for fuse in (0, 1):
+        for nw in (1, 2, 4, 8):
+            out.append(("wy", dict(wy_fuse=fuse, kkt_warps=nw)))
+    for bk in (32, 64):
+        for nw in (2, 4, 8):
+            out.append(("wy", dict(wu_bk=bk, wu_warps=nw)))
+    for bk in (64, 128):
+        for bv in (32, 64):
+            for nw in (4, 8):
+                out.append(("local", dict(dqk_bk=bk, dqk_bv=bv, dqk_warps=nw)))
+    for bv in (32, 64):
+        for nw in (4, 8):
+            out.append(("local", dict(dwy_bv=bv, dwy_warps=nw)))
     for split in (0, 1):
-        for bv in BVS:
-            for nw in WARPS:
-                for ns in STAGES:
-                    out.append(("fwd", dict(fwd_split=split, fwd_bv=bv, fwd_warps=nw, fwd_stages=ns)))
-    for obv in (16, 32, 128):          # output kernel V-block (default 64), at the default seq config
-        for nw in WARPS:
-            out.append(("fwd", dict(fwd_split=1, out_bv=obv, out_warps=nw)))
-    for bv in BVS:
-        for nw in WARPS:
-            for ns in STAGES:
+        for bv in (16, 32, 64):
+            for ns in (2, 3):
+                out.append(("fwd", dict(fwd_split=split, fwd_bv=bv, fwd_warps=4, fwd_stages=ns)))
+    for bv in (16, 32, 64):
+        for nw in (4, 8):
+            for ns in (2, 3):
                 out.append(("bwd", dict(bwd_bv=bv, bwd_warps=nw, bwd_stages=ns)))
-    for fused in (0, 1):
-        for lbv in (16, 32, 64):
-            for nw in WARPS:
-                out.append(("local", dict(local_bv=lbv, par_warps=nw, bwd_split=1 - fused)))
     return out
 
 
@@ -98,20 +106,20 @@ class _Stages:
         self.NT = triton.cdiv(T, td.CHUNK)
         self.scale = K ** -0.5
         self.b = td._chunk_cumsum(g, B, T, H, self.NT)
-        self.w, self.u, self.tm = td._wy_fwd(k, v, self.b, beta, True)
-        self.o, _, self.hs = td._state_fwd(q, k, self.w, self.u, self.b, self.scale, None, False, True)
+        self.w, self.u, self.tm = td._wy_fwd(k, v, self.b, beta)
+        self.o, _, self.hs, self.vp = td._state_fwd(q, k, self.w, self.u, self.b, self.scale, None, False, True)
         gen = torch.Generator(device=q.device).manual_seed(7)
         self.do = torch.randn(self.o.shape, device=q.device, generator=gen).to(q.dtype)
-        self.dh, self.dh0 = td._state_bwd(q, k, self.w, self.b, self.do, None, self.scale, self.NT)
+        self.dh, self.dh0, self.dvp = td._state_bwd(q, k, self.w, self.b, self.do, None, self.scale, self.NT)
 
     def cumsum(self):
         x = self.x
         B, T = x["q"].shape[:2]
         return self.td._chunk_cumsum(x["g"], B, T, H, self.NT)
 
-    def wy(self, train=False):
+    def wy(self):
         x = self.x
-        return self.td._wy_fwd(x["k"], x["v"], self.b, x["beta"], train)
+        return self.td._wy_fwd(x["k"], x["v"], self.b, x["beta"])
 
     def state_fwd(self, train=False):
         x = self.x
@@ -124,29 +132,16 @@ class _Stages:
     def local(self):
         x = self.x
         return self.td._local_grads_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], self.b, self.w, self.u,
-                                           self.tm, self.hs, self.dh, self.do, self.scale)
+                                           self.tm, self.hs, self.dh, self.do, self.vp, self.dvp, self.scale)
 
 
 def _apply_tune(td, tune):
-    """``tuning`` context for the knobs of ``triton_delta`` plus ``bwd_split`` (module flag)."""
-    import contextlib
-    tune = dict(tune)
-    split = tune.pop("bwd_split", None)
-
-    @contextlib.contextmanager
-    def ctx():
-        saved = td._BWD_SPLIT
-        if split is not None:
-            td._BWD_SPLIT = bool(split)
-        try:
-            with td.tuning(**tune):
-                yield
-        finally:
-            td._BWD_SPLIT = saved
-    return ctx()
+    return td.tuning(**tune)
 
 
 def _run_group(st, group):
+    if group == "wy":
+        return st.wy()
     if group == "fwd":
         return st.state_fwd()[0]
     if group == "bwd":
@@ -155,10 +150,12 @@ def _run_group(st, group):
 
 
 def _outputs(group, res):
+    if group == "wy":
+        return {"w": res[0], "u": res[1], "T": res[2]}
     if group == "fwd":
         return {"o": res}
     if group == "bwd":
-        return {"dh": res[0], "dh0": res[1]}
+        return {"dh": res[0], "dh0": res[1], "dvp": res[2]}
     return {n: t for n, t in zip(("dq", "dk", "dv", "dbeta", "dg"), res) if t is not None}
 
 
@@ -271,13 +268,12 @@ def main(argv=None):
                     rec["cumsum"] = bench(st.cumsum)
                     rec["wy_fwd"] = bench(st.wy)
                     rec["state_fwd"] = bench(st.state_fwd)
-                    rec["wy_fwd_train"] = bench(lambda: st.wy(True))
                     rec["state_fwd_train"] = bench(lambda: st.state_fwd(True))
                     rec["state_bwd"] = bench(st.state_bwd)
-                    rec["local_bwd(+terms+dg)"] = bench(st.local)
+                    rec["local_bwd(+dg)"] = bench(st.local)
                     rec["sum_fwd"] = round(rec["cumsum"] + rec["wy_fwd"] + rec["state_fwd"], 4)
-                    rec["sum_fwdbwd"] = round(rec["cumsum"] + rec["wy_fwd_train"] + rec["state_fwd_train"]
-                                              + rec["state_bwd"] + rec["local_bwd(+terms+dg)"], 4)
+                    rec["sum_fwdbwd"] = round(rec["cumsum"] + rec["wy_fwd"] + rec["state_fwd_train"]
+                                              + rec["state_bwd"] + rec["local_bwd(+dg)"], 4)
                     rec["ours_fwd_e2e"] = bench(lambda: ours(**x))
                     if "gated" in fla:
                         rec["fla_gated_fwd_e2e"] = bench(lambda: fla["gated"](**x))
@@ -307,7 +303,7 @@ def main(argv=None):
         base = {}
         for key, st in stages.items():
             with torch.no_grad():
-                for grp in ("fwd", "bwd", "local"):
+                for grp in ("wy", "fwd", "bwd", "local"):
                     base[key, grp] = {n: t.clone() for n, t in _outputs(grp, _run_group(st, grp)).items()}
                     base[key, grp, "ms"] = bench(lambda: _run_group(st, grp), fast=True)
         result["default_ms"] = {f"{k[0]}:{k[1]}": v for k, v in base.items() if len(k) == 3}
@@ -369,7 +365,7 @@ def _table(r):
             items = list(d.items())[:8]
             print(f"-- profile {key} {pname} (ms/call): " + "  ".join(f"{k[:40]}={v}" for k, v in items))
     print("-- default ms: " + "  ".join(f"{k}={v}" for k, v in r.get("default_ms", {}).items()))
-    for grp in ("fwd", "bwd", "local"):
+    for grp in ("wy", "fwd", "bwd", "local"):
         recs = [v for v in r["variants"] if v["group"] == grp]
         for key in r["breakdown"]:
             ok = [v for v in recs if isinstance(v.get(key), dict) and "ms" in v[key]]

@@ -23,7 +23,7 @@ def main(argv=None):
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--kv", type=int, default=128, choices=[16, 32, 64, 128], help="K = V head size")
     p.add_argument("--grid", action="store_true",
-                   help="also every variant swept by kernels.benchmarks.explore_delta (slow: ~100 compiles)")
+                   help="also the per-chunk kernels' variants swept by kernels.benchmarks.explore_delta")
     args = p.parse_args(argv)
     import torch
     import triton
@@ -41,64 +41,56 @@ def main(argv=None):
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
     prec = td._precision(tdt)
     P = "*" + dt
+    F = "*fp32"
+    wy = dict(k_ptr=P, v_ptr=P, beta_ptr=P, b_ptr=F, w_ptr=P, u_ptr=P, t_ptr=P, T="i32", H="i32", NTC="i32")
     sigs = {
-        "_wy_fwd_kernel": dict(k_ptr=P, v_ptr=P, beta_ptr=P, b_ptr="*fp32", w_ptr=P, u_ptr=P, t_ptr="*fp32",
-                               T="i32", H="i32", NTC="i32"),
-        "_state_fwd_kernel": dict(q_ptr=P, k_ptr=P, w_ptr=P, u_ptr=P, b_ptr="*fp32", o_ptr=P, h0_ptr="*fp32",
-                                  ht_ptr="*fp32", hs_ptr=P, scale="fp32", T="i32", H="i32", NT="i32", NTC="i32"),
-        "_state_bwd_kernel": dict(q_ptr=P, k_ptr=P, w_ptr=P, b_ptr="*fp32", do_ptr=P, dht_ptr="*fp32", dh_ptr=P,
-                                  dh0_ptr="*fp32", scale="fp32", T="i32", H="i32", NT="i32", NTC="i32"),
-        "_local_bwd_kernel": dict(q_ptr=P, k_ptr=P, v_ptr=P, beta_ptr=P, b_ptr="*fp32", w_ptr=P, u_ptr=P,
-                                  t_ptr="*fp32", hs_ptr=P, dh_ptr=P, do_ptr=P, dq_ptr="*fp32", dk_ptr="*fp32",
-                                  dv_ptr=P, dbeta_ptr="*fp32", db_ptr="*fp32", scale="fp32", T="i32", H="i32",
-                                  NT="i32", NTC="i32"),
-        "_state_vp_fwd_kernel": dict(k_ptr=P, w_ptr=P, u_ptr=P, b_ptr="*fp32", vp_ptr=P, h0_ptr="*fp32",
-                                     ht_ptr="*fp32", hs_ptr=P, T="i32", H="i32", NT="i32", NTC="i32"),
-        "_out_fwd_kernel": dict(q_ptr=P, k_ptr=P, vp_ptr=P, b_ptr="*fp32", hs_ptr=P, o_ptr=P, scale="fp32",
+        "_kkt_solve_kernel": wy,
+        "_wu_fwd_kernel": wy,
+        "_state_fwd_kernel": dict(q_ptr=P, k_ptr=P, w_ptr=P, u_ptr=P, b_ptr=F, o_ptr=P, h0_ptr=F,
+                                  ht_ptr=F, hs_ptr=P, vp_ptr=P, scale="fp32", T="i32", H="i32", NT="i32",
+                                  NTC="i32"),
+        "_state_bwd_kernel": dict(q_ptr=P, k_ptr=P, w_ptr=P, b_ptr=F, do_ptr=P, dht_ptr=F, dh_ptr=P,
+                                  dh0_ptr=F, dvp_ptr=P, scale="fp32", T="i32", H="i32", NT="i32", NTC="i32"),
+        "_state_vp_fwd_kernel": dict(k_ptr=P, w_ptr=P, u_ptr=P, b_ptr=F, vp_ptr=P, h0_ptr=F,
+                                     ht_ptr=F, hs_ptr=P, T="i32", H="i32", NT="i32", NTC="i32"),
+        "_out_fwd_kernel": dict(q_ptr=P, k_ptr=P, vp_ptr=P, b_ptr=F, hs_ptr=P, o_ptr=P, scale="fp32",
                                 T="i32", H="i32", NT="i32", NTC="i32"),
-        "_state_terms_bwd_kernel": dict(w_ptr=P, u_ptr=P, b_ptr="*fp32", hs_ptr=P, dh_ptr=P, do_ptr=P,
-                                        dq32_ptr="*fp32", dk32_ptr="*fp32", dq_ptr=P, dk_ptr=P, scale="fp32",
-                                        T="i32", H="i32", NT="i32", NTC="i32"),
+        "_bwd_dqk_kernel": dict(q_ptr=P, k_ptr=P, b_ptr=F, hs_ptr=P, dh_ptr=P, do_ptr=P, vp_ptr=P, dvp_ptr=P,
+                                dq_ptr=P, dk_ptr=F, dw_ptr=P, db_ptr=F, scale="fp32", T="i32", H="i32",
+                                NT="i32", NTC="i32"),
+        "_bwd_wy_kernel": dict(k_ptr=P, v_ptr=P, beta_ptr=P, b_ptr=F, w_ptr=P, u_ptr=P, t_ptr=P, dvp_ptr=P,
+                               dw_ptr=P, dkp_ptr=F, dbp_ptr=F, dk_ptr=P, dv_ptr=P, dbeta_ptr=F, db_ptr=F,
+                               T="i32", H="i32", NTC="i32"),
     }
-    BVL = min(V, 32 if K >= 128 else 64)
-    jobs = [("_wy_fwd_kernel", dict(K=K, V=V, PREC=prec, STORE_T=True), td._par_configs(K, V))]
-    for BV in sorted({min(V, 64), 32 if V >= 32 else 16, 16}):
+    BK = min(64, K)
+    cfg = lambda nw, ns=1: [dict(num_warps=nw, num_stages=ns)]
+    jobs = [("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, PREC=prec, FUSE_WU=False), cfg(4)),
+            ("_wu_fwd_kernel", dict(K=K, V=V, BK=BK, PREC=prec), cfg(4)),
+            ("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, PREC=prec, FUSE_WU=True), cfg(4))]
+    for BV in sorted({min(V, 64), min(V, 32)}):
+        ns = 2 if BV >= 64 else 3
         jobs.append(("_state_fwd_kernel", dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=True, STORE_HT=True,
-                                               STORE_HS=True), td._seq_configs(tdt, K, BV)))
+                                               STORE_HS=True), td._seq_configs(tdt, K, BV, nw16=4, ns16=ns)))
+    for BV in sorted({min(V, 64), 16}):
         jobs.append(("_state_bwd_kernel", dict(K=K, V=V, BV=BV, PREC=prec, HAS_DHT=True),
-                     td._seq_configs(tdt, K, BV)))
-    jobs.append(("_local_bwd_kernel", dict(K=K, V=V, BV=BVL, PREC=prec, STATE_TERMS=False), td._par_configs(K, V)))
-    jobs.append(("_state_terms_bwd_kernel", dict(K=K, V=V, BV=BVL, PREC=prec), td._par_configs(K, V)))
+                     td._seq_configs(tdt, K, BV, nw16=4 if BV <= 16 else 0)))
+    jobs.append(("_bwd_dqk_kernel", dict(K=K, V=V, BK=BK, BV=min(V, 64), PREC=prec), td._par_configs(BK, V)))
+    jobs.append(("_bwd_wy_kernel", dict(K=K, V=V, BV=min(V, 64), NK=K // BK, PREC=prec), td._par_configs(K, V)))
     jobs.append(("_state_vp_fwd_kernel", dict(K=K, V=V, BV=min(V, 32), PREC=prec, HAS_H0=True, STORE_HT=True),
-                 td._seq_configs(tdt, K, min(V, 32))))
+                 td._seq_configs(tdt, K, min(V, 32), nw16=4, ns16=3)))
     jobs.append(("_out_fwd_kernel", dict(K=K, V=V, BV=min(V, 64), PREC=prec), td._par_configs(K, min(V, 64))))
-    if args.grid:   # the explore_delta sweep (bf16 variants; same knobs, explicit configs)
-        from kernels.benchmarks.explore_delta import _variants
-        for grp, tune in _variants():
-            ws = dict(num_warps=tune.get("fwd_warps") or tune.get("bwd_warps") or tune.get("par_warps")
-                      or tune.get("out_warps") or 8,
-                      num_stages=tune.get("fwd_stages") or tune.get("bwd_stages") or tune.get("par_stages") or 1)
-            if grp == "fwd" and "out_bv" in tune:
-                jobs.append(("_out_fwd_kernel", dict(K=K, V=V, BV=min(V, tune["out_bv"]), PREC=prec),
-                             [dict(num_warps=tune.get("out_warps", 8), num_stages=1)]))
-            elif grp == "fwd":
-                bv = min(V, tune["fwd_bv"])
-                if tune["fwd_split"]:
-                    jobs.append(("_state_vp_fwd_kernel", dict(K=K, V=V, BV=bv, PREC=prec, HAS_H0=False,
-                                                              STORE_HT=False), [ws]))
-                else:
-                    jobs.append(("_state_fwd_kernel", dict(K=K, V=V, BV=bv, PREC=prec, HAS_H0=False,
-                                                           STORE_HT=False, STORE_HS=False), [ws]))
-            elif grp == "bwd":
-                jobs.append(("_state_bwd_kernel", dict(K=K, V=V, BV=min(V, tune["bwd_bv"]), PREC=prec,
-                                                       HAS_DHT=False), [ws]))
-            else:
-                fused = not tune["bwd_split"]
-                jobs.append(("_local_bwd_kernel", dict(K=K, V=V, BV=min(V, tune["local_bv"]), PREC=prec,
-                                                       STATE_TERMS=fused), [ws]))
-                if not fused:
-                    jobs.append(("_state_terms_bwd_kernel", dict(K=K, V=V, BV=min(V, tune["local_bv"]),
-                                                                 PREC=prec), [ws]))
+    if args.grid:   # the per-chunk kernels' variants swept by explore_delta
+        for nw in (1, 2, 4, 8):
+            jobs.append(("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, PREC=prec, FUSE_WU=False), cfg(nw)))
+        for nw in (2, 4, 8):
+            for bk in sorted({min(32, K), BK}):
+                jobs.append(("_wu_fwd_kernel", dict(K=K, V=V, BK=bk, PREC=prec), cfg(nw)))
+        for nw in (4, 8):
+            for bk in sorted({BK, K}):
+                for bv in sorted({min(V, 32), min(V, 64)}):
+                    jobs.append(("_bwd_dqk_kernel", dict(K=K, V=V, BK=bk, BV=bv, PREC=prec), cfg(nw)))
+            for bv in sorted({min(V, 32), min(V, 64)}):
+                jobs.append(("_bwd_wy_kernel", dict(K=K, V=V, BV=bv, NK=K // BK, PREC=prec), cfg(nw)))
     seen = set()
     for name, meta, configs in jobs:
         kern = getattr(td, name)
@@ -109,7 +101,11 @@ def main(argv=None):
                 continue
             seen.add(key)
             try:
-                c = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=meta), target=target,
+                # pointers are 16-byte aligned as Triton's launcher assumes for torch tensors (the
+                # runtime sizes are not specialised, see triton_delta._NO_SPEC)
+                attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names)
+                         if str(sig[n]).startswith("*")}
+                c = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=meta, attrs=attrs), target=target,
                                options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
             except Exception as e:   # report and go on: a variant that does not compile is a result
                 print(f"{name:24s} {meta.get('BV', '-')} warps={cfg['num_warps']} stages={cfg['num_stages']} "
@@ -122,8 +118,8 @@ def main(argv=None):
             os.unlink(f.name)
             lines = [ln.split("info    : ")[-1].strip() for ln in r.stderr.splitlines()
                      if "Used" in ln or "spill" in ln]
-            bv = meta.get("BV", "-")
-            print(f"{name:24s} {dt} K={K} BV={bv!s:3s} {'fused ' if meta.get('STATE_TERMS') else ''}warps={cfg['num_warps']} stages={cfg['num_stages']} "
+            tile = " ".join(f"{k}={meta[k]}" for k in ("BK", "BV", "FUSE_WU") if k in meta)
+            print(f"{name:20s} {dt} K={K} {tile:18s} warps={cfg['num_warps']} stages={cfg['num_stages']} "
                   f"smem={c.metadata.shared:6d}  " + " | ".join(lines), flush=True)
     return 0
 
