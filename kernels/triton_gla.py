@@ -51,8 +51,10 @@ _NUM_SMS_DEFAULT = 132
 
 #: Overrides of the forward's launch parameters, for tuning sweeps only (``bench_gla --explore``):
 #: keys ``"BV_f"`` (value columns per forward program, a power of two dividing V), ``"warps_f"``
-#: (its num_warps), ``"stages_f"`` (its num_stages) and ``"split"`` (False: never split the sequence).
-#: Empty by default; the tests do not use it.
+#: (its num_warps), ``"stages_f"`` (its num_stages) and ``"split"`` (False: never split the sequence);
+#: for the vector gate ``"gla_fwd"`` (``"new"``: :func:`_gla_prep_kernel` + the lean march;
+#: ``"old"``, the default for now: round 2's score pre-pass + the march that gates q and k itself), ``"warps_p"`` and
+#: ``"BK_p"`` (the prep kernel's num_warps and K-slice). Empty by default; the tests set only ``gla_fwd``.
 TUNE: dict = {}
 
 
@@ -166,13 +168,131 @@ def _gla_scores_kernel(q, k, g, As, scale, T, NT,
 
 
 @triton.jit
+def _mop(mask, GT: tl.constexpr, EMU: tl.constexpr):
+    """A 0/1 matrix as a matmul operand of the gate's dtype ``GT`` (float32 under the interpreter):
+    exact in every dtype, so ``_mop(M) @ g`` sums gates exactly up to float32 accumulation."""
+    if EMU:
+        return tl.where(mask, 1.0, 0.0)
+    else:
+        return tl.where(mask, 1.0, 0.0).to(GT)
+
+
+@triton.jit
+def _mul16(x, e, DT: tl.constexpr, EMU: tl.constexpr):
+    """``x * e`` rounded to the operand dtype ``DT`` (x in its input dtype, e float32).
+
+    Compiled with 16-bit ``DT``: one inline-PTX op per element (widen, multiply in float32, round to
+    nearest), so that the compiler cannot hoist a float32 copy of ``x`` out of the caller's unrolled
+    level loop (common-subexpression elimination of the widening did exactly that and doubled the
+    registers that q and k hold). Same value as ``_r16(x.to(float32) * e)``, which is what runs under
+    the interpreter and for float32."""
+    if EMU:
+        return _r16(x.to(tl.float32) * e, DT, EMU)
+    elif DT == tl.bfloat16:
+        return tl.inline_asm_elementwise(
+            "{ .reg .f32 a; cvt.f32.bf16 a, $1; mul.rn.f32 a, a, $2; cvt.rn.bf16.f32 $0, a; }",
+            "=h,h,f", [x, e], dtype=tl.bfloat16, is_pure=True, pack=1)
+    elif DT == tl.float16:
+        return tl.inline_asm_elementwise(
+            "{ .reg .f32 a; cvt.f32.f16 a, $1; mul.rn.f32 a, a, $2; cvt.rn.f16.f32 $0, a; }",
+            "=h,h,f", [x, e], dtype=tl.float16, is_pure=True, pack=1)
+    else:
+        return x.to(tl.float32) * e
+
+
+@triton.jit
+def _gla_level_mm(q, k, g, base, mask_t, ii, jj, HB: tl.constexpr, BT: tl.constexpr, K: tl.constexpr,
+                  BK: tl.constexpr, DT: tl.constexpr, GT: tl.constexpr, IP: tl.constexpr, GIP: tl.constexpr,
+                  EMU: tl.constexpr):
+    """One level of K5 (half-blocks of HB rows) by matrix products only (round 3). The level's
+    exponent rows ``X = M g`` are ``b_i - E`` on the rows i of second halves (the gates from the half's
+    start to i) and ``E - b_j`` on the rows j of first halves (the gates after j up to the half's end),
+    both <= 0; one exponential ``e^X`` scales q and k alike, and the pair mask keeps the products of
+    second-half queries with first-half keys of the same block (the other rows carry finite values
+    that the mask drops). Returns the level's masked ``[BT, BT]`` scores (without the scale)."""
+    sec = (ii & HB) != 0                                  # row i in the second half of its block
+    Mx = _mop(((ii ^ jj) < HB) & (sec == (jj <= ii)), GT, EMU)
+    Al = tl.zeros([BT, BT], dtype=tl.float32)
+    for kb in tl.static_range(K // BK):
+        offs = base + (kb * BK + tl.arange(0, BK))[None, :]
+        g_t = tl.load(g + offs, mask=mask_t[:, None], other=0.)
+        e = tl.exp(tl.dot(Mx, g_t.to(tl.float32) if EMU else g_t, input_precision=GIP))
+        ql = _mul16(tl.load(q + offs, mask=mask_t[:, None], other=0.), e, DT, EMU)
+        kl = _mul16(tl.load(k + offs, mask=mask_t[:, None], other=0.), e, DT, EMU)
+        Al = tl.dot(ql, tl.trans(kl), Al, input_precision=IP)
+    pair = ((ii ^ jj) < 2 * HB) & sec & ((jj & HB) == 0)
+    return tl.where(pair, Al, 0.)
+
+
+@triton.jit
+def _gla_prep_kernel(q, k, g, qg, kg, dch, As, scale, T, NT,
+                     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                     IP: tl.constexpr, GIP: tl.constexpr, EMU: tl.constexpr):
+    """Vector gate, round 3: everything of a chunk that does not need the state, in parallel over
+    chunks; grid (NT, B*H). Writes
+
+    - ``qg = scale * q * e^{b}`` and ``kg = k * e^{b_C - b}`` (``[B, T, H, K]``, q's dtype: the
+      operands the march would round to that dtype for the tensor cores anyway),
+    - ``dch`` ``[B*H, NT, K]`` float32: the chunk's total log decay ``b_C``,
+    - ``As`` ``[B*H, NT*BT, BT]``: the intra-chunk scores ``scale * A`` (K5).
+
+    Every segmented sum of gates the chunk needs (the prefix sums b, the suffix sums b_C - b and the
+    level exponents of K5: ``b_i - E`` for query rows, ``E - b_j`` for key rows) is one product
+    ``M @ g`` with a 0/1 matrix M: exact for 16-bit gates (float32 accumulation), no scans, no
+    reshapes, no gathers. At each level the query and key exponents sit on disjoint rows, so ONE
+    ``[BT, K]`` exponential serves both factors; rows of the wrong half carry finite garbage
+    (every exponent is <= 0) that the level's pair mask removes. Exponentials per chunk: (2 + log2
+    BT) x BT x K.
+    """
+    DT = k.dtype.element_ty
+    GT = g.dtype.element_ty
+    c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_t = tl.arange(0, BT)
+    rows = c * BT + o_t
+    mask_t = rows < T
+    ii = o_t[:, None]
+    jj = o_t[None, :]
+    base = i_b * T * H * K + i_h * K + rows[:, None] * (H * K)
+    A = tl.zeros([BT, BT], dtype=tl.float32)
+    for kb in tl.static_range(K // BK):
+        o_k = kb * BK + tl.arange(0, BK)
+        offs = base + o_k[None, :]
+        q_t = tl.load(q + offs, mask=mask_t[:, None], other=0.)
+        k_t = tl.load(k + offs, mask=mask_t[:, None], other=0.)
+        g_t = tl.load(g + offs, mask=mask_t[:, None], other=0.)
+        gm = g_t.to(tl.float32) if EMU else g_t
+        tl.store(dch + (i_bh * NT + c).to(tl.int64) * K + o_k, tl.sum(g_t.to(tl.float32), axis=0))
+        # b = L g (inclusive prefix sums), b_C - b = U g (strict suffix sums, <= 0 and exact)
+        b = tl.dot(_mop(jj <= ii, GT, EMU), gm, input_precision=GIP)
+        tl.store(qg + offs, _st(q_t.to(tl.float32) * (tl.exp(b) * scale), qg.dtype.element_ty, EMU),
+                 mask=mask_t[:, None])
+        bu = tl.dot(_mop(jj > ii, GT, EMU), gm, input_precision=GIP)
+        tl.store(kg + offs, _st(k_t.to(tl.float32) * tl.exp(bu), kg.dtype.element_ty, EMU), mask=mask_t[:, None])
+        # the diagonal (exponent 0)
+        A += tl.where(ii == jj, tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP), 0.)
+    # the levels of K5; K in slices of BK inside each level (fewer live registers: the level's
+    # exponent tile is [BT, BK]; the slices are reloaded from L1/L2 or kept by the compiler)
+    for LV in tl.static_range(8):              # BT <= 256: half-blocks of BT/2, ..., 1 rows
+        if (BT >> (LV + 1)) > 0:
+            A += _gla_level_mm(q, k, g, base, mask_t, ii, jj, BT >> (LV + 1), BT, K, BK, DT, GT, IP, GIP, EMU)
+    tl.store(As + (i_bh * NT + c).to(tl.int64) * BT * BT + ii * BT + jj, _st(A * scale, As.dtype.element_ty, EMU))
+
+
+@triton.jit
 def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, As, scale, T, NT, SEG_CHUNKS, NS,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 GATE: tl.constexpr, HAS_H0: tl.constexpr, COMPUTE_O: tl.constexpr,
                 STORE_FINAL: tl.constexpr, STORE_DEC: tl.constexpr, STORE_H: tl.constexpr,
-                IP: tl.constexpr, EMU: tl.constexpr):
+                IP: tl.constexpr, EMU: tl.constexpr, PRE: tl.constexpr = False):
     """March over the chunks of one segment with the state ``S[BK, BV]`` in registers.
+
+    ``PRE`` (vector gate, round 3): the inputs are the outputs of :func:`_gla_prep_kernel`:
+    ``q`` = scale * q e^{b}, ``k`` = k e^{b_C - b}, ``g`` = the per-chunk decays ``[B*H, NT, K]``
+    (fp32), ``As`` the scores; the march is then the ungated one plus ``S *= e^{b_C}`` per chunk.
 
     grid = (NK * NV, B*H*NS). ``h0``/``ht``: per-(bh, segment) entering/leaving states
     ``[B*H*NS, K, V]`` fp32; ``dec``: per-(bh, segment) total log decay (``[B*H*NS, K]``);
@@ -216,6 +336,10 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, As, scale, T, NT, SEG_CHUNKS, NS
         # (round 1: the scalar-gated forward took about twice the ungated one)
         rows0 = i_s * SEG_CHUNKS * BT + o_t
         g_next = tl.load(g + g_base + rows0 * H, mask=rows0 < T, other=0.)
+    if GATE == 2:
+        if PRE:   # the chunk decays, loaded one chunk ahead (as the scalar gate)
+            c0 = i_s * SEG_CHUNKS
+            d_next = tl.load(g + (i_bh * NT + c0).to(tl.int64) * K + o_k, mask=(c0 < NT) & (o_k >= 0), other=0.)
     for j in tl.range(0, SEG_CHUNKS):
         c = i_s * SEG_CHUNKS + j
         rows = c * BT + o_t
@@ -232,12 +356,24 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, As, scale, T, NT, SEG_CHUNKS, NS
             b_t = tl.cumsum(g_t, axis=0)
             b_c = tl.sum(g_t, axis=0)
         if GATE == 2:
-            g_t = tl.load(g + g_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
-                          other=0.).to(tl.float32)
-            b_t = tl.cumsum(g_t, axis=0)
-            b_c = tl.sum(g_t, axis=0)
+            if PRE:
+                b_c = d_next
+                cn = c + 1
+                d_next = tl.load(g + (i_bh * NT + cn).to(tl.int64) * K + o_k, mask=(cn < NT) & (o_k >= 0),
+                                 other=0.)
+            else:
+                g_t = tl.load(g + g_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                              other=0.).to(tl.float32)
+                b_t = tl.cumsum(g_t, axis=0)
+                b_c = tl.sum(g_t, axis=0)
         if COMPUTE_O:
-            if GATE == 2:
+            if GATE == 2 and PRE:
+                q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
+                              other=0.)
+                o_c = tl.dot(_r16(q_t, DT, EMU), _r16(S, DT, EMU), input_precision=IP)
+                A = tl.load(As + (i_bh * NT + c).to(tl.int64) * BT * BT + o_t[:, None] * BT + o_t[None, :],
+                            mask=(c < NT) & (o_t[:, None] >= 0), other=0.)
+            elif GATE == 2:
                 q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                               other=0.)
                 o_c = tl.dot(_r16((q_t.to(tl.float32) * tl.exp(b_t)), DT, EMU), _r16(S, DT, EMU),
@@ -272,8 +408,12 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, As, scale, T, NT, SEG_CHUNKS, NS
             S = S * tl.exp(b_c) + tl.dot(tl.trans(_r16(k_t, DT, EMU)), vg, input_precision=IP)
             total += b_c
         if GATE == 2:
-            kg = _r16((k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)), DT, EMU)
-            S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(kg), _r16(v_t, DT, EMU), input_precision=IP)
+            if PRE:
+                S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(_r16(k_t, DT, EMU)), _r16(v_t, DT, EMU),
+                                                      input_precision=IP)
+            else:
+                kg = _r16((k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)), DT, EMU)
+                S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(kg), _r16(v_t, DT, EMU), input_precision=IP)
             total += b_c
     if STORE_FINAL:
         tl.store(ht + i_bhs * K * V + st_offs, S)
@@ -642,7 +782,22 @@ class _Cfg:
         # Triton's default 3 stages, but 2 at K = 256 (3 stages of q, k, g and the scores need more
         # than the 227 KB of shared memory of an H100/H200 for the vector gate)
         self.stages_f = 2 if K >= 256 else 3
+        # vector gate: "new" (round 3: _gla_prep_kernel + the lean march) or "old" (round 2: score
+        # pre-pass + the march that gates q and k itself)
+        self.gla_fwd = "old"
+        self.BK_p = min(K, 64)                 # prep kernel: K columns per inner step
+        self.warps_p = 4
+        if gate == 2:
+            # default "old" until the GPU says otherwise: the prep kernel still spills (NOTES_gla.md, round 3)
+            self.gla_fwd = str(TUNE.get("gla_fwd", "old"))
+            if self.gla_fwd not in ("new", "old"):
+                raise ValueError(f"TUNE['gla_fwd'] must be 'new' or 'old'; got {self.gla_fwd!r}")
+            if self.gla_fwd == "new":
+                self.warps_f = 4
+                self.stages_f = 2
         if TUNE:
+            self.BK_p = min(K, int(TUNE.get("BK_p", self.BK_p)))
+            self.warps_p = int(TUNE.get("warps_p", self.warps_p))
             self.BV_f = min(V, int(TUNE.get("BV_f", self.BV_f)))
             self.warps_f = int(TUNE.get("warps_f", self.warps_f))
             self.stages_f = int(TUNE.get("stages_f", self.stages_f))
@@ -683,37 +838,50 @@ def _forward(q, k, v, g, scale, h0, output_final_state, need_inits, num_segments
     ht = torch.empty(B, H, K, V, dtype=f32, device=dev) if output_final_state else None
     dummy = torch.empty(1, dtype=f32, device=dev)
     As = dummy
+    pre = gate == 2 and cfg.gla_fwd == "new"
+    qm, km = q, k                                  # what the march reads as q and k
     if gate == 2:
         As = torch.empty(BH, cfg.NT * cfg.BT, cfg.BT, dtype=q.dtype, device=dev)
-        _gla_scores_kernel[(cfg.NT, BH)](q, k, g, As, scale, T, cfg.NT, H=H, K=K, BT=cfg.BT, IP=cfg.IP,
-                                         EMU=cfg.EMU, num_warps=4 if K <= 64 else 8)
+        if pre:
+            # round 3: one parallel pass over chunks does all the gate work (gated q and k, chunk
+            # decays, intra-chunk scores); the march is then the ungated one plus a decay
+            qm = torch.empty_like(q)
+            km = torch.empty_like(k)
+            gg = torch.empty(BH, cfg.NT, K, dtype=f32, device=dev)
+            gip = "ieee" if g.dtype == torch.float32 else cfg.IP
+            _gla_prep_kernel[(cfg.NT, BH)](q, k, g, qm, km, gg, As, scale, T, cfg.NT, H=H, K=K, BT=cfg.BT,
+                                           BK=cfg.BK_p, IP=cfg.IP, GIP=gip, EMU=cfg.EMU,
+                                           num_warps=cfg.warps_p)
+        else:
+            _gla_scores_kernel[(cfg.NT, BH)](q, k, g, As, scale, T, cfg.NT, H=H, K=K, BT=cfg.BT, IP=cfg.IP,
+                                             EMU=cfg.EMU, num_warps=4 if K <= 64 else 8)
     if cfg.NS == 1:
         inits = h0
         grid = (V // cfg.BV_f, BH)
-        _fwd_kernel[grid](q, k, v, gg, o, h0 if h0 is not None else dummy, ht if ht is not None else dummy,
+        _fwd_kernel[grid](qm, km, v, gg, o, h0 if h0 is not None else dummy, ht if ht is not None else dummy,
                           dummy, dummy, As, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V, BT=cfg.BT, BK=K,
                           BV=cfg.BV_f, GATE=gate, HAS_H0=h0 is not None, COMPUTE_O=True,
                           STORE_FINAL=ht is not None, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU,
-                          num_warps=cfg.warps_f, num_stages=cfg.stages_f)
+                          PRE=pre, num_warps=cfg.warps_f, num_stages=cfg.stages_f)
     else:
         NS = cfg.NS
         contrib = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
         dec = torch.zeros(BH * NS, K if gate == 2 else 1, dtype=f32, device=dev)
         grid = ((K // cfg.BK_s) * (V // cfg.BV_s), BH * NS)
-        _fwd_kernel[grid](q, k, v, gg, dummy, dummy, contrib, dec, dummy, dummy, scale, T, cfg.NT, cfg.SEG, cfg.NS,
-                          H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate,
+        _fwd_kernel[grid](qm, km, v, gg, dummy, dummy, contrib, dec, dummy, dummy, scale, T, cfg.NT, cfg.SEG,
+                          cfg.NS, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate,
                           HAS_H0=False, COMPUTE_O=False, STORE_FINAL=True, STORE_DEC=gate != 0,
-                          STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=4)
+                          STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, PRE=pre, num_warps=4)
         inits = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
         _combine_kernel[((K // cfg.BK_s) * (V // cfg.BV_s), BH)](
             contrib, dec, h0 if h0 is not None else dummy, inits, ht if ht is not None else dummy, NS,
             K=K, V=V, BK=cfg.BK_s, BV=cfg.BV_s, GATE=gate, HAS_H0=h0 is not None,
             STORE_FINAL=ht is not None, REVERSE=False, num_warps=4)
         _fwd_kernel[(V // cfg.BV_f, BH * NS)](
-            q, k, v, gg, o, inits, dummy, dummy, dummy, As, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V,
+            qm, km, v, gg, o, inits, dummy, dummy, dummy, As, scale, T, cfg.NT, cfg.SEG, cfg.NS, H=H, K=K, V=V,
             BT=cfg.BT, BK=K, BV=cfg.BV_f, GATE=gate, HAS_H0=True, COMPUTE_O=True,
-            STORE_FINAL=False, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, num_warps=cfg.warps_f,
-            num_stages=cfg.stages_f)
+            STORE_FINAL=False, STORE_DEC=False, STORE_H=False, IP=cfg.IP, EMU=cfg.EMU, PRE=pre,
+            num_warps=cfg.warps_f, num_stages=cfg.stages_f)
     # what the backward needs: the segment entering states and (vector gate) the scores
     return o, ht, ((inits, As if gate == 2 else None) if need_inits else None), cfg
 

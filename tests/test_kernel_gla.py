@@ -249,3 +249,64 @@ def test_gate_gradient_long_bf16(device, op, T):
     err = {n: err_ratio(a, b) for n, a, b in zip(("dq", "dk", "dv", "dg"), grads, grads64)}
     assert max(err["dq"], err["dk"], err["dv"]) <= TOL[torch.bfloat16], err
     assert err["dg"] <= 1e-2 and err["dg"] <= 3 * max(err["dq"], err["dk"]), err
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["new", "old"])
+@pytest.mark.parametrize("harsh,T,ns", [(False, 130, None), (True, 130, None), (False, 200, 2)])
+def test_gla_forward_variants(device, variant, harsh, T, ns, monkeypatch):
+    """Both chunk_gla forwards (TUNE['gla_fwd']: 'new' = round 3's prep kernel + lean march, 'old' =
+    round 2's score pre-pass + gating march) against the float64 recurrence: outputs, final state and
+    all gradients (the backward reads the forward's saved scores), T not a multiple of 64, with an
+    initial state, harsh gates (down to e^-100 per step: dg checked on the scale of its cancelling
+    terms, see the module docstring) and the split sequence (ns=2). float32, tolerance 1e-5 as above."""
+    from kernels import triton_gla
+    monkeypatch.setitem(triton_gla.TUNE, "gla_fwd", variant)
+    q, k, v, g, s0 = _inputs("gla", 1, T, 2, 16, 16, torch.float32, device, harsh=harsh, seed=12)
+    if harsh:
+        assert g.min() < -60
+    _compare("gla", q, k, v, g, s0, True, tol=TOL[torch.float32], num_segments=ns, dg_abs=harsh)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("harsh", [False, True])
+def test_gla_prep_kernel_outputs(device, dtype, harsh):
+    """The round-3 prep kernel's outputs against their definitions, computed independently by brute
+    force in float64 (per chunk of 64: b = cumulative sum of g inside the chunk):
+    qg = scale q e^{b}, kg = k e^{b_C - b}, dch = b_C, As_ij = scale sum_d q_id k_jd e^{b_id - b_jd}
+    (j <= i, else 0). K = 32 (the kernel's K-slices) and T = 150 (a partial last chunk).
+    Tolerances: float32 1e-5 (float32 sums of at most 64 terms); bfloat16 2e-2 on the ratios
+    (outputs rounded to bfloat16, relative 2^-9, and the level factors rounded before their
+    product); with harsh gates most entries underflow to 0 in both, which the ratio tolerates."""
+    from kernels import triton_gla
+    B, T, H, K = 1, 150, 2, 32
+    q, k, _, g, _ = _inputs("gla", B, T, H, K, 16, dtype, device, h0=False, harsh=harsh, seed=13)
+    scale = K ** -0.5
+    cfg = triton_gla._Cfg(2, B, T, H, K, 16, dtype, q.device)
+    BT, NT = cfg.BT, cfg.NT
+    qg, kg = torch.empty_like(q), torch.empty_like(k)
+    dch = torch.empty(B * H, NT, K, dtype=torch.float32, device=q.device)
+    As = torch.empty(B * H, NT * BT, BT, dtype=dtype, device=q.device)
+    gip = "ieee" if g.dtype == torch.float32 else cfg.IP
+    triton_gla._gla_prep_kernel[(NT, B * H)](q, k, g, qg, kg, dch, As, scale, T, NT, H=H, K=K, BT=BT, BK=cfg.BK_p,
+                                             IP=cfg.IP, GIP=gip, EMU=cfg.EMU, num_warps=cfg.warps_p)
+    tol = TOL[dtype]
+    pad = NT * BT - T
+    q64, k64, g64 = (F.pad(x.double().cpu(), (0, 0, 0, 0, 0, pad)) for x in (q, k, g))
+    qc, kc, gc = (x.reshape(B, NT, BT, H, K).permute(0, 3, 1, 2, 4).reshape(B * H, NT, BT, K) for x in (q64, k64, g64))
+    b = gc.cumsum(2)
+    bC = b[:, :, -1:, :]
+    want_qg = (scale * qc * b.exp()).reshape(B, H, NT * BT, K).permute(0, 2, 1, 3)[:, :T]
+    want_kg = (kc * (bC - b).exp()).reshape(B, H, NT * BT, K).permute(0, 2, 1, 3)[:, :T]
+    diff = b[:, :, :, None, :] - b[:, :, None, :, :]                       # [BH, NT, i, j, K]
+    causal = torch.ones(BT, BT, dtype=torch.bool).tril()[None, None, :, :, None]
+    w = torch.where(causal, diff.clamp(max=0.0), torch.tensor(float("-inf"), dtype=torch.float64)).exp()
+    want_A = scale * (qc[:, :, :, None, :] * kc[:, :, None, :, :] * w).sum(-1)
+    got_A = As.double().cpu().reshape(B * H, NT, BT, BT)
+    rows = (torch.arange(NT * BT) < T).reshape(NT, BT)                     # rows past T are not used
+    assert err_ratio(qg.cpu(), want_qg.reshape(B, T, H, K)) <= tol
+    assert err_ratio(kg.cpu(), want_kg.reshape(B, T, H, K)) <= tol
+    assert err_ratio(dch.cpu(), bC[:, :, 0, :]) <= 1e-5                     # float32 sums of 16-bit gates
+    assert err_ratio(got_A[:, rows], want_A[:, rows]) <= tol
+    assert torch.isfinite(got_A).all()

@@ -53,6 +53,8 @@ def _parse(argv=None):
     p.add_argument("--explore", action="store_true",
                    help="instead of the benchmark: time our forward of the three ops over a "
                         "grid of launch parameters (triton_gla.TUNE) at B=32,T=2048 and B=1,T=32768; "
+                        "for gla: old vs new forward, per-kernel device times, the prep kernel's and "
+                        "the march's parameters (gla first; --ops limits the ops); "
                         "writes $OUT/explore_gla.json (or kernels/results/logs/explore_gla.json)")
     p.add_argument("--budget-s", type=float, default=200.0,
                    help="wall-clock budget in seconds (default 200): once spent, the remaining "
@@ -141,6 +143,26 @@ def _short(e: BaseException) -> str:
     return msg[:300]
 
 
+def _kernel_times(fn, n=10):
+    """Average device time per call of every kernel that ``fn`` launches (torch.profiler), in ms."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None)
+        if t is None:
+            t = getattr(ev, "cuda_time_total", 0.0)
+        if t:
+            out[ev.key[:60]] = round(t / n / 1000.0, 4)
+    return out
+
+
 def explore(args):
     """Forward launch-parameter sweep of our kernels (a tuning aid, not the benchmark)."""
     import itertools
@@ -155,13 +177,29 @@ def explore(args):
     out.mkdir(parents=True, exist_ok=True)
     grid = [dict(BV_f=bv, warps_f=w, stages_f=st) for bv, w, st in itertools.product((64, 128), (4, 8), (2, 3))]
     grid += [dict(BV_f=64, warps_f=8, stages_f=3, split=False)]
-    for op in ("linear_attn", "simple_gla", "gla"):
+    # chunk_gla (round 3): the old forward (round 2) against the new one (prep kernel + lean march),
+    # the prep kernel's warps and K-slice, and the new march's tile / warps / stages
+    grid_gla = [dict(gla_fwd="old")]
+    grid_gla += [dict(gla_fwd="new", warps_p=w, BK_p=bk) for w, bk in itertools.product((4, 8), (32, 64, 128))]
+    grid_gla += [dict(gla_fwd="new", BV_f=bv, warps_f=w, stages_f=st)
+                 for bv, w, st in itertools.product((64, 128), (4, 8), (2, 3))]
+    grid_gla += [dict(gla_fwd="new", split=False)]
+    ops = [o for o in args.ops.split(",") if o in OPS]
+    # gla first: it is the op this sweep is for now (the budget cuts the last rows)
+    for op in sorted(ops, key=lambda o: o != "gla"):
         fn = _our_fns()[op]
         for B, T in ((32, 2048), (1, 32768)):
             q, k, v, g, _ = _inputs(op, B, T, torch.bfloat16, "cuda")
             triton_gla.TUNE.clear()
             ref = fn(q, k, v, g)
-            for tune in [{}] + grid:
+            if op == "gla":
+                for variant in ("old", "new"):   # where the time goes: device time per kernel
+                    triton_gla.TUNE.clear()
+                    triton_gla.TUNE["gla_fwd"] = variant
+                    per_kernel = _kernel_times(lambda: fn(q, k, v, g))
+                    rows.append({"op": op, "B": B, "T": T, "tune": {"gla_fwd": variant}, "per_kernel_ms": per_kernel})
+                    print(f"{op:11s} B={B:2d} T={T:5d} gla_fwd={variant} per kernel (ms): {per_kernel}", flush=True)
+            for tune in [{}] + (grid_gla if op == "gla" else grid):
                 if time.perf_counter() - t0 > args.budget_s:
                     break
                 triton_gla.TUNE.clear()

@@ -22,6 +22,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m kernels.benchmarks.compile_check_gla")
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100/H200")
     p.add_argument("--gates", default="012", help="which gates: 0 none, 1 scalar, 2 vector")
+    p.add_argument("--only", default="", help="comma-separated kernel names to compile (default: all)")
+    p.add_argument("--k128", action="store_true", help="only the bf16 K = V = 128 cases (the benchmark's)")
+    p.add_argument("--tune", default="", help='JSON dict for triton_gla.TUNE, e.g. \'{"warps_p": 8}\'')
+    p.add_argument("--sass", action="store_true",
+                   help="also print a census of the SASS (nvdisasm of the cubin): exponentials (MUFU.EX2), "
+                        "tensor-core ops (HGMMA/HMMA), shared-memory and local-memory (spill) traffic, "
+                        "shuffles, barriers, and the static instruction count")
     args = p.parse_args(argv)
     from kernels._common import INTERPRET
     if INTERPRET:
@@ -41,6 +48,9 @@ def main(argv=None):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     import kernels.triton_gla as M
+    if args.tune:
+        import json
+        M.TUNE.update(json.loads(args.tune))
     target = GPUTarget("cuda", args.arch, 32)
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     launches = []
@@ -52,7 +62,7 @@ def main(argv=None):
         def __getitem__(self, grid):
             return lambda *a, **kw: launches.append((self.fn, grid, a, kw))
 
-    helpers = ("_gla_level", "_gla_chunk_scores", "_r16", "_st")      # called inside kernels, not launched
+    helpers = ("_gla_level", "_gla_chunk_scores", "_r16", "_st", "_mop", "_gla_level_mm", "_mul16")      # called inside kernels, not launched
     for name in dir(M):
         obj = getattr(M, name)
         if isinstance(obj, triton.runtime.jit.JITFunction) and name not in helpers:
@@ -89,7 +99,24 @@ def main(argv=None):
         os.unlink(f.name)
         info = "; ".join(line.split("ptxas info    :")[-1].strip() for line in r.stderr.splitlines()
                          if "Used" in line or "spill" in line)
+        if args.sass:
+            info += " | SASS " + sass_census(k.asm["cubin"])
         return info, opts["num_warps"], k.metadata.shared
+
+    def sass_census(cubin):
+        """Static counts of selected SASS instruction classes (a loop body counts once)."""
+        import re
+        with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+            f.write(cubin)
+        r = subprocess.run([os.path.join(os.path.dirname(ptxas), "nvdisasm"), "-c", f.name],
+                           capture_output=True, text=True)
+        os.unlink(f.name)
+        ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", r.stdout, re.M)
+        classes = {"EX2": ("MUFU.EX2",), "MMA": ("HGMMA", "HMMA"), "LDS": ("LDS", "LDSM"), "STS": ("STS",),
+                   "LDL/STL": ("LDL", "STL"), "SHFL": ("SHFL",), "BAR": ("BAR",), "LDG": ("LDG", "LDGSTS")}
+        cnt = {c: sum(1 for o in ops if o.split(".")[0] in [x.split(".")[0] for x in pre]
+                      and (c != "EX2" or o.startswith("MUFU.EX2"))) for c, pre in classes.items()}
+        return " ".join(f"{c}={n}" for c, n in cnt.items()) + f" total={len(ops)}"
 
     try:   # the first triton.compile of a process can trip over a harness detail; warm it up
         import triton.language as tl
@@ -113,16 +140,25 @@ def main(argv=None):
     for gate, K, V, dtype, T, B, H, ns in cases:
         if str(gate) not in args.gates:
             continue
+        if args.k128 and not (K == 128 and V == 128 and dtype == torch.bfloat16):
+            continue
         q = torch.randn(B, T, H, K, dtype=dtype)
         v = torch.randn(B, T, H, V, dtype=dtype)
         g = None if gate == 0 else -torch.rand(B, T, H, *((K,) if gate == 2 else ())).to(dtype)
         launches.clear()
-        o, ht, inits, cfg = M._forward(q, q, v, g, 0.1, torch.randn(B, H, K, V), True, True, ns)
-        M._backward(q, q, v, g, 0.1, inits, ht, torch.randn_like(o), torch.randn(B, H, K, V), cfg, True)
+        user_tune = dict(M.TUNE)
+        # the vector gate has two forwards (TUNE['gla_fwd']); compile both unless --tune picks one
+        for variant in (("old", "new") if gate == 2 and "gla_fwd" not in user_tune else (None,)):
+            if variant is not None:
+                M.TUNE["gla_fwd"] = variant
+            o, ht, inits, cfg = M._forward(q, q, v, g, 0.1, torch.randn(B, H, K, V), True, True, ns)
+            M._backward(q, q, v, g, 0.1, inits, ht, torch.randn_like(o), torch.randn(B, H, K, V), cfg, True)
+            M.TUNE.clear()
+            M.TUNE.update(user_tune)
         for fn, _, a, kw in launches:
             key = (fn.__name__, tuple(x.dtype if isinstance(x, torch.Tensor) else type(x).__name__ for x in a),
                    tuple(sorted(kw.items())))
-            if key in seen:
+            if key in seen or (args.only and fn.__name__ not in args.only.split(",")):
                 continue
             seen.add(key)
             t0 = time.time()
