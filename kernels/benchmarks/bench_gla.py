@@ -251,7 +251,9 @@ def main(argv=None):
         return time.perf_counter() - t_start > args.budget_s
 
     def write():
+        from kernels import triton_gla
         config = {"dtype": "bfloat16", "H": H, "K": K, "V": V, "shapes": shapes, "ops": ops,
+                  "triton_gla_tune": dict(triton_gla.TUNE),
                   "warmup_ms": warmup, "rep_ms": rep, "err_T_max": ERR_T_MAX, "budget_s": args.budget_s,
                   "elapsed_s": round(time.perf_counter() - t_start, 1),
                   "inputs": "q,k,v ~ N(0,1) (keys not normalised); g = logsigmoid(N(0,1)); scale K^-0.5; "
