@@ -9,42 +9,47 @@ Chunks of ``C = 64`` tokens; ``b`` is the within-chunk cumulative log gate (``b_
 restarting at every chunk), so every exponent is a difference ``b_i − b_j`` (``j ≤ i``) or
 ``b_C − b_i`` or ``b_i`` itself, all ``≤ 0``: the kernels stay finite for arbitrarily harsh gates.
 
-Forward: two kernels.
+Forward: three kernels.
 
-1. ``_wy_fwd_kernel`` (grid: chunks × batch·heads, fully parallel) builds
+1. ``_kkt_solve_kernel`` (grid: chunks × batch·heads, fully parallel) builds
    ``A_ij = β_i e^{b_i − b_j} k_i·k_j`` (``j < i``) in 16×16 blocks, inverts the four unit
    lower-triangular diagonal blocks ``I + A_ii`` by forward substitution in registers, merges them
-   into ``T = (I + A)^{-1}`` by block substitution (``T_ij = −T_ii Σ_m A_im T_mj``), and writes the
-   WY/UT factors ``W = T (β e^{b} K)`` and ``U = T (β V)``.
-2. ``_state_fwd_kernel`` (grid: V-blocks × batch·heads, sequential over chunks) keeps the state
+   into ``T = (I + A)^{-1}`` by block substitution (``T_ij = −T_ii Σ_m A_im T_mj``) and writes ``T``
+   as a dense ``[64, 64]`` tile in the input dtype (one warp per chunk: the 16×16 tiles are
+   replicated across warps, so more warps only add reduction traffic).
+2. ``_wu_fwd_kernel`` (same grid) forms the WY/UT factors ``W = T (β e^{b} K)`` and ``U = T (β V)``
+   as ``[64, 64]`` products over column blocks (``wy_fuse=1`` does this inside kernel 1 instead).
+3. ``_state_fwd_kernel`` (grid: V-blocks × batch·heads, sequential over chunks) keeps the state
    ``S`` (``[K, BV]``, float32) in registers for the whole sequence and per chunk computes the
    pseudo-values ``v' = U − W S``, the output ``o = (q ⊙ e^{b}) S + (q kᵀ ⊙ Γ) v'`` and the next state
    ``S ← e^{b_C} S + (k ⊙ e^{b_C − b})ᵀ v'``. There is no state round trip through HBM and no
-   separate output kernel. For training it also writes the state entering every chunk.
+   separate output kernel. For training it also writes the state entering every chunk and ``v'``.
+   (``fwd_split=1``: a sequential kernel for ``v'`` and the states, then a parallel output kernel.)
 
-Backward (three Triton kernels; derivation in ``kernels/NOTES_delta.md``). The forward, when any
-input needs a gradient, also keeps ``T = (I + A)^{-1}`` per chunk (float32, ``[64, 64]``) and the
-state entering every chunk (``[K, V]`` per chunk in the input dtype: every use in the backward feeds
-a tensor-core product in that dtype anyway).
+Backward (derivation in ``kernels/NOTES_delta.md``). The forward keeps ``T``, ``W``, ``U``, the
+entering state of every chunk and ``v'`` (all in the input dtype: every use in the backward feeds a
+tensor-core product in that dtype anyway).
 
-3. ``_state_bwd_kernel`` (sequential over chunks in reverse) carries the state adjoint ``dS`` on
+4. ``_state_bwd_kernel`` (sequential over chunks in reverse) carries the state adjoint ``dS`` on
    chip: ``dv' = (q kᵀ ⊙ Γ)ᵀ do + (k ⊙ e^{b_C − b}) dS``,
-   ``dS ← e^{b_C} dS + (q ⊙ e^{b})ᵀ do − Wᵀ dv'``, writing the adjoint of the state leaving every
-   chunk and, at the end, the gradient of ``initial_state``.
-4. ``_local_bwd_kernel`` (parallel over chunks) differentiates each chunk's algebra (``A``, ``T``,
-   ``W``, ``U``, ``v'``, ``o`` and the state update) with the entering state and the leaving-state
-   adjoint held fixed; since the states enter linearly and their adjoints come from step 3, the sum
-   of these per-chunk gradients is the exact total gradient. It writes ``dv, dβ``, the gradient of
-   the cumulative log gates ``db`` (``dg`` is its reverse cumulative sum inside each chunk, one
-   PyTorch op) and float32 partial ``dq, dk``;
-5. ``_state_terms_bwd_kernel`` (parallel over chunks) adds the two ``[64, K]`` terms that pair
-   ``do`` and ``v'`` with the states and writes ``dq, dk`` (kept apart from step 4 to limit
-   register spills at K = 128; ``LATTN_DELTA_BWD_SPLIT=0`` fuses them).
+   ``dS ← e^{b_C} dS + (q ⊙ e^{b})ᵀ do − Wᵀ dv'``, writing ``dv'`` and the adjoint of the state
+   leaving every chunk and, at the end, the gradient of ``initial_state``.
+5. ``_bwd_dqk_kernel`` (grid: K-blocks × chunks × batch·heads) gives, with the states, their
+   adjoints, ``v'`` and ``dv'`` known, ``dq``, the part of ``dk`` through the scores and the state
+   update, ``dW = −dv' Sᵀ`` and its share of the log-gate gradient;
+6. ``_bwd_wy_kernel`` (grid: chunks × batch·heads) differentiates ``U = T (β V)``,
+   ``W = T (β e^b K)`` and ``T = (I + A)^{-1}``: ``dv``, ``dβ``, the rest of ``dk`` and of the
+   log-gate gradient ``db`` (``dg`` is its reverse cumulative sum inside each chunk, one PyTorch op).
 
-``LATTN_DELTA_BWD=torch`` swaps steps 4-5 for batched PyTorch + autograd (``_chunk_local_grads``), an
+``LATTN_DELTA_BWD=torch`` swaps steps 5-6 for batched PyTorch + autograd (``_chunk_local_grads``), an
 independent cross-check and a fallback should the compiled kernels misbehave on some GPU/Triton
 combination; the same path is used automatically when a kernel does not fit the GPU
-(``OutOfResources``, e.g. float32 at K = V = 128).
+(``OutOfResources``).
+
+Triton 3.6 on Hopper: some launch configurations of these multi-``tl.dot`` kernels end in an illegal
+memory access (seen in the sweeps for a few V-block/warp combinations, none of them a default; the
+upstream reports are triton-lang/triton#10486 and #11366). The defaults are configurations that
+passed the GPU tests and the sweeps' checks; explicit ``tuning`` overrides are not guarded.
 
 Float32 inputs use ``input_precision="ieee"`` in every ``tl.dot``; float16/bfloat16 inputs feed the
 tensor cores in their own dtype with float32 accumulation (the triangular solve is always float32

@@ -52,8 +52,9 @@ _NUM_SMS_DEFAULT = 132
 #: Overrides of the forward's launch parameters, for tuning sweeps only (``bench_gla --explore``):
 #: keys ``"BV_f"`` (value columns per forward program, a power of two dividing V), ``"warps_f"``
 #: (its num_warps), ``"stages_f"`` (its num_stages) and ``"split"`` (False: never split the sequence);
-#: for the vector gate ``"gla_fwd"`` (``"new"``: :func:`_gla_prep_kernel` + the lean march;
-#: ``"old"``, the default for now: round 2's score pre-pass + the march that gates q and k itself), ``"warps_p"`` and
+#: for the vector gate ``"gla_fwd"`` (``"new"``, the default since the round-3 H200 measurement:
+#: :func:`_gla_prep_kernel` + the lean march; ``"old"``: round 2's score pre-pass + the march that
+#: gates q and k itself), ``"warps_p"`` and
 #: ``"BK_p"`` (the prep kernel's num_warps and K-slice). Empty by default; the tests set only ``gla_fwd``.
 TUNE: dict = {}
 
@@ -782,14 +783,14 @@ class _Cfg:
         # Triton's default 3 stages, but 2 at K = 256 (3 stages of q, k, g and the scores need more
         # than the 227 KB of shared memory of an H100/H200 for the vector gate)
         self.stages_f = 2 if K >= 256 else 3
-        # vector gate: "new" (round 3: _gla_prep_kernel + the lean march) or "old" (round 2: score
-        # pre-pass + the march that gates q and k itself)
-        self.gla_fwd = "old"
+        # vector gate: "new" (round 3: _gla_prep_kernel + the lean march; measured on the H200 at
+        # 0.78x and 0.73x the time of "old" at B = 32, T = 2048 and B = 1, T = 32768, NOTES_gla.md)
+        # or "old" (round 2: score pre-pass + the march that gates q and k itself)
+        self.gla_fwd = "new"
         self.BK_p = min(K, 64)                 # prep kernel: K columns per inner step
         self.warps_p = 4
         if gate == 2:
-            # default "old" until the GPU says otherwise: the prep kernel still spills (NOTES_gla.md, round 3)
-            self.gla_fwd = str(TUNE.get("gla_fwd", "old"))
+            self.gla_fwd = str(TUNE.get("gla_fwd", "new"))
             if self.gla_fwd not in ("new", "old"):
                 raise ValueError(f"TUNE['gla_fwd'] must be 'new' or 'old'; got {self.gla_fwd!r}")
             if self.gla_fwd == "new":
