@@ -154,6 +154,15 @@ def _vec16(ptr, r0, T, stride_t):
 
 
 @triton.jit
+def _load_state(ptr, bh, ck, cv, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PRESENT: tl.constexpr):
+    """Columns ``cv`` of one ``[K, V]`` float32 state (initial state or final-state gradient) of
+    sequence·head ``bh``, or zeros when there is none."""
+    if PRESENT:
+        return tl.load(ptr + bh * K * V + ck[:, None] * V + cv[None, :]).to(tl.float32)
+    return tl.zeros([K, BV], dtype=tl.float32)
+
+
+@triton.jit
 def _gram16(ka, kb, ba, bb, beta_a, DIAG: tl.constexpr, PREC: tl.constexpr):
     """One 16×16 block of ``A_ij = β_i e^{b_i − b_j} k_i·k_j`` (strictly lower on the diagonal)."""
     s = tl.dot(ka, tl.trans(kb), input_precision=PREC)
@@ -330,10 +339,7 @@ def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, o_ptr, h0_ptr, ht_ptr, 
     wp = w_ptr + bh * NTC * K
     up = u_ptr + bh * NTC * V
     bp = b_ptr + bh * NTC
-    if HAS_H0:
-        S = tl.load(h0_ptr + bh * K * V + ck[:, None] * V + cv[None, :]).to(tl.float32)
-    else:
-        S = tl.zeros([K, BV], dtype=tl.float32)
+    S = _load_state(h0_ptr, bh, ck, cv, K, V, BV, HAS_H0)
     for n in range(NT):
         t0 = n * 64
         if STORE_HS:
@@ -387,10 +393,7 @@ def _state_vp_fwd_kernel(k_ptr, w_ptr, u_ptr, b_ptr, vp_ptr, h0_ptr, ht_ptr, hs_
     up = u_ptr + bh * NTC * V
     vpp = vp_ptr + bh * NTC * V
     bp = b_ptr + bh * NTC
-    if HAS_H0:
-        S = tl.load(h0_ptr + bh * K * V + ck[:, None] * V + cv[None, :]).to(tl.float32)
-    else:
-        S = tl.zeros([K, BV], dtype=tl.float32)
+    S = _load_state(h0_ptr, bh, ck, cv, K, V, BV, HAS_H0)
     for n in range(NT):
         t0 = n * 64
         Sd = S.to(dt)
@@ -464,10 +467,7 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, do_ptr, dht_ptr, dh_ptr, dh0_p
     dop = do_ptr + (bi * T * H + h) * V
     wp = w_ptr + bh * NTC * K
     bp = b_ptr + bh * NTC
-    if HAS_DHT:
-        dS = tl.load(dht_ptr + bh * K * V + ck[:, None] * V + cv[None, :]).to(tl.float32)
-    else:
-        dS = tl.zeros([K, BV], dtype=tl.float32)
+    dS = _load_state(dht_ptr, bh, ck, cv, K, V, BV, HAS_DHT)
     for i in range(NT):
         n = NT - 1 - i
         t0 = n * 64

@@ -71,9 +71,10 @@ def main(argv=None):
         ns = 2 if BV >= 64 else 3
         jobs.append(("_state_fwd_kernel", dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=True, STORE_HT=True,
                                                STORE_HS=True), td._seq_configs(tdt, K, BV, nw16=4, ns16=ns)))
-    for BV in sorted({min(V, 64), 16}):
-        jobs.append(("_state_bwd_kernel", dict(K=K, V=V, BV=BV, PREC=prec, HAS_DHT=True),
-                     td._seq_configs(tdt, K, BV, nw16=4 if BV <= 16 else 0)))
+    BVB = td._pick_bwd_bv(512, V, K)      # the default V-block of the sequential backward
+    for ns in (2, 3):                      # its stages at large / small batch × heads
+        jobs.append(("_state_bwd_kernel", dict(K=K, V=V, BV=BVB, PREC=prec, HAS_DHT=True),
+                     td._seq_configs(tdt, K, BVB, nw16=4, ns16=ns)))
     jobs.append(("_bwd_dqk_kernel", dict(K=K, V=V, BK=BK, BV=min(V, 64), PREC=prec), td._par_configs(BK, V)))
     jobs.append(("_bwd_wy_kernel", dict(K=K, V=V, BV=min(V, 64), NK=K // BK, PREC=prec), td._par_configs(K, V)))
     jobs.append(("_state_vp_fwd_kernel", dict(K=K, V=V, BV=min(V, 32), PREC=prec, HAS_H0=True, STORE_HT=True),
