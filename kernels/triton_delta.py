@@ -81,7 +81,8 @@ _U_FP32 = os.environ.get("LATTN_DELTA_U_FP32", "0") == "1"
 # heuristic. Set through ``LATTN_DELTA_TUNE="fwd_bv=32,fwd_warps=4"`` (read at import) or the
 # ``tuning(**kw)`` context manager. An explicit warps/stages override launches exactly that config
 # (no fallback), so a config that does not fit raises instead of being silently replaced.
-#   kkt_warps                              the per-chunk T = (I + A)^{-1} kernel
+#   kkt_warps / kkt_bk                     the per-chunk T = (I + A)^{-1} kernel (warps; column
+#                                          block of the K Kᵀ accumulation)
 #   wy_fuse     1: W, U formed in the same kernel as T; 0: a second kernel (``_wu_fwd_kernel``)
 #   wu_bk / wu_warps                       column block and warps of the W, U products
 #   fwd_split   1: forward = sequential ``_state_vp_fwd_kernel`` (v', states) + parallel
@@ -91,9 +92,12 @@ _U_FP32 = os.environ.get("LATTN_DELTA_U_FP32", "0") == "1"
 #   bwd_bv / bwd_warps / bwd_stages        the sequential backward kernel
 #   dqk_bk / dqk_bv / dqk_warps            ``_bwd_dqk_kernel`` (K-block of the grid, V-block, warps)
 #   dwy_bv / dwy_warps                     ``_bwd_wy_kernel``
-_TUNE_KEYS = ("kkt_warps", "wy_fuse", "wu_bk", "wu_warps", "fwd_split", "fwd_bv", "fwd_warps",
+#   aqk         1: the intra-chunk scores are computed once per chunk (``_wu_fwd_kernel``) and read
+#               by the sequential kernels and ``_bwd_dqk_kernel``; 2: each kernel recomputes them
+#   dwy_rec     1: ``_bwd_wy_kernel`` recomputes ``U``, ``W`` from ``T``; 2: it reads them back
+_TUNE_KEYS = ("kkt_warps", "kkt_bk", "wy_fuse", "wu_bk", "wu_warps", "fwd_split", "fwd_bv", "fwd_warps",
               "fwd_stages", "out_bv", "out_warps", "bwd_bv", "bwd_warps", "bwd_stages",
-              "dqk_bk", "dqk_bv", "dqk_warps", "dwy_bv", "dwy_warps")
+              "dqk_bk", "dqk_bv", "dqk_warps", "dwy_bv", "dwy_warps", "aqk", "dwy_rec")
 _TUNE = dict.fromkeys(_TUNE_KEYS, 0)
 
 
@@ -163,9 +167,9 @@ def _load_state(ptr, bh, ck, cv, K: tl.constexpr, V: tl.constexpr, BV: tl.conste
 
 
 @triton.jit
-def _gram16(ka, kb, ba, bb, beta_a, DIAG: tl.constexpr, PREC: tl.constexpr):
-    """One 16×16 block of ``A_ij = β_i e^{b_i − b_j} k_i·k_j`` (strictly lower on the diagonal)."""
-    s = tl.dot(ka, tl.trans(kb), input_precision=PREC)
+def _gram16(s, ba, bb, beta_a, DIAG: tl.constexpr):
+    """One 16×16 block of ``A_ij = β_i e^{b_i − b_j} k_i·k_j`` (strictly lower on the diagonal)
+    from the block of dot products ``s = k_i·k_j``."""
     d = ba[:, None] - bb[None, :]
     if DIAG:
         r = tl.arange(0, 16)
@@ -201,10 +205,12 @@ def _inv4_unit_lower16(A0, A1, A2, A3):
 
 
 @triton.jit
-def _wu_chunk(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, n, bh, T, H, NTC,
-              K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+def _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, n, bh, T, H, NTC,
+              K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, QK: tl.constexpr):
     """``W = T (β e^b K)`` and ``U = T (β V)`` of one chunk from its stored ``T``: ``[64, 64]``
-    products over K and V in column blocks of ``BK``."""
+    products over K and V in column blocks of ``BK``. With ``QK`` also the chunk's masked, gated,
+    scaled scores ``P = scale · (q kᵀ ⊙ Γ ⊙ M)`` (``[64, 64]``, the input dtype), which the
+    sequential kernels would otherwise recompute for every V-block."""
     bi = bh // H
     h = bh % H
     dt = k_ptr.dtype.element_ty
@@ -213,7 +219,17 @@ def _wu_chunk(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, n, bh, T, H, N
     rmask = rows < T
     Tm = tl.load(t_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :]).to(dt)
     beta = tl.load(beta_ptr + bi * T * H + h + rows * H, mask=rmask, other=0.0).to(tl.float32)
-    sk = beta * tl.exp(tl.load(b_ptr + bh * NTC + rows))
+    b = tl.load(b_ptr + bh * NTC + rows)
+    sk = beta * tl.exp(b)
+    if QK:   # first, so that its [64, 64] accumulator is dead before the W, U products
+        s = tl.zeros([64, 64], dtype=tl.float32)
+        for c0 in tl.static_range(0, K, BK):
+            kq_off = (bi * T * H + h) * K + rows[:, None] * (H * K) + (c0 + tl.arange(0, BK))[None, :]
+            s += tl.dot(tl.load(q_ptr + kq_off, mask=rmask[:, None], other=0.0),
+                        tl.trans(tl.load(k_ptr + kq_off, mask=rmask[:, None], other=0.0)), input_precision=PREC)
+        causal = rc[:, None] >= rc[None, :]
+        s = tl.where(causal, s * tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)) * scale, 0.0)
+        tl.store(a_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :], s.to(a_ptr.dtype.element_ty))
     for c0 in tl.static_range(0, K, BK):
         ck = c0 + tl.arange(0, BK)
         x = tl.load(k_ptr + (bi * T * H + h) * K + rows[:, None] * (H * K) + ck[None, :],
@@ -234,9 +250,9 @@ def _wu_chunk(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, n, bh, T, H, N
 # 1. per-chunk WY/UT factors (parallel over chunks)
 # ------------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["T", "H", "NTC"])
-def _kkt_solve_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, T, H, NTC,
-                      K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
-                      FUSE_WU: tl.constexpr):
+def _kkt_solve_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, T, H, NTC,
+                      K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr,
+                      FUSE_WU: tl.constexpr, QK: tl.constexpr):
     """``T = (I + A)^{-1}`` of one chunk, written as a dense ``[64, 64]`` tile (zeros above the
     diagonal); with ``FUSE_WU`` the same program then forms ``W`` and ``U`` from it."""
     n = tl.program_id(0)
@@ -247,10 +263,33 @@ def _kkt_solve_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, T, H, 
     kp = k_ptr + (bi * T * H + h) * K
     btp = beta_ptr + bi * T * H + h
     bp = b_ptr + bh * NTC
-    k0 = _rows16(kp, t0, T, H * K, K)
-    k1 = _rows16(kp, t0 + 16, T, H * K, K)
-    k2 = _rows16(kp, t0 + 32, T, H * K, K)
-    k3 = _rows16(kp, t0 + 48, T, H * K, K)
+    # the ten 16×16 blocks (i >= j) of K Kᵀ, accumulated over column blocks of KC keys (fewer
+    # live registers than holding the chunk's keys whole)
+    s00 = tl.zeros([16, 16], dtype=tl.float32)
+    s11 = tl.zeros([16, 16], dtype=tl.float32)
+    s22 = tl.zeros([16, 16], dtype=tl.float32)
+    s33 = tl.zeros([16, 16], dtype=tl.float32)
+    s10 = tl.zeros([16, 16], dtype=tl.float32)
+    s20 = tl.zeros([16, 16], dtype=tl.float32)
+    s21 = tl.zeros([16, 16], dtype=tl.float32)
+    s30 = tl.zeros([16, 16], dtype=tl.float32)
+    s31 = tl.zeros([16, 16], dtype=tl.float32)
+    s32 = tl.zeros([16, 16], dtype=tl.float32)
+    for c0 in tl.static_range(0, K, KC):
+        k0 = _rows16(kp + c0, t0, T, H * K, KC)
+        k1 = _rows16(kp + c0, t0 + 16, T, H * K, KC)
+        k2 = _rows16(kp + c0, t0 + 32, T, H * K, KC)
+        k3 = _rows16(kp + c0, t0 + 48, T, H * K, KC)
+        s00 += tl.dot(k0, tl.trans(k0), input_precision=PREC)
+        s11 += tl.dot(k1, tl.trans(k1), input_precision=PREC)
+        s22 += tl.dot(k2, tl.trans(k2), input_precision=PREC)
+        s33 += tl.dot(k3, tl.trans(k3), input_precision=PREC)
+        s10 += tl.dot(k1, tl.trans(k0), input_precision=PREC)
+        s20 += tl.dot(k2, tl.trans(k0), input_precision=PREC)
+        s21 += tl.dot(k2, tl.trans(k1), input_precision=PREC)
+        s30 += tl.dot(k3, tl.trans(k0), input_precision=PREC)
+        s31 += tl.dot(k3, tl.trans(k1), input_precision=PREC)
+        s32 += tl.dot(k3, tl.trans(k2), input_precision=PREC)
     be0 = _vec16(btp, t0, T, H)
     be1 = _vec16(btp, t0 + 16, T, H)
     be2 = _vec16(btp, t0 + 32, T, H)
@@ -260,16 +299,16 @@ def _kkt_solve_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, T, H, 
     g2 = _vec16(bp, t0 + 32, NTC, 1)
     g3 = _vec16(bp, t0 + 48, NTC, 1)
     # A in 16x16 blocks (i >= j)
-    A00 = _gram16(k0, k0, g0, g0, be0, True, PREC)
-    A11 = _gram16(k1, k1, g1, g1, be1, True, PREC)
-    A22 = _gram16(k2, k2, g2, g2, be2, True, PREC)
-    A33 = _gram16(k3, k3, g3, g3, be3, True, PREC)
-    A10 = _gram16(k1, k0, g1, g0, be1, False, PREC)
-    A20 = _gram16(k2, k0, g2, g0, be2, False, PREC)
-    A21 = _gram16(k2, k1, g2, g1, be2, False, PREC)
-    A30 = _gram16(k3, k0, g3, g0, be3, False, PREC)
-    A31 = _gram16(k3, k1, g3, g1, be3, False, PREC)
-    A32 = _gram16(k3, k2, g3, g2, be3, False, PREC)
+    A00 = _gram16(s00, g0, g0, be0, True)
+    A11 = _gram16(s11, g1, g1, be1, True)
+    A22 = _gram16(s22, g2, g2, be2, True)
+    A33 = _gram16(s33, g3, g3, be3, True)
+    A10 = _gram16(s10, g1, g0, be1, False)
+    A20 = _gram16(s20, g2, g0, be2, False)
+    A21 = _gram16(s21, g2, g1, be2, False)
+    A30 = _gram16(s30, g3, g0, be3, False)
+    A31 = _gram16(s31, g3, g1, be3, False)
+    A32 = _gram16(s32, g3, g2, be3, False)
     # T = (I + A)^{-1}: diagonal blocks by forward substitution, then block substitution
     T00, T11, T22, T33 = _inv4_unit_lower16(A00, A11, A22, A33)
     T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision="ieee"), input_precision="ieee")
@@ -304,26 +343,30 @@ def _kkt_solve_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, T, H, 
     tl.store(tp + 48 * 64 + 48, T33.to(tt))
     if FUSE_WU:
         tl.debug_barrier()      # the tile written above is read back whole by every thread
-        _wu_chunk(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, n, bh, T, H, NTC, K, V, BK, PREC)
+        _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, n, bh, T, H, NTC,
+                  K, V, BK, PREC, QK)
 
 
 @triton.jit(do_not_specialize=["T", "H", "NTC"])
-def _wu_fwd_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, T, H, NTC,
-                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    _wu_chunk(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, tl.program_id(0),
-              tl.program_id(1).to(tl.int64), T, H, NTC, K, V, BK, PREC)
+def _wu_fwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, T, H, NTC,
+                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, QK: tl.constexpr):
+    _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, tl.program_id(0),
+              tl.program_id(1).to(tl.int64), T, H, NTC, K, V, BK, PREC, QK)
 
 
 # ------------------------------------------------------------------------------------------------
 # 2. sequential state pass with fused output (state on chip)
 # ------------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=_NO_SPEC)
-def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, o_ptr, h0_ptr, ht_ptr, hs_ptr, vp_ptr,
+def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, a_ptr, o_ptr, h0_ptr, ht_ptr, hs_ptr, vp_ptr,
                       scale, T, H, NT, NTC,
                       K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HS: tl.constexpr):
+                      HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HS: tl.constexpr,
+                      HAS_A: tl.constexpr):
     """Sequential over chunks, state ``S[K, BV]`` on chip; for training (``STORE_HS``) it also
-    writes the state entering every chunk and the pseudo-values ``v'`` (the backward reads both)."""
+    writes the state entering every chunk and the pseudo-values ``v'`` (the backward reads both).
+    ``HAS_A``: the intra-chunk scores come precomputed from ``_wu_fwd_kernel`` instead of being
+    recomputed here for every V-block."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
     bi = bh // H
@@ -359,9 +402,12 @@ def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, o_ptr, h0_ptr, ht_ptr, 
             tl.store(vp_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :], vpd)
         qe = (q.to(tl.float32) * (tl.exp(b) * scale)[:, None]).to(dt)
         o = tl.dot(qe, Sd, input_precision=PREC)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC)
-        s = tl.where(causal, s * tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)) * scale, 0.0)
-        o += tl.dot(s.to(dt), vpd, input_precision=PREC)
+        if HAS_A:
+            sd = tl.load(a_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :])
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision=PREC)
+            sd = tl.where(causal, s * tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)) * scale, 0.0).to(dt)
+        o += tl.dot(sd, vpd, input_precision=PREC)
         tl.store(op + rows[:, None] * (H * V) + cv[None, :], o.to(o_ptr.dtype.element_ty),
                  mask=rmask[:, None])
         kd = (k.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(dt)
@@ -449,10 +495,10 @@ def _out_fwd_kernel(q_ptr, k_ptr, vp_ptr, b_ptr, hs_ptr, o_ptr, scale, T, H, NT,
 # 3. backward: sequential reverse pass for the state adjoints
 # ------------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=_NO_SPEC)
-def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, do_ptr, dht_ptr, dh_ptr, dh0_ptr, dvp_ptr,
+def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, a_ptr, do_ptr, dht_ptr, dh_ptr, dh0_ptr, dvp_ptr,
                       scale, T, H, NT, NTC,
                       K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      HAS_DHT: tl.constexpr):
+                      HAS_DHT: tl.constexpr, HAS_A: tl.constexpr):
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
     bi = bh // H
@@ -482,10 +528,13 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, do_ptr, dht_ptr, dh_ptr, dh0_p
         b_last = tl.load(bp + t0 + 63)
         dSd = dS.to(dt)
         # P^T[i, j] = scale * (k_i . q_j) e^{b_j - b_i} for j >= i
-        pt = tl.dot(k, tl.trans(q), input_precision=PREC)
-        pt = tl.where(upper, pt * tl.exp(tl.where(upper, b[None, :] - b[:, None], 0.0)) * scale, 0.0)
+        if HAS_A:
+            ptd = tl.trans(tl.load(a_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :]))
+        else:
+            pt = tl.dot(k, tl.trans(q), input_precision=PREC)
+            ptd = tl.where(upper, pt * tl.exp(tl.where(upper, b[None, :] - b[:, None], 0.0)) * scale, 0.0).to(dt)
         kd = (k.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(dt)
-        dvp = tl.dot(pt.to(dt), do, input_precision=PREC) + tl.dot(kd, dSd, input_precision=PREC)
+        dvp = tl.dot(ptd, do, input_precision=PREC) + tl.dot(kd, dSd, input_precision=PREC)
         dvpd = dvp.to(dt)
         tl.store(dvp_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :], dvpd)   # for the local backward
         qe = (q.to(tl.float32) * (tl.exp(b) * scale)[:, None]).to(dt)
@@ -499,15 +548,16 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, do_ptr, dht_ptr, dh_ptr, dh0_p
 #    v' (from the forward) and dv' (from the sequential backward)
 # ------------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=_NO_SPEC)
-def _bwd_dqk_kernel(q_ptr, k_ptr, b_ptr, hs_ptr, dh_ptr, do_ptr, vp_ptr, dvp_ptr,
+def _bwd_dqk_kernel(q_ptr, k_ptr, b_ptr, a_ptr, hs_ptr, dh_ptr, do_ptr, vp_ptr, dvp_ptr,
                     dq_ptr, dk_ptr, dw_ptr, db_ptr, scale, T, H, NT, NTC,
                     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                    PREC: tl.constexpr):
+                    PREC: tl.constexpr, HAS_A: tl.constexpr):
     """Grid (K-blocks, chunks, batch·heads). For the key columns ``ck`` of one chunk:
     ``dq = e^b ⊙ do Sᵀ + (dP ⊙ Γ ⊙ M) K`` (scaled), the partial ``dk`` through the scores and the
     state update ``(dP ⊙ Γ ⊙ M)ᵀ Q̃ + e^{b_C − b} ⊙ v' dS'ᵀ`` (float32, completed by
     ``_bwd_wy_kernel``), ``dW = −dv' Sᵀ`` and this K-block's share of the log-gate gradient;
-    ``dP = do v'ᵀ``. Every term is linear in the K-block, so the shares add up."""
+    ``dP = do v'ᵀ``. Every term is linear in the K-block, so the shares add up (with ``HAS_A`` the
+    scores' share of the log-gate gradient comes whole from the stored scores, in K-block 0)."""
     ik = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
@@ -549,7 +599,11 @@ def _bwd_dqk_kernel(q_ptr, k_ptr, b_ptr, hs_ptr, dh_ptr, do_ptr, vp_ptr, dvp_ptr
     gam = tl.where(causal, tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)), 0.0)   # Γ ⊙ M
     dPm = tl.where(causal, dPm, 0.0)
     # log-gate gradient, this K-block's share: the scores (K-block part of q kᵀ), e^b q̃ S, the update
-    P = tl.dot(q, tl.trans(k), input_precision=PREC) * gam * scale
+    if HAS_A:   # the whole scores, counted once (K-block 0; other blocks load nothing)
+        P = tl.load(a_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :],
+                    mask=causal & (ik == 0), other=0.0).to(tl.float32)
+    else:
+        P = tl.dot(q, tl.trans(k), input_precision=PREC) * gam * scale
     dPP = dPm * P
     qf = q.to(tl.float32)
     kf = k.to(tl.float32)
@@ -570,10 +624,12 @@ def _bwd_dqk_kernel(q_ptr, k_ptr, b_ptr, hs_ptr, dh_ptr, do_ptr, vp_ptr, dvp_ptr
 def _bwd_wy_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, dvp_ptr, dw_ptr, dkp_ptr, dbp_ptr,
                    dk_ptr, dv_ptr, dbeta_ptr, db_ptr, T, H, NTC,
                    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr,
-                   PREC: tl.constexpr):
+                   PREC: tl.constexpr, REC: tl.constexpr):
     """Grid (chunks, batch·heads). Through ``U = T (β V)``, ``W = T (β e^b K)`` and
     ``A = diag(β)(K Kᵀ ⊙ Γ)`` (strictly lower): ``dv``, ``dβ``, the rest of ``dk`` (added to the
-    partial sums of ``_bwd_dqk_kernel``) and the rest of the log-gate gradient."""
+    partial sums of ``_bwd_dqk_kernel``) and the rest of the log-gate gradient. ``REC``: ``U`` and
+    ``W`` are recomputed from ``T`` and the inputs already loaded here (the same products as
+    ``_wu_fwd_kernel``, so the same values) instead of being read back."""
     n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     bi = bh // H
@@ -594,8 +650,12 @@ def _bwd_wy_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, dvp_ptr, 
     for iv in range(V // BV):
         cv = iv * BV + tl.arange(0, BV)
         dvpd = tl.load(dvp_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :])
-        u = tl.load(u_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :]).to(dt)
         vv = tl.load(v_ptr + vbase + rows[:, None] * (H * V) + cv[None, :], mask=rmask[:, None], other=0.0)
+        if REC:
+            u = tl.dot(Tmd, (vv.to(tl.float32) * beta[:, None]).to(dt), input_precision=PREC).to(u_ptr.dtype.element_ty)
+        else:
+            u = tl.load(u_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :])
+        u = u.to(dt)
         dY = tl.dot(tl.trans(Tmd), dvpd, input_precision=PREC)                           # Tᵀ dU
         tl.store(dv_ptr + vbase + rows[:, None] * (H * V) + cv[None, :],
                  (dY * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=rmask[:, None])
@@ -603,10 +663,13 @@ def _bwd_wy_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, dvp_ptr, 
         dAp += tl.dot(dY.to(dt), tl.trans(u), input_precision=PREC)
     qkoff = (bi * T * H + h) * K + rows[:, None] * (H * K) + ck[None, :]
     k = tl.load(k_ptr + qkoff, mask=rmask[:, None], other=0.0)
-    w = tl.load(w_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :])
     dWd = tl.load(dw_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :]).to(dt)
     b = tl.load(b_ptr + bh * NTC + rows)
     eb = tl.exp(b)
+    if REC:
+        w = tl.dot(Tmd, (k.to(tl.float32) * (beta * eb)[:, None]).to(dt), input_precision=PREC).to(dt)
+    else:
+        w = tl.load(w_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :])
     gam = tl.where(causal, tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)), 0.0)   # Γ ⊙ M
     # through W = T X, X = diag(β e^b) K
     dX = tl.dot(tl.trans(Tmd), dWd, input_precision=PREC)                                # Tᵀ dW
@@ -645,16 +708,19 @@ def _check_sizes(K: int, V: int):
 
 
 def _pick_bv(BH: int, V: int, K: int) -> int:
-    """V-block of the sequential forward: 64 when that still gives two programs per SM of a
-    132-SM GPU, else 32 (round-2 sweep on the H200, NOTES_delta.md: at B·H = 32 a block of 32
-    beat 16 by 1.15×, at B·H = 512 a block of 64 beat 32)."""
-    return min(V, 64 if BH * max(V // 64, 1) >= 264 else 32)
+    """V-block of the sequential forward: the largest of 64, 32, 16 that still gives at least 128
+    programs (about one per SM of an H100/H200), else 16. Round-4 sweep on the H200 with the stored
+    scores (NOTES_delta.md): 64 at B·H = 512 and 128, 32 at B·H = 32, 16 at B·H = 16."""
+    for bv in (64, 32):
+        if bv <= V and BH * (V // bv) >= 128:
+            return bv
+    return min(V, 16)
 
 
 def _pick_bwd_bv(BH: int, V: int, K: int) -> int:
-    """V-block of the sequential backward: 32 (round-3 sweep on the H200: best at B·H = 512 and 32,
-    ahead of 16 and 64)."""
-    return min(V, 32)
+    """V-block of the sequential backward: 64 when that gives at least 128 programs, else 32
+    (round-4 sweep on the H200: 64 at B·H = 512 and 128, 32 at B·H = 32 and 16)."""
+    return min(V, 64 if BH * max(V // 64, 1) >= 128 else 32)
 
 
 def _chunk_cumsum(g, B, T, H, NT):
@@ -713,6 +779,14 @@ def _par_configs(K, V, warps=0, nw=0):
     return [dict(num_warps=nw, num_stages=1), dict(num_warps=8, num_stages=1)]
 
 
+def _switch(key, default: bool) -> bool:
+    """An on/off knob: 0 = ``default``, 1 = on, 2 = off."""
+    val = _TUNE[key]
+    if val not in (0, 1, 2):
+        raise ValueError(f"tuning: {key} must be 0 (default), 1 (on) or 2 (off); got {val}")
+    return default if val == 0 else val == 1
+
+
 def _tuned_bv(key, default, V):
     bv = _TUNE[key] or default
     if bv not in _HEAD_SIZES or bv > V:
@@ -724,8 +798,9 @@ def _precision(dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _wy_fwd(k, v, b, beta):
-    """Kernel 1: ``T = (I + A)^{-1}``, ``W`` and ``U`` of every chunk (``T`` is kept for the backward)."""
+def _wy_fwd(q, k, v, b, beta, scale):
+    """Kernel 1: ``T = (I + A)^{-1}``, ``W`` and ``U`` of every chunk (``T`` is kept for the
+    backward) and, unless the ``aqk`` knob is off, the chunk's scores ``P`` (else ``None``)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
@@ -736,6 +811,8 @@ def _wy_fwd(k, v, b, beta):
     u = torch.empty(BH, NTC, V, dtype=torch.float32 if _U_FP32 else k.dtype, device=dev)
     # T in the dtype of the products it feeds (for 16-bit inputs every use rounds it to that dtype)
     tm = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev)
+    qk = _switch("aqk", True)
+    a = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev) if qk else None
     prec = _precision(k.dtype)
     BK = _tuned_bv("wu_bk", min(64, K, V), min(K, V))
     fuse = bool(_TUNE["wy_fuse"])
@@ -743,15 +820,16 @@ def _wy_fwd(k, v, b, beta):
     # warps only add reduction traffic (round-3 sweep on the H200: 1 warp 0.40 ms, 4 warps 0.95 ms
     # at B·T = 65,536, NOTES_delta.md); float32 keeps 4 (its operands would not fit one warp)
     kcfg = _par_configs(K, V, _TUNE["kkt_warps"], nw=1 if k.dtype != torch.float32 else 4)
-    args = (k, v, beta, b, w, u, tm, T, H, NTC)
-    _launch(_kkt_solve_kernel, (NT, BH), args, dict(K=K, V=V, BK=BK, PREC=prec, FUSE_WU=fuse), kcfg)
+    args = (q, k, v, beta, b, w, u, tm, a if qk else tm, float(scale), T, H, NTC)
+    KC = _tuned_bv("kkt_bk", K, K)
+    _launch(_kkt_solve_kernel, (NT, BH), args, dict(K=K, V=V, BK=BK, KC=KC, PREC=prec, FUSE_WU=fuse, QK=qk), kcfg)
     if not fuse:
-        _launch(_wu_fwd_kernel, (NT, BH), args, dict(K=K, V=V, BK=BK, PREC=prec),
+        _launch(_wu_fwd_kernel, (NT, BH), args, dict(K=K, V=V, BK=BK, PREC=prec, QK=qk),
                 _par_configs(K, V, _TUNE["wu_warps"], nw=4))
-    return w, u, tm
+    return w, u, tm, a
 
 
-def _state_fwd(q, k, w, u, b, scale, h0, output_final_state, store_states):
+def _state_fwd(q, k, w, u, b, a, scale, h0, output_final_state, store_states):
     """Kernel 2 (fused) or 2b (``fwd_split``: sequential v' + states, parallel outputs).
 
     Returns ``o``, the final state, and for training (``store_states``) the state entering every
@@ -771,16 +849,17 @@ def _state_fwd(q, k, w, u, b, scale, h0, output_final_state, store_states):
     hs = torch.empty(BH, NT, K, V, dtype=q.dtype, device=dev) if (store_states or split) else None
     vp = torch.empty(BH, NTC, V, dtype=q.dtype, device=dev) if (store_states or split) else None
     BV = _tuned_bv("fwd_bv", _pick_bv(BH, V, K), V)
-    # 16-bit: 4 warps (two programs per SM at 255 registers), 2 stages when B·H fills the GPU with
-    # V-blocks of 64, else 3 (round-2 sweep on the H200, NOTES_delta.md)
+    # 16-bit: 4 warps; one stage with V-blocks of 64 (the pipelined loads' shared memory would leave
+    # one program per SM), else 3 (round-4 sweep on the H200, NOTES_delta.md)
     seq_cfg = _seq_configs(q.dtype, K, BV, _TUNE["fwd_warps"], _TUNE["fwd_stages"],
-                           nw16=4, ns16=2 if BV >= 64 else 3)
+                           nw16=4, ns16=1 if BV >= 64 else 3)
     if not split:
         _launch(_state_fwd_kernel, (V // BV, BH),
-                (q, k, w, u, b, o, h0 if h0 is not None else o, ht if ht is not None else o,
-                 hs if hs is not None else o, vp if vp is not None else o, float(scale), T, H, NT, NTC),
+                (q, k, w, u, b, a if a is not None else b, o, h0 if h0 is not None else o,
+                 ht if ht is not None else o, hs if hs is not None else o, vp if vp is not None else o,
+                 float(scale), T, H, NT, NTC),
                 dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=h0 is not None, STORE_HT=output_final_state,
-                     STORE_HS=store_states), seq_cfg)
+                     STORE_HS=store_states, HAS_A=a is not None), seq_cfg)
         return o, ht, hs, vp
     _launch(_state_vp_fwd_kernel, (V // BV, BH),
             (k, w, u, b, vp, h0 if h0 is not None else o, ht if ht is not None else o, hs, T, H, NT, NTC),
@@ -792,12 +871,12 @@ def _state_fwd(q, k, w, u, b, scale, h0, output_final_state, store_states):
 
 
 def _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states):
-    w, u, tm = _wy_fwd(k, v, b, beta)
-    o, ht, hs, vp = _state_fwd(q, k, w, u, b, scale, h0, output_final_state, store_states)
-    return o.to(v.dtype), ht, w, u, tm, hs, vp
+    w, u, tm, a = _wy_fwd(q, k, v, b, beta, scale)
+    o, ht, hs, vp = _state_fwd(q, k, w, u, b, a, scale, h0, output_final_state, store_states)
+    return o.to(v.dtype), ht, w, u, tm, a, hs, vp
 
 
-def _state_bwd(q, k, w, b, do, dht, scale, NT):
+def _state_bwd(q, k, w, b, a, do, dht, scale, NT):
     """Kernel 3: leaving-state adjoints of every chunk, ``dv'`` of every chunk and the gradient of
     the initial state."""
     B, T, H, K = q.shape
@@ -809,13 +888,11 @@ def _state_bwd(q, k, w, b, do, dht, scale, NT):
     BV = _tuned_bv("bwd_bv", _pick_bwd_bv(BH, V, K), V)
     has_dht = dht is not None
     dht_c = dht.float().contiguous() if has_dht else dh0
-    # 16-bit: 4 warps (two programs per SM), 2 pipeline stages when B·H fills the GPU, else 3
-    # (round-3 sweep on the H200, NOTES_delta.md)
+    # 16-bit: 4 warps, 3 pipeline stages (round-4 sweep on the H200, NOTES_delta.md)
     _launch(_state_bwd_kernel, (V // BV, BH),
-            (q, k, w, b, do, dht_c, dh, dh0, dvp, float(scale), T, H, NT, NT * CHUNK),
-            dict(K=K, V=V, BV=BV, PREC=_precision(q.dtype), HAS_DHT=has_dht),
-            _seq_configs(q.dtype, K, BV, _TUNE["bwd_warps"], _TUNE["bwd_stages"],
-                         nw16=4, ns16=2 if BH * max(V // 64, 1) >= 264 else 3))
+            (q, k, w, b, a if a is not None else b, do, dht_c, dh, dh0, dvp, float(scale), T, H, NT, NT * CHUNK),
+            dict(K=K, V=V, BV=BV, PREC=_precision(q.dtype), HAS_DHT=has_dht, HAS_A=a is not None),
+            _seq_configs(q.dtype, K, BV, _TUNE["bwd_warps"], _TUNE["bwd_stages"], nw16=4, ns16=3))
     return dh, dh0, dvp
 
 
@@ -874,7 +951,7 @@ def _chunk_local_grads(q, k, v, g, beta, scale, hs, dh, do):
     return dq, dk, dv, dbeta, dg
 
 
-def _local_grads_triton(q, k, v, g, beta, b, w, u, tm, hs, dh, do, vp, dvp, scale):
+def _local_grads_triton(q, k, v, g, beta, b, w, u, tm, a, hs, dh, do, vp, dvp, scale):
     """Per-chunk backward on the GPU: ``_bwd_dqk_kernel`` then ``_bwd_wy_kernel``."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -895,14 +972,16 @@ def _local_grads_triton(q, k, v, g, beta, b, w, u, tm, hs, dh, do, vp, dvp, scal
     dw = torch.empty(BH, NTC, K, dtype=q.dtype, device=dev)
     db_p = torch.empty(NK, BH, NTC, dtype=torch.float32, device=dev)
     _launch(_bwd_dqk_kernel, (NK, NT, BH),
-            (q, k, b, hs, dh, do, vp, dvp, dq, dk_p, dw, db_p, scale, T, H, NT, NTC),
-            dict(K=K, V=V, BK=BK, BV=BVQ, PREC=prec), _par_configs(BK, V, _TUNE["dqk_warps"], nw=pw))
+            (q, k, b, a if a is not None else b, hs, dh, do, vp, dvp, dq, dk_p, dw, db_p, scale, T, H, NT, NTC),
+            dict(K=K, V=V, BK=BK, BV=BVQ, PREC=prec, HAS_A=a is not None),
+            _par_configs(BK, V, _TUNE["dqk_warps"], nw=pw))
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=dev)
     db = torch.empty(BH, NTC, dtype=torch.float32, device=dev)
     _launch(_bwd_wy_kernel, (NT, BH),
             (k, v, beta, b, w, u, tm, dvp, dw, dk_p, db_p, dk, dv, dbeta, db, T, H, NTC),
-            dict(K=K, V=V, BV=BVW, NK=NK, PREC=prec), _par_configs(K, V, _TUNE["dwy_warps"], nw=pw))
+            dict(K=K, V=V, BV=BVW, NK=NK, PREC=prec, REC=_switch("dwy_rec", True)),
+            _par_configs(K, V, _TUNE["dwy_warps"], nw=pw))
     dg = None
     if g is not None:   # b_i = Σ_{s ≤ i} g_s inside a chunk: dg = reverse cumulative sum of db
         dg = db.view(B, H, NT, CHUNK).flip(-1).cumsum(-1).flip(-1).view(B, H, NTC)
@@ -918,9 +997,9 @@ class _ChunkDeltaFn(torch.autograd.Function):
         NT = triton.cdiv(T, CHUNK)
         b = _chunk_cumsum(g, B, T, H, NT) if g is not None else \
             torch.zeros(B * H, NT * CHUNK, dtype=torch.float32, device=q.device)
-        o, ht, w, u, tm, hs, vp = _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states=train)
+        o, ht, w, u, tm, a, hs, vp = _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states=train)
         if train:
-            ctx.save_for_backward(q, k, v, g, beta, b, w, u, tm, hs, vp)
+            ctx.save_for_backward(q, k, v, g, beta, b, w, u, tm, a, hs, vp)
             ctx.scale = scale
             ctx.has_h0 = h0 is not None
             ctx.h0_dtype = h0.dtype if h0 is not None else None
@@ -928,17 +1007,17 @@ class _ChunkDeltaFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, b, w, u, tm, hs, vp = ctx.saved_tensors
+        q, k, v, g, beta, b, w, u, tm, a, hs, vp = ctx.saved_tensors
         B, T, H, K = q.shape
         V = v.shape[-1]
         NT = hs.shape[1]
         BH = B * H
         do = do.to(q.dtype).contiguous()
-        dh, dh0, dvp = _state_bwd(q, k, w, b, do, dht, float(ctx.scale), NT)
+        dh, dh0, dvp = _state_bwd(q, k, w, b, a, do, dht, float(ctx.scale), NT)
         res = None
         if _BWD_IMPL != "torch":
             try:
-                res = _local_grads_triton(q, k, v, g, beta, b, w, u, tm, hs, dh, do, vp, dvp, float(ctx.scale))
+                res = _local_grads_triton(q, k, v, g, beta, b, w, u, tm, a, hs, dh, do, vp, dvp, float(ctx.scale))
             except OutOfResources:
                 # e.g. float32 inputs at K = V = 128 need more shared memory than a GPU has for
                 # this kernel; the batched-PyTorch path computes the same gradients

@@ -277,7 +277,8 @@ def test_out_of_resources_falls_back_to_torch_backward(device, monkeypatch):
 # checks each against the default there): each must compute the same function; small shapes here
 VARIANTS = [dict(fwd_split=1), dict(fwd_split=1, out_bv=16, fwd_bv=16),
             dict(fwd_bv=16, bwd_bv=16, dqk_bv=16, dwy_bv=16), dict(fwd_bv=32, bwd_bv=32, fwd_warps=4, fwd_stages=1),
-            dict(wy_fuse=1, wu_bk=16), dict(kkt_warps=2, wu_warps=2, dqk_warps=8, dwy_warps=8)]
+            dict(wy_fuse=1, wu_bk=16, kkt_bk=16), dict(kkt_warps=2, wu_warps=2, dqk_warps=8, dwy_warps=8),
+            dict(aqk=2, dwy_rec=2), dict(aqk=1, dwy_rec=1, fwd_bv=16, bwd_bv=16, fwd_stages=1)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -310,3 +311,6 @@ def test_tuning_rejects_bad_knobs():
         with triton_delta.tuning(fwd_bv=24):
             triton_delta._tuned_bv("fwd_bv", 16, 32)
     assert triton_delta._TUNE["fwd_bv"] == 0    # restored after the with-block
+    with pytest.raises(ValueError, match="aqk"):
+        with triton_delta.tuning(aqk=3):
+            triton_delta._switch("aqk", True)

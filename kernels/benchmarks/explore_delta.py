@@ -36,7 +36,7 @@ import time
 import traceback
 
 H, K, V = 16, 128, 128
-SHAPES = [(32, 2048), (2, 32768)]
+SHAPES = [(32, 2048), (8, 8192), (2, 32768), (1, 32768)]
 QUICK_SHAPES = [(4, 2048), (1, 8192)]
 TOL = 1e-2          # bf16 tolerance of the tests (RMS ratio vs the default config's results)
 BVS = (16, 32, 64, 128)
@@ -45,31 +45,51 @@ STAGES = (1, 2, 3)
 
 
 def _variants():
-    """(group, tune dict) in priority order. Round 3: the new per-chunk kernels (``wy``: T, W, U;
-    ``local``: the two backward kernels) fully, and the sequential kernels around round 2's best
-    (4 warps; ``bwd`` without 1 stage, where round 2 hit an illegal memory access)."""
+    """(group, tune dict) in priority order. Round 4b (after round 4 made the stored scores,
+    ``aqk``, the default): the W/U kernel that now also forms the scores (warps, column block), and
+    the training forward (which also writes the states and ``v'``) over V-blocks and stages."""
     out = []
-    for fuse in (0, 1):
-        for nw in (1, 2, 4, 8):
-            out.append(("wy", dict(wy_fuse=fuse, kkt_warps=nw)))
-    for bk in (32, 64):
-        for nw in (2, 4, 8):
-            out.append(("wy", dict(wu_bk=bk, wu_warps=nw)))
     for bk in (64, 128):
-        for bv in (32, 64):
-            for nw in (4, 8):
-                out.append(("local", dict(dqk_bk=bk, dqk_bv=bv, dqk_warps=nw)))
-    for bv in (32, 64):
         for nw in (4, 8):
-            out.append(("local", dict(dwy_bv=bv, dwy_warps=nw)))
-    for split in (0, 1):
-        for bv in (16, 32, 64):
-            for ns in (2, 3):
-                out.append(("fwd", dict(fwd_split=split, fwd_bv=bv, fwd_warps=4, fwd_stages=ns)))
+            out.append(("wy", dict(wu_bk=bk, wu_warps=nw)))
     for bv in (16, 32, 64):
+        for ns in (1, 2, 3):
+            out.append(("fwdt", dict(fwd_bv=bv, fwd_warps=4, fwd_stages=ns)))
+    return out
+
+
+def _variants_round4():
+    """Round 4 (kept for the record, ``--round 4``): the stored intra-chunk scores (``aqk``) in
+    every kernel that reads them, ``U``/``W`` recomputed in the per-chunk backward (``dwy_rec``),
+    and the sequential kernels' V-blocks and stages with and without the scores (the scores change
+    their registers and shared memory, hence their occupancy). Risky configurations (one stage,
+    eight warps in the sequential backward: illegal memory accesses in earlier rounds) come last."""
+    out = []
+    for qk in (1, 2):
         for nw in (4, 8):
-            for ns in (2, 3):
-                out.append(("bwd", dict(bwd_bv=bv, bwd_warps=nw, bwd_stages=ns)))
+            out.append(("wy", dict(aqk=qk, wu_warps=nw)))
+    for kc in (32, 64):
+        for nw in (1, 2):
+            out.append(("wy", dict(kkt_bk=kc, kkt_warps=nw)))
+    for qk in (1, 2):
+        for rec in (1, 2):
+            out.append(("local", dict(aqk=qk, dwy_rec=rec)))
+    out.append(("local", dict(aqk=1, dwy_rec=1, dqk_warps=8)))
+    out.append(("local", dict(aqk=1, dwy_rec=1, dwy_warps=8)))
+    for ns in (2, 3, 1):
+        for qk in (1, 2):
+            for bv in (16, 32, 64):
+                out.append(("fwd", dict(aqk=qk, fwd_bv=bv, fwd_warps=4, fwd_stages=ns)))
+    for bv in (32, 64):
+        out.append(("fwd", dict(aqk=1, fwd_bv=bv, fwd_warps=8, fwd_stages=1)))
+    for ns in (2, 3):
+        for qk in (1, 2):
+            for bv in (32, 64):
+                out.append(("bwd", dict(aqk=qk, bwd_bv=bv, bwd_warps=4, bwd_stages=ns)))
+    for bv in (32, 64):
+        out.append(("bwd", dict(aqk=1, bwd_bv=bv, bwd_warps=8, bwd_stages=1)))
+    for bv in (32, 64):
+        out.append(("bwd", dict(aqk=1, bwd_bv=bv, bwd_warps=4, bwd_stages=1)))
     return out
 
 
@@ -106,11 +126,13 @@ class _Stages:
         self.NT = triton.cdiv(T, td.CHUNK)
         self.scale = K ** -0.5
         self.b = td._chunk_cumsum(g, B, T, H, self.NT)
-        self.w, self.u, self.tm = td._wy_fwd(k, v, self.b, beta)
-        self.o, _, self.hs, self.vp = td._state_fwd(q, k, self.w, self.u, self.b, self.scale, None, False, True)
+        self.w, self.u, self.tm, self.a = td._wy_fwd(q, k, v, self.b, beta, self.scale)
+        self.o, _, self.hs, self.vp = td._state_fwd(q, k, self.w, self.u, self.b, self.a, self.scale, None,
+                                                    False, True)
         gen = torch.Generator(device=q.device).manual_seed(7)
         self.do = torch.randn(self.o.shape, device=q.device, generator=gen).to(q.dtype)
-        self.dh, self.dh0, self.dvp = td._state_bwd(q, k, self.w, self.b, self.do, None, self.scale, self.NT)
+        self.dh, self.dh0, self.dvp = td._state_bwd(q, k, self.w, self.b, self.a, self.do, None, self.scale,
+                                                    self.NT)
 
     def cumsum(self):
         x = self.x
@@ -119,20 +141,26 @@ class _Stages:
 
     def wy(self):
         x = self.x
-        return self.td._wy_fwd(x["k"], x["v"], self.b, x["beta"])
+        return self.td._wy_fwd(x["q"], x["k"], x["v"], self.b, x["beta"], self.scale)
 
     def state_fwd(self, train=False):
         x = self.x
-        return self.td._state_fwd(x["q"], x["k"], self.w, self.u, self.b, self.scale, None, False, train)
+        return self.td._state_fwd(x["q"], x["k"], self.w, self.u, self.b, self._a(), self.scale, None, False,
+                                  train)
+
+    def _a(self):
+        """The stored scores when the (possibly tuned) ``aqk`` knob is on, else ``None``."""
+        return self.a if self.td._switch("aqk", True) else None
 
     def state_bwd(self):
         x = self.x
-        return self.td._state_bwd(x["q"], x["k"], self.w, self.b, self.do, None, self.scale, self.NT)
+        return self.td._state_bwd(x["q"], x["k"], self.w, self.b, self._a(), self.do, None, self.scale, self.NT)
 
     def local(self):
         x = self.x
         return self.td._local_grads_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], self.b, self.w, self.u,
-                                           self.tm, self.hs, self.dh, self.do, self.vp, self.dvp, self.scale)
+                                           self.tm, self._a(), self.hs, self.dh, self.do, self.vp, self.dvp,
+                                           self.scale)
 
 
 def _apply_tune(td, tune):
@@ -144,6 +172,8 @@ def _run_group(st, group):
         return st.wy()
     if group == "fwd":
         return st.state_fwd()[0]
+    if group == "fwdt":
+        return st.state_fwd(True)
     if group == "bwd":
         return st.state_bwd()
     return st.local()
@@ -151,9 +181,11 @@ def _run_group(st, group):
 
 def _outputs(group, res):
     if group == "wy":
-        return {"w": res[0], "u": res[1], "T": res[2]}
+        return {"w": res[0], "u": res[1], "T": res[2]}   # (the scores, res[3], may be None)
     if group == "fwd":
         return {"o": res}
+    if group == "fwdt":
+        return {"o": res[0], "hs": res[2], "vp": res[3]}
     if group == "bwd":
         return {"dh": res[0], "dh0": res[1], "dvp": res[2]}
     return {n: t for n, t in zip(("dq", "dk", "dv", "dbeta", "dg"), res) if t is not None}
@@ -208,6 +240,10 @@ def main(argv=None):
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for explore_delta.json")
     p.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 4) - 3)))
     p.add_argument("--quick", action="store_true", help="small shapes (a smoke test)")
+    p.add_argument("--round", default="4b", choices=["4", "4b"],
+                   help="which round's variant list: 4 (kept for the record) or 4b (default)")
+    p.add_argument("--fla", action="store_true", help="also time fla end to end (its autotuning is slow)")
+    p.add_argument("--profile", action="store_true", help="torch.profiler per-kernel tables")
     args = p.parse_args(argv)
     start = time.time()
     left = lambda: args.budget - (time.time() - start)   # noqa: E731
@@ -222,13 +258,16 @@ def main(argv=None):
         print("explore_delta needs a CUDA GPU")
         return 2
     shapes = QUICK_SHAPES if args.quick else SHAPES
-    variants = _variants()
+    variants = _variants_round4() if args.round == "4" else _variants()
     result = {"env": environment(), "budget_s": args.budget, "shapes": shapes, "H": H, "K": K, "V": V,
               "dtype": "bfloat16", "tol": TOL, "breakdown": {}, "profile": {}, "variants": [],
               "warm": {}, "skipped": []}
 
     # 1. compile every variant in worker processes while the main process measures the breakdown
-    pool = cf.ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn"))
+    # one fresh process per variant: an illegal memory access poisons a CUDA context, and a reused
+    # worker would then report every later variant as failed
+    pool = cf.ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn"),
+                                  max_tasks_per_child=1)
     # submit the function by its importable module name (this file may run as __main__)
     from kernels.benchmarks.explore_delta import _warm as warm_fn
     futures = [pool.submit(warm_fn, grp, tune) for grp, tune in variants]
@@ -239,6 +278,8 @@ def main(argv=None):
     try:
         fla = {}
         try:
+            if not args.fla:
+                raise RuntimeError("not asked for (--fla)")
             from fla.ops.delta_rule import chunk_delta_rule
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule
             fla["gated"] = lambda q, k, v, g, beta: chunk_gated_delta_rule(q, k, v, g, beta, scale=K ** -0.5)[0]
@@ -287,6 +328,8 @@ def main(argv=None):
                 prof = result["profile"][key] = {}
                 for pname, fn in [("ours_fwdbwd", fwdbwd(ours, x)), ("fla_delta_fwdbwd", fwdbwd(fla.get("delta"), x)),
                                   ("fla_gated_fwd", lambda: fla["gated"](**x))]:
+                    if not args.profile or (pname.startswith("fla") and not fla):
+                        break
                     if left() < 60:
                         break
                     try:
@@ -303,7 +346,7 @@ def main(argv=None):
         base = {}
         for key, st in stages.items():
             with torch.no_grad():
-                for grp in ("wy", "fwd", "bwd", "local"):
+                for grp in ("wy", "fwd", "fwdt", "bwd", "local"):
                     base[key, grp] = {n: t.clone() for n, t in _outputs(grp, _run_group(st, grp)).items()}
                     base[key, grp, "ms"] = bench(lambda: _run_group(st, grp), fast=True)
         result["default_ms"] = {f"{k[0]}:{k[1]}": v for k, v in base.items() if len(k) == 3}
@@ -365,7 +408,7 @@ def _table(r):
             items = list(d.items())[:8]
             print(f"-- profile {key} {pname} (ms/call): " + "  ".join(f"{k[:40]}={v}" for k, v in items))
     print("-- default ms: " + "  ".join(f"{k}={v}" for k, v in r.get("default_ms", {}).items()))
-    for grp in ("wy", "fwd", "bwd", "local"):
+    for grp in ("wy", "fwd", "fwdt", "bwd", "local"):
         recs = [v for v in r["variants"] if v["group"] == grp]
         for key in r["breakdown"]:
             ok = [v for v in recs if isinstance(v.get(key), dict) and "ms" in v[key]]

@@ -42,20 +42,21 @@ def main(argv=None):
     prec = td._precision(tdt)
     P = "*" + dt
     F = "*fp32"
-    wy = dict(k_ptr=P, v_ptr=P, beta_ptr=P, b_ptr=F, w_ptr=P, u_ptr=P, t_ptr=P, T="i32", H="i32", NTC="i32")
+    wy = dict(q_ptr=P, k_ptr=P, v_ptr=P, beta_ptr=P, b_ptr=F, w_ptr=P, u_ptr=P, t_ptr=P, a_ptr=P, scale="fp32",
+              T="i32", H="i32", NTC="i32")
     sigs = {
         "_kkt_solve_kernel": wy,
         "_wu_fwd_kernel": wy,
-        "_state_fwd_kernel": dict(q_ptr=P, k_ptr=P, w_ptr=P, u_ptr=P, b_ptr=F, o_ptr=P, h0_ptr=F,
+        "_state_fwd_kernel": dict(q_ptr=P, k_ptr=P, w_ptr=P, u_ptr=P, b_ptr=F, a_ptr=P, o_ptr=P, h0_ptr=F,
                                   ht_ptr=F, hs_ptr=P, vp_ptr=P, scale="fp32", T="i32", H="i32", NT="i32",
                                   NTC="i32"),
-        "_state_bwd_kernel": dict(q_ptr=P, k_ptr=P, w_ptr=P, b_ptr=F, do_ptr=P, dht_ptr=F, dh_ptr=P,
+        "_state_bwd_kernel": dict(q_ptr=P, k_ptr=P, w_ptr=P, b_ptr=F, a_ptr=P, do_ptr=P, dht_ptr=F, dh_ptr=P,
                                   dh0_ptr=F, dvp_ptr=P, scale="fp32", T="i32", H="i32", NT="i32", NTC="i32"),
         "_state_vp_fwd_kernel": dict(k_ptr=P, w_ptr=P, u_ptr=P, b_ptr=F, vp_ptr=P, h0_ptr=F,
                                      ht_ptr=F, hs_ptr=P, T="i32", H="i32", NT="i32", NTC="i32"),
         "_out_fwd_kernel": dict(q_ptr=P, k_ptr=P, vp_ptr=P, b_ptr=F, hs_ptr=P, o_ptr=P, scale="fp32",
                                 T="i32", H="i32", NT="i32", NTC="i32"),
-        "_bwd_dqk_kernel": dict(q_ptr=P, k_ptr=P, b_ptr=F, hs_ptr=P, dh_ptr=P, do_ptr=P, vp_ptr=P, dvp_ptr=P,
+        "_bwd_dqk_kernel": dict(q_ptr=P, k_ptr=P, b_ptr=F, a_ptr=P, hs_ptr=P, dh_ptr=P, do_ptr=P, vp_ptr=P, dvp_ptr=P,
                                 dq_ptr=P, dk_ptr=F, dw_ptr=P, db_ptr=F, scale="fp32", T="i32", H="i32",
                                 NT="i32", NTC="i32"),
         "_bwd_wy_kernel": dict(k_ptr=P, v_ptr=P, beta_ptr=P, b_ptr=F, w_ptr=P, u_ptr=P, t_ptr=P, dvp_ptr=P,
@@ -64,34 +65,44 @@ def main(argv=None):
     }
     BK = min(64, K)
     cfg = lambda nw, ns=1: [dict(num_warps=nw, num_stages=ns)]
-    jobs = [("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, PREC=prec, FUSE_WU=False), cfg(4)),
-            ("_wu_fwd_kernel", dict(K=K, V=V, BK=BK, PREC=prec), cfg(4)),
-            ("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, PREC=prec, FUSE_WU=True), cfg(4))]
-    for BV in sorted({min(V, 64), min(V, 32)}):
-        ns = 2 if BV >= 64 else 3
-        jobs.append(("_state_fwd_kernel", dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=True, STORE_HT=True,
-                                               STORE_HS=True), td._seq_configs(tdt, K, BV, nw16=4, ns16=ns)))
-    BVB = td._pick_bwd_bv(512, V, K)      # the default V-block of the sequential backward
-    for ns in (2, 3):                      # its stages at large / small batch × heads
-        jobs.append(("_state_bwd_kernel", dict(K=K, V=V, BV=BVB, PREC=prec, HAS_DHT=True),
-                     td._seq_configs(tdt, K, BVB, nw16=4, ns16=ns)))
-    jobs.append(("_bwd_dqk_kernel", dict(K=K, V=V, BK=BK, BV=min(V, 64), PREC=prec), td._par_configs(BK, V)))
-    jobs.append(("_bwd_wy_kernel", dict(K=K, V=V, BV=min(V, 64), NK=K // BK, PREC=prec), td._par_configs(K, V)))
+    jobs = [("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, KC=K, PREC=prec, FUSE_WU=False, QK=True), cfg(1)),
+            ("_wu_fwd_kernel", dict(K=K, V=V, BK=BK, PREC=prec, QK=True), cfg(4)),
+            ("_wu_fwd_kernel", dict(K=K, V=V, BK=BK, PREC=prec, QK=False), cfg(4)),
+            ("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, KC=K, PREC=prec, FUSE_WU=True, QK=True), cfg(4))]
+    # each kernel with and without the stored scores (HAS_A, the ``aqk`` knob), at the V-blocks the
+    # heuristics pick
+    for has_a in (True, False):
+        for BV in sorted({min(V, 64), min(V, 32), min(V, 16)}):
+            for ns in (2, 3):
+                jobs.append(("_state_fwd_kernel", dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=True, STORE_HT=True,
+                                                       STORE_HS=True, HAS_A=has_a),
+                             td._seq_configs(tdt, K, BV, nw16=4, ns16=ns)))
+        for BVB in sorted({min(V, 64), min(V, 32)}):
+            for ns in (2, 3):                      # stages at large / small batch × heads
+                jobs.append(("_state_bwd_kernel", dict(K=K, V=V, BV=BVB, PREC=prec, HAS_DHT=True, HAS_A=has_a),
+                             td._seq_configs(tdt, K, BVB, nw16=4, ns16=ns)))
+        jobs.append(("_bwd_dqk_kernel", dict(K=K, V=V, BK=BK, BV=min(V, 64), PREC=prec, HAS_A=has_a),
+                     td._par_configs(BK, V, nw=4)))
+    for rec in (True, False):
+        jobs.append(("_bwd_wy_kernel", dict(K=K, V=V, BV=min(V, 64), NK=K // BK, PREC=prec, REC=rec),
+                     td._par_configs(K, V, nw=4)))
     jobs.append(("_state_vp_fwd_kernel", dict(K=K, V=V, BV=min(V, 32), PREC=prec, HAS_H0=True, STORE_HT=True),
                  td._seq_configs(tdt, K, min(V, 32), nw16=4, ns16=3)))
     jobs.append(("_out_fwd_kernel", dict(K=K, V=V, BV=min(V, 64), PREC=prec), td._par_configs(K, min(V, 64))))
     if args.grid:   # the per-chunk kernels' variants swept by explore_delta
         for nw in (1, 2, 4, 8):
-            jobs.append(("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, PREC=prec, FUSE_WU=False), cfg(nw)))
+            for kc in sorted({min(K, 32), min(K, 64), K}):
+                jobs.append(("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, KC=kc, PREC=prec, FUSE_WU=False, QK=True),
+                             cfg(nw)))
         for nw in (2, 4, 8):
             for bk in sorted({min(32, K), BK}):
-                jobs.append(("_wu_fwd_kernel", dict(K=K, V=V, BK=bk, PREC=prec), cfg(nw)))
+                jobs.append(("_wu_fwd_kernel", dict(K=K, V=V, BK=bk, PREC=prec, QK=True), cfg(nw)))
         for nw in (4, 8):
             for bk in sorted({BK, K}):
                 for bv in sorted({min(V, 32), min(V, 64)}):
-                    jobs.append(("_bwd_dqk_kernel", dict(K=K, V=V, BK=bk, BV=bv, PREC=prec), cfg(nw)))
+                    jobs.append(("_bwd_dqk_kernel", dict(K=K, V=V, BK=bk, BV=bv, PREC=prec, HAS_A=True), cfg(nw)))
             for bv in sorted({min(V, 32), min(V, 64)}):
-                jobs.append(("_bwd_wy_kernel", dict(K=K, V=V, BV=bv, NK=K // BK, PREC=prec), cfg(nw)))
+                jobs.append(("_bwd_wy_kernel", dict(K=K, V=V, BV=bv, NK=K // BK, PREC=prec, REC=True), cfg(nw)))
     seen = set()
     for name, meta, configs in jobs:
         kern = getattr(td, name)
@@ -119,7 +130,8 @@ def main(argv=None):
             os.unlink(f.name)
             lines = [ln.split("info    : ")[-1].strip() for ln in r.stderr.splitlines()
                      if "Used" in ln or "spill" in ln]
-            tile = " ".join(f"{k}={meta[k]}" for k in ("BK", "BV", "FUSE_WU") if k in meta)
+            tile = " ".join(f"{k}={int(meta[k]) if isinstance(meta[k], bool) else meta[k]}"
+                            for k in ("BK", "KC", "BV", "FUSE_WU", "QK", "HAS_A", "REC") if k in meta)
             print(f"{name:20s} {dt} K={K} {tile:18s} warps={cfg['num_warps']} stages={cfg['num_stages']} "
                   f"smem={c.metadata.shared:6d}  " + " | ".join(lines), flush=True)
     return 0
