@@ -814,7 +814,9 @@ def _wy_fwd(q, k, v, b, beta, scale):
     qk = _switch("aqk", True)
     a = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev) if qk else None
     prec = _precision(k.dtype)
-    BK = _tuned_bv("wu_bk", min(64, K, V), min(K, V))
+    # W, U (and the scores) over whole head-size column blocks with 8 warps at head size 128
+    # (round-4b sweep on the H200: 0.90× the time of 64-column blocks at 4 warps, NOTES_delta.md)
+    BK = _tuned_bv("wu_bk", min(K, V), min(K, V))
     fuse = bool(_TUNE["wy_fuse"])
     # one warp for 16-bit inputs: the 16×16 tiles of the solve are replicated across warps, so more
     # warps only add reduction traffic (round-3 sweep on the H200: 1 warp 0.40 ms, 4 warps 0.95 ms
@@ -825,7 +827,7 @@ def _wy_fwd(q, k, v, b, beta, scale):
     _launch(_kkt_solve_kernel, (NT, BH), args, dict(K=K, V=V, BK=BK, KC=KC, PREC=prec, FUSE_WU=fuse, QK=qk), kcfg)
     if not fuse:
         _launch(_wu_fwd_kernel, (NT, BH), args, dict(K=K, V=V, BK=BK, PREC=prec, QK=qk),
-                _par_configs(K, V, _TUNE["wu_warps"], nw=4))
+                _par_configs(K, V, _TUNE["wu_warps"], nw=8 if BK >= 128 else 4))
     return w, u, tm, a
 
 
