@@ -45,9 +45,25 @@ STAGES = (1, 2, 3)
 
 
 def _variants():
-    """(group, tune dict) in priority order. Round 4b (after round 4 made the stored scores,
-    ``aqk``, the default): the W/U kernel that now also forms the scores (warps, column block), and
-    the training forward (which also writes the states and ``v'``) over V-blocks and stages."""
+    """(group, tune dict) in priority order. Round 4c (after 4b): the sequential backward with
+    V-blocks of 16 (more programs at small B·H), and the per-chunk backward's blocks and warps
+    again now that it reads the stored scores."""
+    out = []
+    for bv in (16, 32):
+        for ns in (2, 3):
+            out.append(("bwd", dict(bwd_bv=bv, bwd_warps=4, bwd_stages=ns)))
+    for bk, nw in ((128, 8), (64, 8), (128, 4)):
+        for bv in (32, 64):
+            out.append(("local", dict(dqk_bk=bk, dqk_bv=bv, dqk_warps=nw)))
+    for bv, nw in ((32, 4), (128, 4), (128, 8), (32, 8)):   # (32, 8): an illegal access in round 3
+        out.append(("local", dict(dwy_bv=bv, dwy_warps=nw)))
+    return out
+
+
+def _variants_round4b():
+    """Round 4b (after round 4 made the stored scores, ``aqk``, the default): the W/U kernel that
+    now also forms the scores (warps, column block), and the training forward (which also writes
+    the states and ``v'``) over V-blocks and stages."""
     out = []
     for bk in (64, 128):
         for nw in (4, 8):
@@ -240,8 +256,8 @@ def main(argv=None):
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for explore_delta.json")
     p.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 4) - 3)))
     p.add_argument("--quick", action="store_true", help="small shapes (a smoke test)")
-    p.add_argument("--round", default="4b", choices=["4", "4b"],
-                   help="which round's variant list: 4 (kept for the record) or 4b (default)")
+    p.add_argument("--round", default="4c", choices=["4", "4b", "4c"],
+                   help="which round's variant list: 4, 4b (kept for the record) or 4c (default)")
     p.add_argument("--fla", action="store_true", help="also time fla end to end (its autotuning is slow)")
     p.add_argument("--profile", action="store_true", help="torch.profiler per-kernel tables")
     args = p.parse_args(argv)
@@ -258,7 +274,7 @@ def main(argv=None):
         print("explore_delta needs a CUDA GPU")
         return 2
     shapes = QUICK_SHAPES if args.quick else SHAPES
-    variants = _variants_round4() if args.round == "4" else _variants()
+    variants = {"4": _variants_round4, "4b": _variants_round4b, "4c": _variants}[args.round]()
     result = {"env": environment(), "budget_s": args.budget, "shapes": shapes, "H": H, "K": K, "V": V,
               "dtype": "bfloat16", "tol": TOL, "breakdown": {}, "profile": {}, "variants": [],
               "warm": {}, "skipped": []}
