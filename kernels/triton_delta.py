@@ -708,19 +708,14 @@ def _check_sizes(K: int, V: int):
 
 
 def _pick_bv(BH: int, V: int, K: int) -> int:
-    """V-block of the sequential forward: the largest of 64, 32, 16 that still gives at least 128
-    programs (about one per SM of an H100/H200), else 16. Round-4 sweep on the H200 with the stored
-    scores (NOTES_delta.md): 64 at B·H = 512 and 128, 32 at B·H = 32, 16 at B·H = 16."""
+    """V-block of the sequential kernels (forward and backward): the largest of 64, 32 that still
+    gives at least 128 programs (about one per SM of an H100/H200), else 16. Round-4 sweeps on the
+    H200 with the stored scores (NOTES_delta.md): 64 at B·H = 512 and 128, 32 at B·H = 32, 16 at
+    B·H = 16, for both kernels."""
     for bv in (64, 32):
         if bv <= V and BH * (V // bv) >= 128:
             return bv
     return min(V, 16)
-
-
-def _pick_bwd_bv(BH: int, V: int, K: int) -> int:
-    """V-block of the sequential backward: 64 when that gives at least 128 programs, else 32
-    (round-4 sweep on the H200: 64 at B·H = 512 and 128, 32 at B·H = 32 and 16)."""
-    return min(V, 64 if BH * max(V // 64, 1) >= 128 else 32)
 
 
 def _chunk_cumsum(g, B, T, H, NT):
@@ -887,7 +882,7 @@ def _state_bwd(q, k, w, b, a, do, dht, scale, NT):
     dh = torch.empty(BH, NT, K, V, dtype=q.dtype, device=q.device)   # leaving-state adjoints
     dvp = torch.empty(BH, NT * CHUNK, V, dtype=q.dtype, device=q.device)
     dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device)
-    BV = _tuned_bv("bwd_bv", _pick_bwd_bv(BH, V, K), V)
+    BV = _tuned_bv("bwd_bv", _pick_bv(BH, V, K), V)
     has_dht = dht is not None
     dht_c = dht.float().contiguous() if has_dht else dh0
     # 16-bit: 4 warps, 3 pipeline stages (round-4 sweep on the H200, NOTES_delta.md)
