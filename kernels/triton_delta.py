@@ -18,20 +18,23 @@ Forward: three kernels.
    as a dense ``[64, 64]`` tile in the input dtype (one warp per chunk: the 16×16 tiles are
    replicated across warps, so more warps only add reduction traffic).
 2. ``_wu_fwd_kernel`` (same grid) forms the WY/UT factors ``W = T (β e^{b} K)`` and ``U = T (β V)``
-   as ``[64, 64]`` products over column blocks (``wy_fuse=1`` does this inside kernel 1 instead).
+   as ``[64, 64]`` products over column blocks (``wy_fuse=1`` does this inside kernel 1 instead),
+   and the chunk's masked, gated, scaled scores ``P = scale · (q kᵀ ⊙ Γ ⊙ M)`` (``[64, 64]``, stored
+   in the input dtype): every later kernel reads ``P`` instead of recomputing it per V-block
+   (``aqk=2`` restores the recomputation).
 3. ``_state_fwd_kernel`` (grid: V-blocks × batch·heads, sequential over chunks) keeps the state
    ``S`` (``[K, BV]``, float32) in registers for the whole sequence and per chunk computes the
-   pseudo-values ``v' = U − W S``, the output ``o = (q ⊙ e^{b}) S + (q kᵀ ⊙ Γ) v'`` and the next state
+   pseudo-values ``v' = U − W S``, the output ``o = (q ⊙ e^{b}) S + P v'`` and the next state
    ``S ← e^{b_C} S + (k ⊙ e^{b_C − b})ᵀ v'``. There is no state round trip through HBM and no
    separate output kernel. For training it also writes the state entering every chunk and ``v'``.
    (``fwd_split=1``: a sequential kernel for ``v'`` and the states, then a parallel output kernel.)
 
-Backward (derivation in ``kernels/NOTES_delta.md``). The forward keeps ``T``, ``W``, ``U``, the
-entering state of every chunk and ``v'`` (all in the input dtype: every use in the backward feeds a
-tensor-core product in that dtype anyway).
+Backward (derivation in ``kernels/NOTES_delta.md``). The forward keeps ``T``, ``W``, ``U``, ``P``,
+the entering state of every chunk and ``v'`` (all in the input dtype: every use in the backward
+feeds a tensor-core product in that dtype anyway).
 
 4. ``_state_bwd_kernel`` (sequential over chunks in reverse) carries the state adjoint ``dS`` on
-   chip: ``dv' = (q kᵀ ⊙ Γ)ᵀ do + (k ⊙ e^{b_C − b}) dS``,
+   chip: ``dv' = Pᵀ do + (k ⊙ e^{b_C − b}) dS``,
    ``dS ← e^{b_C} dS + (q ⊙ e^{b})ᵀ do − Wᵀ dv'``, writing ``dv'`` and the adjoint of the state
    leaving every chunk and, at the end, the gradient of ``initial_state``.
 5. ``_bwd_dqk_kernel`` (grid: K-blocks × chunks × batch·heads) gives, with the states, their
@@ -40,6 +43,11 @@ tensor-core product in that dtype anyway).
 6. ``_bwd_wy_kernel`` (grid: chunks × batch·heads) differentiates ``U = T (β V)``,
    ``W = T (β e^b K)`` and ``T = (I + A)^{-1}``: ``dv``, ``dβ``, the rest of ``dk`` and of the
    log-gate gradient ``db`` (``dg`` is its reverse cumulative sum inside each chunk, one PyTorch op).
+   It recomputes ``U`` and ``W`` from ``T`` (the same products as kernel 2, so the same values)
+   rather than reading them back (``dwy_rec=2`` reads them).
+
+Launch parameters (V-blocks, warps, stages) are fixed heuristics chosen by the H200 sweeps recorded
+in ``kernels/NOTES_delta.md`` (``kernels/benchmarks/explore_delta.py``), not autotuned.
 
 ``LATTN_DELTA_BWD=torch`` swaps steps 5-6 for batched PyTorch + autograd (``_chunk_local_grads``), an
 independent cross-check and a fallback should the compiled kernels misbehave on some GPU/Triton
