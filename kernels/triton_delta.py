@@ -175,6 +175,15 @@ def _load_state(ptr, bh, ck, cv, K: tl.constexpr, V: tl.constexpr, BV: tl.conste
 
 
 @triton.jit
+def _mask_gate(s, b, scale):
+    """Intra-chunk scores ``scale · s_ij e^{b_i − b_j}`` for ``j ≤ i``, zero above the diagonal
+    (``s = q kᵀ`` of one chunk, float32; every exponent is ≤ 0)."""
+    rc = tl.arange(0, 64)
+    causal = rc[:, None] >= rc[None, :]
+    return tl.where(causal, s * tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)) * scale, 0.0)
+
+
+@triton.jit
 def _gram16(s, ba, bb, beta_a, DIAG: tl.constexpr):
     """One 16×16 block of ``A_ij = β_i e^{b_i − b_j} k_i·k_j`` (strictly lower on the diagonal)
     from the block of dot products ``s = k_i·k_j``."""
@@ -235,8 +244,7 @@ def _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, 
             kq_off = (bi * T * H + h) * K + rows[:, None] * (H * K) + (c0 + tl.arange(0, BK))[None, :]
             s += tl.dot(tl.load(q_ptr + kq_off, mask=rmask[:, None], other=0.0),
                         tl.trans(tl.load(k_ptr + kq_off, mask=rmask[:, None], other=0.0)), input_precision=PREC)
-        causal = rc[:, None] >= rc[None, :]
-        s = tl.where(causal, s * tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)) * scale, 0.0)
+        s = _mask_gate(s, b, scale)
         tl.store(a_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :], s.to(a_ptr.dtype.element_ty))
     for c0 in tl.static_range(0, K, BK):
         ck = c0 + tl.arange(0, BK)
@@ -383,7 +391,6 @@ def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, a_ptr, o_ptr, h0_ptr, h
     rc = tl.arange(0, 64)
     ck = tl.arange(0, K)
     cv = iv * BV + tl.arange(0, BV)
-    causal = rc[:, None] >= rc[None, :]
     qp = q_ptr + (bi * T * H + h) * K
     kp = k_ptr + (bi * T * H + h) * K
     op = o_ptr + (bi * T * H + h) * V
@@ -414,7 +421,7 @@ def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, a_ptr, o_ptr, h0_ptr, h
             sd = tl.load(a_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :])
         else:
             s = tl.dot(q, tl.trans(k), input_precision=PREC)
-            sd = tl.where(causal, s * tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)) * scale, 0.0).to(dt)
+            sd = _mask_gate(s, b, scale).to(dt)
         o += tl.dot(sd, vpd, input_precision=PREC)
         tl.store(op + rows[:, None] * (H * V) + cv[None, :], o.to(o_ptr.dtype.element_ty),
                  mask=rmask[:, None])
@@ -483,7 +490,6 @@ def _out_fwd_kernel(q_ptr, k_ptr, vp_ptr, b_ptr, hs_ptr, o_ptr, scale, T, H, NT,
     t0 = n * 64
     rows = t0 + rc
     rmask = rows < T
-    causal = rc[:, None] >= rc[None, :]
     qkoff = (bi * T * H + h) * K + rows[:, None] * (H * K) + ck[None, :]
     q = tl.load(q_ptr + qkoff, mask=rmask[:, None], other=0.0)
     k = tl.load(k_ptr + qkoff, mask=rmask[:, None], other=0.0)
@@ -493,7 +499,7 @@ def _out_fwd_kernel(q_ptr, k_ptr, vp_ptr, b_ptr, hs_ptr, o_ptr, scale, T, H, NT,
     qe = (q.to(tl.float32) * (tl.exp(b) * scale)[:, None]).to(dt)
     o = tl.dot(qe, Sd, input_precision=PREC)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
-    s = tl.where(causal, s * tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)) * scale, 0.0)
+    s = _mask_gate(s, b, scale)
     o += tl.dot(s.to(dt), vpd, input_precision=PREC)
     tl.store(o_ptr + (bi * T * H + h) * V + rows[:, None] * (H * V) + cv[None, :],
              o.to(o_ptr.dtype.element_ty), mask=rmask[:, None])

@@ -66,6 +66,7 @@ def main(argv=None):
     BK = min(64, K)
     cfg = lambda nw, ns=1: [dict(num_warps=nw, num_stages=ns)]
     jobs = [("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, KC=K, PREC=prec, FUSE_WU=False, QK=True), cfg(1)),
+            ("_wu_fwd_kernel", dict(K=K, V=V, BK=K, PREC=prec, QK=True), cfg(8 if K >= 128 else 4)),   # default
             ("_wu_fwd_kernel", dict(K=K, V=V, BK=BK, PREC=prec, QK=True), cfg(4)),
             ("_wu_fwd_kernel", dict(K=K, V=V, BK=BK, PREC=prec, QK=False), cfg(4)),
             ("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, KC=K, PREC=prec, FUSE_WU=True, QK=True), cfg(4))]
