@@ -103,9 +103,17 @@ _U_FP32 = os.environ.get("LATTN_DELTA_U_FP32", "0") == "1"
 #   aqk         1: the intra-chunk scores are computed once per chunk (``_wu_fwd_kernel``) and read
 #               by the sequential kernels and ``_bwd_dqk_kernel``; 2: each kernel recomputes them
 #   dwy_rec     1: ``_bwd_wy_kernel`` recomputes ``U``, ``W`` from ``T``; 2: it reads them back
+#   tsolve      1: ``T`` by block doubling on the whole chunk (``_tsolve_kernel``, ``ts_warps``);
+#               2 (default): the one-warp 16×16-block kernel (``_kkt_solve_kernel``)
+#   ts_prec     precision of the doubling products for 16-bit inputs: 1 tf32, 2 tf32x3, 3 ieee
+#   tform       1: the inference forward (no gradient asked for) in T form (``_march_t_kernel``:
+#               no W, U); 2: W/U form as in training
+#   mt_bv / mt_warps / mt_stages           ``_march_t_kernel``
+#   mqk         1: ``_march_t_kernel`` reads scores stored by the solve; 2: it forms them itself
 _TUNE_KEYS = ("kkt_warps", "kkt_bk", "wy_fuse", "wu_bk", "wu_warps", "fwd_split", "fwd_bv", "fwd_warps",
               "fwd_stages", "out_bv", "out_warps", "bwd_bv", "bwd_warps", "bwd_stages",
-              "dqk_bk", "dqk_bv", "dqk_warps", "dwy_bv", "dwy_warps", "aqk", "dwy_rec")
+              "dqk_bk", "dqk_bv", "dqk_warps", "dwy_bv", "dwy_warps", "aqk", "dwy_rec",
+              "tsolve", "ts_warps", "ts_prec", "tform", "mt_bv", "mt_warps", "mt_stages", "mqk")
 _TUNE = dict.fromkeys(_TUNE_KEYS, 0)
 
 
@@ -223,11 +231,12 @@ def _inv4_unit_lower16(A0, A1, A2, A3):
 
 @triton.jit
 def _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, n, bh, T, H, NTC,
-              K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, QK: tl.constexpr):
+              K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, QK: tl.constexpr,
+              WU: tl.constexpr):
     """``W = T (β e^b K)`` and ``U = T (β V)`` of one chunk from its stored ``T``: ``[64, 64]``
     products over K and V in column blocks of ``BK``. With ``QK`` also the chunk's masked, gated,
     scaled scores ``P = scale · (q kᵀ ⊙ Γ ⊙ M)`` (``[64, 64]``, the input dtype), which the
-    sequential kernels would otherwise recompute for every V-block."""
+    sequential kernels would otherwise recompute for every V-block. ``WU=False``: the scores only."""
     bi = bh // H
     h = bh % H
     dt = k_ptr.dtype.element_ty
@@ -246,20 +255,21 @@ def _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, 
                         tl.trans(tl.load(k_ptr + kq_off, mask=rmask[:, None], other=0.0)), input_precision=PREC)
         s = _mask_gate(s, b, scale)
         tl.store(a_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :], s.to(a_ptr.dtype.element_ty))
-    for c0 in tl.static_range(0, K, BK):
-        ck = c0 + tl.arange(0, BK)
-        x = tl.load(k_ptr + (bi * T * H + h) * K + rows[:, None] * (H * K) + ck[None, :],
-                    mask=rmask[:, None], other=0.0)
-        x = (x.to(tl.float32) * sk[:, None]).to(dt)
-        tl.store(w_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :],
-                 tl.dot(Tm, x, input_precision=PREC).to(w_ptr.dtype.element_ty))
-    for c0 in tl.static_range(0, V, BK):
-        cv = c0 + tl.arange(0, BK)
-        y = tl.load(v_ptr + (bi * T * H + h) * V + rows[:, None] * (H * V) + cv[None, :],
-                    mask=rmask[:, None], other=0.0)
-        y = (y.to(tl.float32) * beta[:, None]).to(dt)
-        tl.store(u_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :],
-                 tl.dot(Tm, y, input_precision=PREC).to(u_ptr.dtype.element_ty))
+    if WU:
+        for c0 in tl.static_range(0, K, BK):
+            ck = c0 + tl.arange(0, BK)
+            x = tl.load(k_ptr + (bi * T * H + h) * K + rows[:, None] * (H * K) + ck[None, :],
+                        mask=rmask[:, None], other=0.0)
+            x = (x.to(tl.float32) * sk[:, None]).to(dt)
+            tl.store(w_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :],
+                     tl.dot(Tm, x, input_precision=PREC).to(w_ptr.dtype.element_ty))
+        for c0 in tl.static_range(0, V, BK):
+            cv = c0 + tl.arange(0, BK)
+            y = tl.load(v_ptr + (bi * T * H + h) * V + rows[:, None] * (H * V) + cv[None, :],
+                        mask=rmask[:, None], other=0.0)
+            y = (y.to(tl.float32) * beta[:, None]).to(dt)
+            tl.store(u_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :],
+                     tl.dot(Tm, y, input_precision=PREC).to(u_ptr.dtype.element_ty))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -360,14 +370,65 @@ def _kkt_solve_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
     if FUSE_WU:
         tl.debug_barrier()      # the tile written above is read back whole by every thread
         _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, n, bh, T, H, NTC,
-                  K, V, BK, PREC, QK)
+                  K, V, BK, PREC, QK, True)
 
 
 @triton.jit(do_not_specialize=["T", "H", "NTC"])
 def _wu_fwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, T, H, NTC,
-                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, QK: tl.constexpr):
+                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, QK: tl.constexpr,
+                   WU: tl.constexpr):
     _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, tl.program_id(0),
-              tl.program_id(1).to(tl.int64), T, H, NTC, K, V, BK, PREC, QK)
+              tl.program_id(1).to(tl.int64), T, H, NTC, K, V, BK, PREC, QK, WU)
+
+
+# ------------------------------------------------------------------------------------------------
+# 1'. T = (I + A)^{-1} by block doubling on the whole chunk (``tsolve``, four warps)
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _double(X, A, ri, cj, BS: tl.constexpr, SPREC: tl.constexpr):
+    """One doubling step: ``X`` holds the inverses of the ``BS``-blocks on the diagonal of
+    ``I + A``; return those of the ``2·BS``-blocks. Inside a ``2·BS``-block
+    ``I + A = D + L`` (``D`` its two diagonal halves, ``L`` the lower-left half) and
+    ``(D + L)^{-1} = D^{-1} − D^{-1} L D^{-1}`` exactly, because ``(D^{-1} L)^2 = 0``."""
+    L = tl.where((ri // (2 * BS) == cj // (2 * BS)) & (ri % (2 * BS) >= BS) & (cj % (2 * BS) < BS), A, 0.0)
+    return X - tl.dot(X, tl.dot(L, X, input_precision=SPREC), input_precision=SPREC)
+
+
+@triton.jit(do_not_specialize=["T", "H", "NTC"])
+def _tsolve_kernel(q_ptr, k_ptr, beta_ptr, b_ptr, t_ptr, a_ptr, scale, T, H, NTC,
+                   K: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, QK: tl.constexpr):
+    """``T = (I + A)^{-1}`` of one chunk as ``[64, 64]`` products: ``A`` from one ``K Kᵀ``
+    product, the inverse by doubling the solved diagonal blocks 1 → 2 → 4 → … → 64 (five steps of
+    two products each, ``_double``). With ``QK`` also the chunk's scores ``P`` (as ``_wu_chunk``)."""
+    n = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    bi = bh // H
+    h = bh % H
+    rc = tl.arange(0, 64)
+    rows = n * 64 + rc
+    rmask = rows < T
+    ck = tl.arange(0, K)
+    off = (bi * T * H + h) * K + rows[:, None] * (H * K) + ck[None, :]
+    k = tl.load(k_ptr + off, mask=rmask[:, None], other=0.0)
+    beta = tl.load(beta_ptr + bi * T * H + h + rows * H, mask=rmask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + bh * NTC + rows)
+    ri = rc[:, None]
+    cj = rc[None, :]
+    low = ri > cj
+    A = tl.dot(k, tl.trans(k), input_precision=PREC)
+    A = tl.where(low, A * tl.exp(tl.where(low, b[:, None] - b[None, :], 0.0)), 0.0) * beta[:, None]
+    # 1×1 blocks are 1; their pairs invert to I − A restricted to the 2×2 diagonal blocks
+    X = tl.where(ri == cj, 1.0, 0.0) - tl.where(ri // 2 == cj // 2, A, 0.0)
+    X = _double(X, A, ri, cj, 2, SPREC)
+    X = _double(X, A, ri, cj, 4, SPREC)
+    X = _double(X, A, ri, cj, 8, SPREC)
+    X = _double(X, A, ri, cj, 16, SPREC)
+    X = _double(X, A, ri, cj, 32, SPREC)
+    tl.store(t_ptr + (bh * NTC + rows[:, None]) * 64 + cj, X.to(t_ptr.dtype.element_ty))
+    if QK:
+        s = tl.dot(tl.load(q_ptr + off, mask=rmask[:, None], other=0.0), tl.trans(k), input_precision=PREC)
+        s = _mask_gate(s, b, scale)
+        tl.store(a_ptr + (bh * NTC + rows[:, None]) * 64 + cj, s.to(a_ptr.dtype.element_ty))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -427,6 +488,63 @@ def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, a_ptr, o_ptr, h0_ptr, h
                  mask=rmask[:, None])
         kd = (k.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(dt)
         S = S * tl.exp(b_last) + tl.dot(tl.trans(kd), vpd, input_precision=PREC)
+    if STORE_HT:
+        tl.store(ht_ptr + bh * K * V + ck[:, None] * V + cv[None, :], S)
+
+
+# ------------------------------------------------------------------------------------------------
+# 2'. inference forward in T form (``tform``): no W, U; the state pass applies T itself
+# ------------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=_NO_SPEC)
+def _march_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, t_ptr, a_ptr, o_ptr, h0_ptr, ht_ptr,
+                    scale, T, H, NT, NTC,
+                    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                    HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, HAS_A: tl.constexpr):
+    """Sequential over chunks, state ``S[K, BV]`` on chip, from ``T`` instead of ``W``, ``U``:
+    ``v' = T (β ⊙ (v − e^{b} ⊙ K S))`` (the same as ``U − W S``), ``o = e^{b}·scale ⊙ (q S) + P v'``,
+    ``S ← e^{b_C} S + Kᵀ (e^{b_C − b} ⊙ v')``. The gate and scale factors multiply rows of the
+    float32 products, so ``q`` and ``k`` enter the tensor cores as loaded. ``HAS_A``: the scores
+    ``P`` were stored by an earlier kernel; else they are formed here."""
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    bi = bh // H
+    h = bh % H
+    dt = q_ptr.dtype.element_ty
+    rc = tl.arange(0, 64)
+    ck = tl.arange(0, K)
+    cv = iv * BV + tl.arange(0, BV)
+    qp = q_ptr + (bi * T * H + h) * K
+    kp = k_ptr + (bi * T * H + h) * K
+    vp_ = v_ptr + (bi * T * H + h) * V
+    op = o_ptr + (bi * T * H + h) * V
+    btp = beta_ptr + bi * T * H + h
+    tp = t_ptr + bh * NTC * 64
+    bp = b_ptr + bh * NTC
+    S = _load_state(h0_ptr, bh, ck, cv, K, V, BV, HAS_H0)
+    for n in range(NT):
+        t0 = n * 64
+        rows = t0 + rc
+        rmask = rows < T
+        q = tl.load(qp + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
+        k = tl.load(kp + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
+        v = tl.load(vp_ + rows[:, None] * (H * V) + cv[None, :], mask=rmask[:, None], other=0.0)
+        beta = tl.load(btp + rows * H, mask=rmask, other=0.0).to(tl.float32)
+        tm = tl.load(tp + rows[:, None] * 64 + rc[None, :])
+        b = tl.load(bp + rows)
+        b_last = tl.load(bp + t0 + 63)
+        eb = tl.exp(b)
+        Sd = S.to(dt)
+        x = beta[:, None] * (v.to(tl.float32) - eb[:, None] * tl.dot(k, Sd, input_precision=PREC))
+        vpp = tl.dot(tm, x.to(dt), input_precision=PREC)                   # pseudo-values v'
+        o = tl.dot(q, Sd, input_precision=PREC) * (eb * scale)[:, None]
+        if HAS_A:
+            sd = tl.load(a_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :])
+        else:
+            sd = _mask_gate(tl.dot(q, tl.trans(k), input_precision=PREC), b, scale).to(dt)
+        o = tl.dot(sd, vpp.to(dt), acc=o, input_precision=PREC)
+        tl.store(op + rows[:, None] * (H * V) + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
+        vk = (vpp * tl.exp(b_last - b)[:, None]).to(dt)
+        S = tl.dot(tl.trans(k), vk, acc=S * tl.exp(b_last), input_precision=PREC)
     if STORE_HT:
         tl.store(ht_ptr + bh * K * V + ck[:, None] * V + cv[None, :], S)
 
@@ -807,6 +925,47 @@ def _precision(dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _solve_t(q, k, b, beta, scale, qk):
+    """``T = (I + A)^{-1}`` of every chunk (``[B·H, NT·64, 64]``, input dtype) and, with ``qk``,
+    the chunk scores ``P`` (same shape; else ``None``), by ``_tsolve_kernel`` (default) or the
+    one-warp ``_kkt_solve_kernel`` (default; it leaves the scores to ``_wu_fwd_kernel``). Round 5 on
+    the H200 (NOTES_delta.md): the two take the same time (≈ 0.40 ms at B·T = 65,536, H = 16,
+    K = 128), and the one-warp kernel's float32 products are exact where the doubling kernel's
+    are TF32, so it stays the default."""
+    B, T, H, K = k.shape
+    NT = triton.cdiv(T, CHUNK)
+    NTC = NT * CHUNK
+    BH = B * H
+    dev = k.device
+    # T in the dtype of the products it feeds (for 16-bit inputs every use rounds it to that dtype)
+    tm = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev)
+    a = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev) if qk else None
+    prec = _precision(k.dtype)
+    if _switch("tsolve", False):
+        # the doubling products in TF32 for 16-bit inputs (T is rounded to 16 bits afterwards),
+        # IEEE float32 for float32 inputs
+        sprec = ("tf32", "tf32x3", "ieee")[(_TUNE["ts_prec"] or 1) - 1] if k.dtype != torch.float32 else "ieee"
+        _launch(_tsolve_kernel, (NT, BH), (q, k, beta, b, tm, a if qk else tm, float(scale), T, H, NTC),
+                dict(K=K, PREC=prec, SPREC=sprec, QK=qk),
+                _par_configs(K, K, _TUNE["ts_warps"], nw=4))
+        return tm, a, True
+    # one warp for 16-bit inputs: the 16×16 tiles of the solve are replicated across warps, so more
+    # warps only add reduction traffic (round-3 sweep on the H200: 1 warp 0.40 ms, 4 warps 0.95 ms
+    # at B·T = 65,536, NOTES_delta.md); float32 keeps 4 (its operands would not fit one warp)
+    kcfg = _par_configs(K, K, _TUNE["kkt_warps"], nw=1 if k.dtype != torch.float32 else 4)
+    KC = _tuned_bv("kkt_bk", K, K)
+    _launch(_kkt_solve_kernel, (NT, BH), (q, k, k, beta, b, tm, tm, tm, tm, float(scale), T, H, NTC),
+            dict(K=K, V=K, BK=K, KC=KC, PREC=prec, FUSE_WU=False, QK=False), kcfg)
+    return tm, a, False
+
+
+def _wu_cfg(K, V):
+    # W, U (and the scores) over whole head-size column blocks with 8 warps at head size 128
+    # (round-4b sweep on the H200: 0.90× the time of 64-column blocks at 4 warps, NOTES_delta.md)
+    BK = _tuned_bv("wu_bk", min(K, V), min(K, V))
+    return BK, _par_configs(K, V, _TUNE["wu_warps"], nw=8 if BK >= 128 else 4)
+
+
 def _wy_fwd(q, k, v, b, beta, scale):
     """Kernel 1: ``T = (I + A)^{-1}``, ``W`` and ``U`` of every chunk (``T`` is kept for the
     backward) and, unless the ``aqk`` knob is off, the chunk's scores ``P`` (else ``None``)."""
@@ -818,26 +977,55 @@ def _wy_fwd(q, k, v, b, beta, scale):
     dev = k.device
     w = torch.empty(BH, NTC, K, dtype=k.dtype, device=dev)
     u = torch.empty(BH, NTC, V, dtype=torch.float32 if _U_FP32 else k.dtype, device=dev)
-    # T in the dtype of the products it feeds (for 16-bit inputs every use rounds it to that dtype)
-    tm = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev)
     qk = _switch("aqk", True)
-    a = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev) if qk else None
     prec = _precision(k.dtype)
-    # W, U (and the scores) over whole head-size column blocks with 8 warps at head size 128
-    # (round-4b sweep on the H200: 0.90× the time of 64-column blocks at 4 warps, NOTES_delta.md)
-    BK = _tuned_bv("wu_bk", min(K, V), min(K, V))
-    fuse = bool(_TUNE["wy_fuse"])
-    # one warp for 16-bit inputs: the 16×16 tiles of the solve are replicated across warps, so more
-    # warps only add reduction traffic (round-3 sweep on the H200: 1 warp 0.40 ms, 4 warps 0.95 ms
-    # at B·T = 65,536, NOTES_delta.md); float32 keeps 4 (its operands would not fit one warp)
-    kcfg = _par_configs(K, V, _TUNE["kkt_warps"], nw=1 if k.dtype != torch.float32 else 4)
-    args = (q, k, v, beta, b, w, u, tm, a if qk else tm, float(scale), T, H, NTC)
-    KC = _tuned_bv("kkt_bk", K, K)
-    _launch(_kkt_solve_kernel, (NT, BH), args, dict(K=K, V=V, BK=BK, KC=KC, PREC=prec, FUSE_WU=fuse, QK=qk), kcfg)
-    if not fuse:
-        _launch(_wu_fwd_kernel, (NT, BH), args, dict(K=K, V=V, BK=BK, PREC=prec, QK=qk),
-                _par_configs(K, V, _TUNE["wu_warps"], nw=8 if BK >= 128 else 4))
+    BK, wcfg = _wu_cfg(K, V)
+    if _TUNE["wy_fuse"] == 1 and not _switch("tsolve", True):
+        # W, U (and the scores) in the one-warp solve kernel itself (not the default)
+        tm = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev)
+        a = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev) if qk else None
+        kcfg = _par_configs(K, V, _TUNE["kkt_warps"], nw=1 if k.dtype != torch.float32 else 4)
+        _launch(_kkt_solve_kernel, (NT, BH), (q, k, v, beta, b, w, u, tm, a if qk else tm, float(scale), T, H, NTC),
+                dict(K=K, V=V, BK=BK, KC=_tuned_bv("kkt_bk", K, K), PREC=prec, FUSE_WU=True, QK=qk), kcfg)
+        return w, u, tm, a
+    tm, a, has_p = _solve_t(q, k, b, beta, scale, qk)
+    _launch(_wu_fwd_kernel, (NT, BH), (q, k, v, beta, b, w, u, tm, a if qk else tm, float(scale), T, H, NTC),
+            dict(K=K, V=V, BK=BK, PREC=prec, QK=qk and not has_p, WU=True), wcfg)
     return w, u, tm, a
+
+
+def _tform_fwd(q, k, v, b, beta, scale, h0, output_final_state):
+    """Inference forward in T form: ``T`` (``_solve_t``), the scores where the march reads them
+    stored, then ``_march_t_kernel``; ``W`` and ``U`` are never formed. Returns ``o`` and the final
+    state."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    NTC = NT * CHUNK
+    BH = B * H
+    dev = q.device
+    # round-5 sweeps on the H200 (NOTES_delta.md): the V-block rule of the other sequential kernels
+    # (64 at B·H ≥ 128, 32 at 32, 16 at 16); at V-block 64 the march forms the scores itself (two
+    # programs per head) and pipelines 2 stages (two programs per SM fit), below it reads them
+    # stored by a small kernel and pipelines 3
+    BV = _tuned_bv("mt_bv", _pick_bv(BH, V, K), V)
+    stored = _switch("mqk", V // BV > 2)
+    tm, a, has_p = _solve_t(q, k, b, beta, scale, stored)
+    prec = _precision(q.dtype)
+    if stored and not has_p:
+        BK, wcfg = _wu_cfg(K, V)
+        _launch(_wu_fwd_kernel, (NT, BH), (q, k, v, beta, b, tm, tm, tm, a, float(scale), T, H, NTC),
+                dict(K=K, V=V, BK=BK, PREC=prec, QK=True, WU=False), wcfg)
+    o = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
+    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    cfg = _seq_configs(q.dtype, K, BV, _TUNE["mt_warps"], _TUNE["mt_stages"],
+                       nw16=8 if K * BV >= 128 * 128 else 4, ns16=2 if BV >= 64 else 3)
+    _launch(_march_t_kernel, (V // BV, BH),
+            (q, k, v, beta, b, tm, a if stored else tm, o, h0 if h0 is not None else o,
+             ht if ht is not None else o, float(scale), T, H, NT, NTC),
+            dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=h0 is not None, STORE_HT=output_final_state,
+                 HAS_A=stored), cfg)
+    return o, ht
 
 
 def _state_fwd(q, k, w, u, b, a, scale, h0, output_final_state, store_states):
@@ -882,6 +1070,9 @@ def _state_fwd(q, k, w, u, b, a, scale, h0, output_final_state, store_states):
 
 
 def _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states):
+    if not store_states and _switch("tform", True):
+        o, ht = _tform_fwd(q, k, v, b, beta, scale, h0, output_final_state)
+        return o.to(v.dtype), ht, None, None, None, None, None, None
     w, u, tm, a = _wy_fwd(q, k, v, b, beta, scale)
     o, ht, hs, vp = _state_fwd(q, k, w, u, b, a, scale, h0, output_final_state, store_states)
     return o.to(v.dtype), ht, w, u, tm, a, hs, vp

@@ -189,6 +189,43 @@ def test_inference_path_without_grad(device):
     assert _rel_err(o, ro) <= TOL32 and _rel_err(ht, rht) <= TOL32
 
 
+# The inference forward (no gradient asked for) runs in T form by default (``_tsolve_kernel`` +
+# ``_march_t_kernel``, no W/U); these cases pin it, its knobs and the W/U form to the definition.
+INFER_VARIANTS = [dict(), dict(tform=2), dict(tsolve=2), dict(mt_bv=16, mqk=1), dict(mt_bv=16, mqk=2),
+                  dict(mqk=1), dict(tsolve=2, mqk=1)]
+# (op gated?, T, K, V, harsh gates, beta_max)
+INFER_CASES = [(True, 130, 32, 16, True, 2.0), (False, 70, 16, 32, False, 2.0), (True, 1, 16, 16, False, 1.0)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tune", INFER_VARIANTS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "default")
+@pytest.mark.parametrize("gated,T,K,V,harsh,beta_max", INFER_CASES)
+def test_inference_forms(device, tune, gated, T, K, V, harsh, beta_max):
+    """T form and W/U form, both solves, both sources of the scores: float32 outputs and final
+    state within TOL32 of the float64 recurrence (same bound and reasoning as the training path)."""
+    from kernels import triton_delta
+    inp = _inputs(2, T, 2, K, V, gated=gated, seed=T + K + V, device=device, harsh=harsh, beta_max=beta_max)
+    with torch.no_grad(), triton_delta.tuning(**tune):
+        o, ht, leaves = _run(inp, torch.float32, gated=gated, fs=True, grad=False)
+        ro, rht, _ = _reference(leaves, gated=gated, fs=True, scale=None)
+    assert _rel_err(o, ro) <= TOL32 and _rel_err(ht, rht) <= TOL32
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tune", [dict(), dict(tform=2), dict(mt_bv=16, mqk=2), dict(ts_prec=2), dict(ts_prec=3)],
+                         ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "default")
+def test_inference_forms_half_precision(device, tune):
+    """bf16 inference forward (T form; on the GPU the doubling products of the solve in TF32, or
+    ``ts_prec`` 3×TF32 / IEEE, which the interpreter computes exactly alike) within the bf16 bound
+    TOL16_OUT of the float64 recurrence, including β up to 2."""
+    from kernels import triton_delta
+    inp = _inputs(1, 150, 2, 32, 32, gated=True, seed=31, device=device, beta_max=2.0)
+    with torch.no_grad(), triton_delta.tuning(**tune):
+        o, ht, leaves = _run(inp, torch.bfloat16, gated=True, fs=True, grad=False)
+        ro, rht, _ = _reference(leaves, gated=True, fs=True, scale=None)
+    assert _rms_ratio(o, ro) <= TOL16_OUT and _rms_ratio(ht, rht) <= TOL16_OUT
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_gradient_only_through_final_state(device):
     """Loss on the final state alone: ``do`` is zero, the state adjoint carries everything."""
@@ -248,6 +285,30 @@ def test_gpu_large_shapes(dtype, gated, T, K, V):
     for n in leaves:
         err = _rms_ratio(leaves[n].grad, ref[n].grad)
         assert err <= tol_g, f"d{n}: RMS err ratio {err:.3g} > {tol_g}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled-GPU shapes: needs CUDA")
+@pytest.mark.parametrize("B,H", [(4, 64), (1, 4)])          # B·H = 256 (whole-head march), 4 (V-blocks)
+@pytest.mark.parametrize("gated,correlated", [(True, False), (False, False), (False, True)])
+def test_gpu_inference_forms(B, H, gated, correlated):
+    """bf16 inference forward at K = V = 128, T = 2049 against the float64 chunkwise reference.
+    ``correlated``: keys near one direction and β = 2 (reflections), where the TF32 doubling
+    products of the solve lose most (measured in kernels/NOTES_delta.md); bound 2e-2 as above."""
+    T, K, V = 2049, 128, 128
+    inp = _inputs(B, T, H, K, V, gated=gated, seed=B + H, device="cuda", beta_max=1.0)
+    if correlated:
+        gen = torch.Generator().manual_seed(5)
+        base = torch.randn(1, 1, H, K, generator=gen, dtype=torch.float64)
+        noise = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64)
+        inp["k"] = F.normalize(base + 0.3 * noise, dim=-1).cuda()
+        inp["beta"] = torch.full((B, T, H), 2.0, dtype=torch.float64).cuda()
+    with torch.no_grad():
+        o, ht, leaves = _run(inp, torch.bfloat16, gated=gated, fs=True, grad=False)
+        r = {n: t.double() for n, t in leaves.items()}
+        ro, rht = reference.chunk_scalar_ref(r["q"], r["k"], r["v"], r.get("g") if gated else None,
+                                             r["beta"], K ** -0.5, r["h0"], True)
+    assert _rms_ratio(o, ro) <= 2e-2, _rms_ratio(o, ro)
+    assert _rms_ratio(ht, rht) <= 2e-2, _rms_ratio(ht, rht)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -16,7 +16,9 @@ both implementations compute the same function: no in-kernel l2norm); ``β = sig
 Accuracy: for every shape, a ``B = 1`` slice of the same inputs is run through each implementation
 and through ``kernels.reference.chunk_scalar_ref`` on float64 copies (with autograd for the
 gradients, for an upstream gradient ``do ~ N(0, 1)``); ``err`` holds ``harness.err_ratio`` (fla's
-RMS ratio) for ``o`` and each gradient (targets: ≤ 0.005 for outputs, ≤ 0.02 for gate gradients).
+RMS ratio) for ``o`` and each gradient (targets: ≤ 0.005 for outputs, ≤ 0.02 for gate gradients),
+and ``o_infer`` for the output of a call without gradients (the timed ``fwd`` pass: our inference
+forward runs in T form, ``triton_delta._tform_fwd``).
 
 fla may refuse a backward pass on some Triton/GPU combinations; each fla call is wrapped and a
 failure is recorded as ``{"ms": null, "note": <error>}``, never worked around.
@@ -90,6 +92,8 @@ def _accuracy(fn, op, x, ref):
     leaves = {n: t.detach().clone().requires_grad_(n in names) for n, t in x.items()}
     o = fn(**leaves)
     err = {"o": err_ratio(o, o_ref)}
+    with torch.no_grad():     # the inference forward (the timed "fwd" pass) may take another path
+        err["o_infer"] = err_ratio(fn(**x), o_ref)
     try:
         grads = torch.autograd.grad(o, [leaves[n] for n in names], do.to(o.dtype))
         err.update({"d" + n: err_ratio(gr, g_ref[n]) for n, gr in zip(names, grads)})

@@ -45,6 +45,42 @@ STAGES = (1, 2, 3)
 
 
 def _variants():
+    """Round 5b (after 5): the march's small-B·H settings and one-V-block-per-program warps again,
+    and the two solves side by side. (This round also timed two variants whose code was then
+    removed, never committed, as slower: the one-warp solve with its diagonal blocks inverted by
+    doubling, 2.4× the time, and a march program owning two V-blocks at eight warps, about 1.5×;
+    see kernels/NOTES_delta.md.)"""
+    out = [("solve", dict(tsolve=2)), ("solve", dict(tsolve=1, ts_warps=4, ts_prec=1))]
+    for nw in (4, 8):
+        out.append(("inf", dict(tsolve=2, mt_bv=64, mt_warps=nw, mt_stages=2, mqk=2)))
+    for bv, ns, qk in ((32, 3, 1), (32, 3, 2), (32, 2, 1), (16, 3, 1), (16, 2, 1)):
+        out.append(("inf", dict(tsolve=2, mt_bv=bv, mt_warps=4, mt_stages=ns, mqk=qk)))
+    out.append(("inf", dict(tform=2, tsolve=2)))
+    return out
+
+
+def _variants_round5():
+    """Round 5: the inference forward in T form (``_tsolve_kernel`` + ``_march_t_kernel``) against
+    the W/U form, over the march's V-block, warps, stages and where its scores come from; the
+    doubling solve's warps and product precision against the one-warp 16×16-block solve."""
+    out = [("solve", dict(tsolve=2))]
+    for nw in (4, 8):
+        for pr in (1, 2, 3):
+            out.append(("solve", dict(tsolve=1, ts_warps=nw, ts_prec=pr)))
+    out.append(("inf", dict(tform=2)))
+    out.append(("inf", dict(tform=2, tsolve=2)))
+    for ns in (1, 2, 3):
+        for qk in (2, 1):
+            out.append(("inf", dict(tform=1, mt_bv=128, mt_warps=8, mt_stages=ns, mqk=qk)))
+    for bv, stages in ((64, (1, 2, 3)), (32, (2, 3)), (16, (2, 3))):
+        for ns in stages:
+            for qk in (1, 2):
+                out.append(("inf", dict(tform=1, mt_bv=bv, mt_warps=4, mt_stages=ns, mqk=qk)))
+    out.append(("inf", dict(tform=1, tsolve=2)))
+    return out
+
+
+def _variants_round4c():
     """(group, tune dict) in priority order. Round 4c (after 4b): the sequential backward with
     V-blocks of 16 (more programs at small B·H), and the per-chunk backward's blocks and warps
     again now that it reads the stored scores."""
@@ -159,6 +195,14 @@ class _Stages:
         x = self.x
         return self.td._wy_fwd(x["q"], x["k"], x["v"], self.b, x["beta"], self.scale)
 
+    def solve(self):
+        x = self.x
+        return self.td._solve_t(x["q"], x["k"], self.b, x["beta"], self.scale, False)[0]
+
+    def infer(self):
+        x = self.x
+        return self.td._forward(x["q"], x["k"], x["v"], self.b, x["beta"], self.scale, None, False, False)[0]
+
     def state_fwd(self, train=False):
         x = self.x
         return self.td._state_fwd(x["q"], x["k"], self.w, self.u, self.b, self._a(), self.scale, None, False,
@@ -186,6 +230,10 @@ def _apply_tune(td, tune):
 def _run_group(st, group):
     if group == "wy":
         return st.wy()
+    if group == "solve":
+        return st.solve()
+    if group == "inf":
+        return st.infer()
     if group == "fwd":
         return st.state_fwd()[0]
     if group == "fwdt":
@@ -198,6 +246,10 @@ def _run_group(st, group):
 def _outputs(group, res):
     if group == "wy":
         return {"w": res[0], "u": res[1], "T": res[2]}   # (the scores, res[3], may be None)
+    if group == "solve":
+        return {"T": res}
+    if group == "inf":
+        return {"o": res}
     if group == "fwd":
         return {"o": res}
     if group == "fwdt":
@@ -256,8 +308,8 @@ def main(argv=None):
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for explore_delta.json")
     p.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 4) - 3)))
     p.add_argument("--quick", action="store_true", help="small shapes (a smoke test)")
-    p.add_argument("--round", default="4c", choices=["4", "4b", "4c"],
-                   help="which round's variant list: 4, 4b (kept for the record) or 4c (default)")
+    p.add_argument("--round", default="5b", choices=["4", "4b", "4c", "5", "5b"],
+                   help="which round's variant list: 4, 4b, 4c, 5 (kept for the record) or 5b (default)")
     p.add_argument("--fla", action="store_true", help="also time fla end to end (its autotuning is slow)")
     p.add_argument("--profile", action="store_true", help="torch.profiler per-kernel tables")
     args = p.parse_args(argv)
@@ -274,7 +326,8 @@ def main(argv=None):
         print("explore_delta needs a CUDA GPU")
         return 2
     shapes = QUICK_SHAPES if args.quick else SHAPES
-    variants = {"4": _variants_round4, "4b": _variants_round4b, "4c": _variants}[args.round]()
+    variants = {"4": _variants_round4, "4b": _variants_round4b, "4c": _variants_round4c,
+                "5": _variants_round5, "5b": _variants}[args.round]()
     result = {"env": environment(), "budget_s": args.budget, "shapes": shapes, "H": H, "K": K, "V": V,
               "dtype": "bfloat16", "tol": TOL, "breakdown": {}, "profile": {}, "variants": [],
               "warm": {}, "skipped": []}
@@ -324,6 +377,8 @@ def main(argv=None):
                 with torch.no_grad():
                     rec["cumsum"] = bench(st.cumsum)
                     rec["wy_fwd"] = bench(st.wy)
+                    rec["solve"] = bench(st.solve)
+                    rec["infer"] = bench(st.infer)
                     rec["state_fwd"] = bench(st.state_fwd)
                     rec["state_fwd_train"] = bench(lambda: st.state_fwd(True))
                     rec["state_bwd"] = bench(st.state_bwd)
@@ -342,7 +397,11 @@ def main(argv=None):
                     except Exception as e:
                         rec["fla_delta_fwdbwd_error"] = _err(e)
                 prof = result["profile"][key] = {}
-                for pname, fn in [("ours_fwdbwd", fwdbwd(ours, x)), ("fla_delta_fwdbwd", fwdbwd(fla.get("delta"), x)),
+                def old_form(x=x):
+                    with td.tuning(tform=2, tsolve=2):
+                        return ours(**x)
+                for pname, fn in [("ours_fwd", lambda: ours(**x)), ("ours_fwd_round4", old_form),
+                                  ("fla_delta_fwd", lambda: fla["delta"](**x)),
                                   ("fla_gated_fwd", lambda: fla["gated"](**x))]:
                     if not args.profile or (pname.startswith("fla") and not fla):
                         break
@@ -362,7 +421,7 @@ def main(argv=None):
         base = {}
         for key, st in stages.items():
             with torch.no_grad():
-                for grp in ("wy", "fwd", "fwdt", "bwd", "local"):
+                for grp in sorted({g for g, _ in variants}):
                     base[key, grp] = {n: t.clone() for n, t in _outputs(grp, _run_group(st, grp)).items()}
                     base[key, grp, "ms"] = bench(lambda: _run_group(st, grp), fast=True)
         result["default_ms"] = {f"{k[0]}:{k[1]}": v for k, v in base.items() if len(k) == 3}
@@ -424,7 +483,7 @@ def _table(r):
             items = list(d.items())[:8]
             print(f"-- profile {key} {pname} (ms/call): " + "  ".join(f"{k[:40]}={v}" for k, v in items))
     print("-- default ms: " + "  ".join(f"{k}={v}" for k, v in r.get("default_ms", {}).items()))
-    for grp in ("wy", "fwd", "fwdt", "bwd", "local"):
+    for grp in ("solve", "inf", "wy", "fwd", "fwdt", "bwd", "local"):
         recs = [v for v in r["variants"] if v["group"] == grp]
         for key in r["breakdown"]:
             ok = [v for v in recs if isinstance(v.get(key), dict) and "ms" in v[key]]

@@ -24,6 +24,7 @@ def main(argv=None):
     p.add_argument("--kv", type=int, default=128, choices=[16, 32, 64, 128], help="K = V head size")
     p.add_argument("--grid", action="store_true",
                    help="also the per-chunk kernels' variants swept by kernels.benchmarks.explore_delta")
+    p.add_argument("--only", default="", help="compile only the kernels whose name contains this")
     args = p.parse_args(argv)
     import torch
     import triton
@@ -47,6 +48,10 @@ def main(argv=None):
     sigs = {
         "_kkt_solve_kernel": wy,
         "_wu_fwd_kernel": wy,
+        "_tsolve_kernel": dict(q_ptr=P, k_ptr=P, beta_ptr=P, b_ptr=F, t_ptr=P, a_ptr=P, scale="fp32", T="i32",
+                               H="i32", NTC="i32"),
+        "_march_t_kernel": dict(q_ptr=P, k_ptr=P, v_ptr=P, beta_ptr=P, b_ptr=F, t_ptr=P, a_ptr=P, o_ptr=P,
+                                h0_ptr=F, ht_ptr=F, scale="fp32", T="i32", H="i32", NT="i32", NTC="i32"),
         "_state_fwd_kernel": dict(q_ptr=P, k_ptr=P, w_ptr=P, u_ptr=P, b_ptr=F, a_ptr=P, o_ptr=P, h0_ptr=F,
                                   ht_ptr=F, hs_ptr=P, vp_ptr=P, scale="fp32", T="i32", H="i32", NT="i32",
                                   NTC="i32"),
@@ -66,10 +71,19 @@ def main(argv=None):
     BK = min(64, K)
     cfg = lambda nw, ns=1: [dict(num_warps=nw, num_stages=ns)]
     jobs = [("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, KC=K, PREC=prec, FUSE_WU=False, QK=True), cfg(1)),
-            ("_wu_fwd_kernel", dict(K=K, V=V, BK=K, PREC=prec, QK=True), cfg(8 if K >= 128 else 4)),   # default
-            ("_wu_fwd_kernel", dict(K=K, V=V, BK=BK, PREC=prec, QK=True), cfg(4)),
-            ("_wu_fwd_kernel", dict(K=K, V=V, BK=BK, PREC=prec, QK=False), cfg(4)),
+            ("_wu_fwd_kernel", dict(K=K, V=V, BK=K, PREC=prec, QK=False, WU=True), cfg(8 if K >= 128 else 4)),  # default
+            ("_wu_fwd_kernel", dict(K=K, V=V, BK=K, PREC=prec, QK=True, WU=True), cfg(8 if K >= 128 else 4)),
+            ("_wu_fwd_kernel", dict(K=K, V=V, BK=BK, PREC=prec, QK=True, WU=True), cfg(4)),
             ("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, KC=K, PREC=prec, FUSE_WU=True, QK=True), cfg(4))]
+    sprec = "ieee" if dt == "fp32" else "tf32"
+    for qk in (False, True):
+        for nw in (4, 8):
+            jobs.append(("_tsolve_kernel", dict(K=K, PREC=prec, SPREC=sprec, QK=qk), cfg(nw)))
+    for BV, nw in ((V, 8), (min(V, 64), 4), (min(V, 32), 4), (min(V, 16), 4)):
+        for has_a in (False, True):
+            for ns in (1, 2, 3):
+                jobs.append(("_march_t_kernel", dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=True, STORE_HT=True,
+                                                     HAS_A=has_a), cfg(nw, ns)))
     # each kernel with and without the stored scores (HAS_A, the ``aqk`` knob), at the V-blocks the
     # heuristics pick
     for has_a in (True, False):
@@ -97,7 +111,7 @@ def main(argv=None):
                              cfg(nw)))
         for nw in (2, 4, 8):
             for bk in sorted({min(32, K), BK}):
-                jobs.append(("_wu_fwd_kernel", dict(K=K, V=V, BK=bk, PREC=prec, QK=True), cfg(nw)))
+                jobs.append(("_wu_fwd_kernel", dict(K=K, V=V, BK=bk, PREC=prec, QK=True, WU=True), cfg(nw)))
         for nw in (4, 8):
             for bk in sorted({BK, K}):
                 for bv in sorted({min(V, 32), min(V, 64)}):
@@ -106,6 +120,8 @@ def main(argv=None):
                 jobs.append(("_bwd_wy_kernel", dict(K=K, V=V, BV=bv, NK=K // BK, PREC=prec, REC=True), cfg(nw)))
     seen = set()
     for name, meta, configs in jobs:
+        if args.only not in name:
+            continue
         kern = getattr(td, name)
         sig = {n: ("constexpr" if n in meta else sigs[name][n]) for n in kern.arg_names}
         for cfg in configs:
@@ -132,7 +148,7 @@ def main(argv=None):
             lines = [ln.split("info    : ")[-1].strip() for ln in r.stderr.splitlines()
                      if "Used" in ln or "spill" in ln]
             tile = " ".join(f"{k}={int(meta[k]) if isinstance(meta[k], bool) else meta[k]}"
-                            for k in ("BK", "KC", "BV", "FUSE_WU", "QK", "HAS_A", "REC") if k in meta)
+                            for k in ("BK", "KC", "BV", "FUSE_WU", "QK", "WU", "HAS_A", "REC", "SPREC") if k in meta)
             print(f"{name:20s} {dt} K={K} {tile:18s} warps={cfg['num_warps']} stages={cfg['num_stages']} "
                   f"smem={c.metadata.shared:6d}  " + " | ".join(lines), flush=True)
     return 0
