@@ -288,12 +288,18 @@ def test_gpu_large_shapes(dtype, gated, T, K, V):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled-GPU shapes: needs CUDA")
-@pytest.mark.parametrize("B,H", [(4, 64), (1, 4)])          # B·H = 256 (whole-head march), 4 (V-blocks)
+@pytest.mark.parametrize("B,H", [(4, 64), (1, 4)])          # B·H = 256 and 4: both V-block settings
 @pytest.mark.parametrize("gated,correlated", [(True, False), (False, False), (False, True)])
 def test_gpu_inference_forms(B, H, gated, correlated):
-    """bf16 inference forward at K = V = 128, T = 2049 against the float64 chunkwise reference.
-    ``correlated``: keys near one direction and β = 2 (reflections), where the TF32 doubling
-    products of the solve lose most (measured in kernels/NOTES_delta.md); bound 2e-2 as above."""
+    """bf16 inference forward (T form) at K = V = 128, T = 2049 against the float64 chunkwise
+    reference, and against the W/U form (the training forward, which computes what fla computes).
+
+    Well-conditioned inputs: RMS ratio ≤ 2e-2 as in ``test_gpu_large_shapes``. ``correlated``: keys
+    near one direction and β = 2, so every step is a reflection and bf16 rounding errors never decay:
+    there every implementation, fla's included, measures ≈ 0.032 for ``o`` and ≈ 0.038 for the final
+    state (``kernels/benchmarks/conditioning_delta.py``, kernels/results/logs/conditioning_delta_round5.json),
+    so the bound is relative: the T form may not be more than 10 % worse than the W/U form."""
+    from kernels import triton_delta
     T, K, V = 2049, 128, 128
     inp = _inputs(B, T, H, K, V, gated=gated, seed=B + H, device="cuda", beta_max=1.0)
     if correlated:
@@ -304,11 +310,15 @@ def test_gpu_inference_forms(B, H, gated, correlated):
         inp["beta"] = torch.full((B, T, H), 2.0, dtype=torch.float64).cuda()
     with torch.no_grad():
         o, ht, leaves = _run(inp, torch.bfloat16, gated=gated, fs=True, grad=False)
+        with triton_delta.tuning(tform=2):
+            o_wu, ht_wu, _ = _run(inp, torch.bfloat16, gated=gated, fs=True, grad=False)
         r = {n: t.double() for n, t in leaves.items()}
         ro, rht = reference.chunk_scalar_ref(r["q"], r["k"], r["v"], r.get("g") if gated else None,
                                              r["beta"], K ** -0.5, r["h0"], True)
-    assert _rms_ratio(o, ro) <= 2e-2, _rms_ratio(o, ro)
-    assert _rms_ratio(ht, rht) <= 2e-2, _rms_ratio(ht, rht)
+    for x, x_wu, ref in ((o, o_wu, ro), (ht, ht_wu, rht)):
+        err, err_wu = _rms_ratio(x, ref), _rms_ratio(x_wu, ref)
+        assert err <= 1.1 * err_wu, (err, err_wu)
+        assert err <= (5e-2 if correlated else 2e-2), err
 
 
 @pytest.mark.parametrize("device", DEVICES)
