@@ -9,7 +9,7 @@ Chunks of ``C = 64`` tokens; ``b`` is the within-chunk cumulative log gate (``b_
 restarting at every chunk), so every exponent is a difference ``b_i − b_j`` (``j ≤ i``) or
 ``b_C − b_i`` or ``b_i`` itself, all ``≤ 0``: the kernels stay finite for arbitrarily harsh gates.
 
-Forward: three kernels.
+Training forward: three kernels (the inference forward, without gradients, is below them).
 
 1. ``_kkt_solve_kernel`` (grid: chunks × batch·heads, fully parallel) builds
    ``A_ij = β_i e^{b_i − b_j} k_i·k_j`` (``j < i``) in 16×16 blocks, inverts the four unit
@@ -28,6 +28,17 @@ Forward: three kernels.
    ``S ← e^{b_C} S + (k ⊙ e^{b_C − b})ᵀ v'``. There is no state round trip through HBM and no
    separate output kernel. For training it also writes the state entering every chunk and ``v'``.
    (``fwd_split=1``: a sequential kernel for ``v'`` and the states, then a parallel output kernel.)
+
+Inference forward (no input needs a gradient; ``tform=2`` uses the training kernels instead):
+``v' = U − W S = T (β ⊙ (v − e^{b} ⊙ K S))``, so ``W`` and ``U`` are never formed. Kernel 1 writes
+``T`` only, and ``_march_t_kernel`` (the sequential pass in "T form") reads ``T`` and ``v`` instead of
+``W`` and ``U``. That is one more ``[64, 64] × [64, BV]`` product per step, and two fewer
+``[64, K]``-sized tiles through memory per chunk. With V-blocks of 64 the pass forms the scores
+itself. With narrower blocks it reads them from ``_wu_fwd_kernel`` run in scores-only mode.
+``_tsolve_kernel`` (``tsolve=1``) is an alternative kernel 1 with four warps: it forms ``A`` with one
+``K Kᵀ`` product and inverts by doubling the solved diagonal blocks (1 → 2 → … → 64, exact
+algebra, TF32 products for 16-bit inputs). It took the same time as the one-warp kernel on the H200
+and is less precise, so it is not the default.
 
 Backward (derivation in ``kernels/NOTES_delta.md``). The forward keeps ``T``, ``W``, ``U``, ``P``,
 the entering state of every chunk and ``v'`` (all in the input dtype: every use in the backward
