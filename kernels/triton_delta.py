@@ -955,6 +955,9 @@ def _solve_t(q, k, b, beta, scale, qk):
     if _switch("tsolve", False):
         # the doubling products in TF32 for 16-bit inputs (T is rounded to 16 bits afterwards),
         # IEEE float32 for float32 inputs
+        if _TUNE["ts_prec"] not in (0, 1, 2, 3):
+            raise ValueError(f"tuning: ts_prec must be 0 (default), 1 (tf32), 2 (tf32x3) or 3 (ieee); "
+                             f"got {_TUNE['ts_prec']}")
         sprec = ("tf32", "tf32x3", "ieee")[(_TUNE["ts_prec"] or 1) - 1] if k.dtype != torch.float32 else "ieee"
         _launch(_tsolve_kernel, (NT, BH), (q, k, beta, b, tm, a if qk else tm, float(scale), T, H, NTC),
                 dict(K=K, PREC=prec, SPREC=sprec, QK=qk),

@@ -201,3 +201,26 @@ def test_chunk_backward_closed_forms_match_autograd():
     lc.check_close("dU = autograd", dU.numpy(), U.grad.numpy(), 1e-9)
     lc.check_close("dS0^T = autograd", dS0T.numpy(), S0T.grad.numpy(), 1e-9)
     lc.check_close("dA = autograd (strictly lower)", dA.numpy(), np.tril(At.grad.numpy(), k=-1), 1e-9)
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+def test_t_form_of_the_pseudo_values(seed):
+    """(ch6-d-tform): Ũ − W S₀ᵀ = T Diag(β)(V − Diag(e^b) K S₀ᵀ), numerically on a gated chunk."""
+    r, Q, K, V, beta, b, Gam, A = _gated_chunk(seed)
+    S0T = r.normal(size=(K.shape[1], V.shape[1]))
+    T = lc.forward_substitution(A, np.eye(K.shape[0]))
+    W, Ut = T @ ((beta * np.exp(b))[:, None] * K), T @ (beta[:, None] * V)
+    # float64, O(1) entries, 64-token chunk: round-off ~1e-14
+    lc.check_close("T form (ch6-d-tform)", T @ (beta[:, None] * (V - np.exp(b)[:, None] * (K @ S0T))),
+                   Ut - W @ S0T, TOL)
+
+
+def test_t_form_of_the_pseudo_values_symbolic():
+    """(ch6-d-tform) exactly, for a 2-token chunk, d_k = 2, d_v = 1, symbolic T, β, gates, state."""
+    t = sp.Matrix(2, 2, sp.symbols("t0:4"))
+    be = sp.diag(*sp.symbols("beta1 beta2"))
+    eb = sp.diag(*[sp.exp(x) for x in sp.symbols("b1 b2")])
+    K, V, S0T = sp.Matrix(2, 2, sp.symbols("k0:4")), sp.Matrix(sp.symbols("v1 v2")), sp.Matrix(sp.symbols("s1 s2"))
+    lhs = t * be * V - (t * be * eb * K) * S0T
+    rhs = t * be * (V - eb * K * S0T)
+    assert sp.simplify(lhs - rhs) == sp.zeros(2, 1)

@@ -385,3 +385,7 @@ def test_tuning_rejects_bad_knobs():
     with pytest.raises(ValueError, match="aqk"):
         with triton_delta.tuning(aqk=3):
             triton_delta._switch("aqk", True)
+    k = torch.zeros(1, 64, 1, 16)
+    with pytest.raises(ValueError, match="ts_prec"):
+        with triton_delta.tuning(tsolve=1, ts_prec=4):
+            triton_delta._solve_t(k.bfloat16(), k.bfloat16(), torch.zeros(1, 64), k[..., 0], 1.0, False)
