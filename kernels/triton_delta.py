@@ -936,10 +936,15 @@ def _precision(dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _doubling_solve() -> bool:
+    """The ``tsolve`` knob: ``_tsolve_kernel`` instead of the default one-warp solve."""
+    return _switch("tsolve", False)
+
+
 def _solve_t(q, k, b, beta, scale, qk):
     """``T = (I + A)^{-1}`` of every chunk (``[B·H, NT·64, 64]``, input dtype) and, with ``qk``,
-    the chunk scores ``P`` (same shape; else ``None``), by ``_tsolve_kernel`` (default) or the
-    one-warp ``_kkt_solve_kernel`` (default; it leaves the scores to ``_wu_fwd_kernel``). Round 5 on
+    the chunk scores ``P`` (same shape; else ``None``), by the one-warp ``_kkt_solve_kernel``
+    (default; it leaves the scores to ``_wu_fwd_kernel``) or ``_tsolve_kernel`` (``tsolve=1``). Round 5 on
     the H200 (NOTES_delta.md): the two take the same time (≈ 0.40 ms at B·T = 65,536, H = 16,
     K = 128), and the one-warp kernel's float32 products are exact where the doubling kernel's
     are TF32, so it stays the default."""
@@ -952,7 +957,7 @@ def _solve_t(q, k, b, beta, scale, qk):
     tm = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev)
     a = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev) if qk else None
     prec = _precision(k.dtype)
-    if _switch("tsolve", False):
+    if _doubling_solve():
         # the doubling products in TF32 for 16-bit inputs (T is rounded to 16 bits afterwards),
         # IEEE float32 for float32 inputs
         if _TUNE["ts_prec"] not in (0, 1, 2, 3):
@@ -994,7 +999,7 @@ def _wy_fwd(q, k, v, b, beta, scale):
     qk = _switch("aqk", True)
     prec = _precision(k.dtype)
     BK, wcfg = _wu_cfg(K, V)
-    if _TUNE["wy_fuse"] == 1 and not _switch("tsolve", True):
+    if _TUNE["wy_fuse"] == 1 and not _doubling_solve():
         # W, U (and the scores) in the one-warp solve kernel itself (not the default)
         tm = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev)
         a = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev) if qk else None
