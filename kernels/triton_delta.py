@@ -13,10 +13,13 @@ Training forward: three kernels (the inference forward, without gradients, is be
 
 1. ``_kkt_solve_kernel`` (grid: chunks × batch·heads, fully parallel) builds
    ``A_ij = β_i e^{b_i − b_j} k_i·k_j`` (``j < i``) in 16×16 blocks, inverts the four unit
-   lower-triangular diagonal blocks ``I + A_ii`` by forward substitution in registers, merges them
-   into ``T = (I + A)^{-1}`` by block substitution (``T_ij = −T_ii Σ_m A_im T_mj``) and writes ``T``
-   as a dense ``[64, 64]`` tile in the input dtype (one warp per chunk: the 16×16 tiles are
-   replicated across warps, so more warps only add reduction traffic).
+   lower-triangular diagonal blocks ``I + A_ii`` by forward substitution in registers (row by row,
+   reading ``A_ii`` transposed so that no step moves data between register layouts), merges them
+   into ``T = (I + A)^{-1}`` by block substitution (``T_ij = −T_ii Σ_m A_im T_mj``, 3×TF32
+   products for 16-bit inputs) and writes ``T`` as a dense ``[64, 64]`` tile in the input dtype
+   (one warp per chunk: the 16×16 tiles are replicated across warps, so more warps only add
+   reduction traffic). The within-chunk cumulative log gate ``b`` comes from a small kernel before
+   it (``_gate_cumsum_kernel``).
 2. ``_wu_fwd_kernel`` (same grid) forms the WY/UT factors ``W = T (β e^{b} K)`` and ``U = T (β V)``
    as ``[64, 64]`` products over column blocks (``wy_fuse=1`` does this inside kernel 1 instead),
    and the chunk's masked, gated, scaled scores ``P = scale · (q kᵀ ⊙ Γ ⊙ M)`` (``[64, 64]``, stored
@@ -71,8 +74,9 @@ upstream reports are triton-lang/triton#10486 and #11366). The defaults are conf
 passed the GPU tests and the sweeps' checks; explicit ``tuning`` overrides are not guarded.
 
 Float32 inputs use ``input_precision="ieee"`` in every ``tl.dot``; float16/bfloat16 inputs feed the
-tensor cores in their own dtype with float32 accumulation (the triangular solve is always float32
-``ieee``). ``o`` has ``v``'s dtype and the final state is float32.
+tensor cores in their own dtype with float32 accumulation. The triangular solve is float32: its row
+loop on the FMA units, its block products 3×TF32 (near-IEEE; ``kkt_oprec=1`` makes them IEEE). ``o``
+has ``v``'s dtype and the final state is float32.
 """
 from __future__ import annotations
 
@@ -121,10 +125,17 @@ _U_FP32 = os.environ.get("LATTN_DELTA_U_FP32", "0") == "1"
 #               no W, U); 2: W/U form as in training
 #   mt_bv / mt_warps / mt_stages           ``_march_t_kernel``
 #   mqk         1: ``_march_t_kernel`` reads scores stored by the solve; 2: it forms them itself
+#   kkt_tinv    1: the one-warp solve's row loop reads the diagonal blocks transposed (no layout
+#               conversions in the loop); 2: the round-5 loop
+#   kkt_oprec   precision of the one-warp solve's off-diagonal block products for 16-bit inputs:
+#               1 ieee, 2 tf32x3, 3 tf32
+#   kkt_glate   1: the six off-diagonal Gram blocks are formed after the diagonal inverses
+#   kkt_nreg    a register cap (``maxnreg``) for the one-warp solve
 _TUNE_KEYS = ("kkt_warps", "kkt_bk", "wy_fuse", "wu_bk", "wu_warps", "fwd_split", "fwd_bv", "fwd_warps",
               "fwd_stages", "out_bv", "out_warps", "bwd_bv", "bwd_warps", "bwd_stages",
               "dqk_bk", "dqk_bv", "dqk_warps", "dwy_bv", "dwy_warps", "aqk", "dwy_rec",
-              "tsolve", "ts_warps", "ts_prec", "tform", "mt_bv", "mt_warps", "mt_stages", "mqk")
+              "tsolve", "ts_warps", "ts_prec", "tform", "mt_bv", "mt_warps", "mt_stages", "mqk",
+              "kkt_tinv", "kkt_oprec", "kkt_glate", "kkt_nreg")
 _TUNE = dict.fromkeys(_TUNE_KEYS, 0)
 
 
@@ -217,6 +228,44 @@ def _gram16(s, ba, bb, beta_a, DIAG: tl.constexpr):
 
 
 @triton.jit
+def _gram16_diag_t(s, b, beta):
+    """The transpose of a diagonal block of ``A`` (``_gram16`` with ``DIAG``), read off the
+    symmetric block of dot products ``s = k_i·k_j`` without a transpose: ``Aᵀ[r, c] = A[c, r] =
+    β_c e^{b_c − b_r} s_rc`` for ``c > r``."""
+    r = tl.arange(0, 16)
+    up = r[None, :] > r[:, None]
+    d = b[None, :] - b[:, None]
+    return tl.where(up, s * tl.exp(tl.where(up, d, 0.0)), 0.0) * beta[None, :]
+
+
+@triton.jit
+def _inv4_unit_lower16_t(At0, At1, At2, At3):
+    """``(I + A)^{-1}`` of four strictly lower-triangular 16×16 blocks by forward substitution,
+    row by row, from their transposes: row ``i`` of ``A`` is column ``i`` of ``Aᵀ``, a vector
+    along the rows, which is what ``Σ_j a_j T[j, :]`` broadcasts, so no step of the loop moves
+    data between layouts (``_inv4_unit_lower16`` converts two vectors per block and step)."""
+    r = tl.arange(0, 16)
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    T0 = eye
+    T1 = eye
+    T2 = eye
+    T3 = eye
+    for i in range(1, 16):
+        col = r[None, :] == i
+        row = r[:, None] == i
+        e = tl.where(r == i, 1.0, 0.0)
+        a0 = tl.sum(tl.where(col, At0, 0.0), 1)          # row i of A, along the rows (index j)
+        a1 = tl.sum(tl.where(col, At1, 0.0), 1)
+        a2 = tl.sum(tl.where(col, At2, 0.0), 1)
+        a3 = tl.sum(tl.where(col, At3, 0.0), 1)
+        T0 = tl.where(row, (e - tl.sum(a0[:, None] * T0, 0))[None, :], T0)
+        T1 = tl.where(row, (e - tl.sum(a1[:, None] * T1, 0))[None, :], T1)
+        T2 = tl.where(row, (e - tl.sum(a2[:, None] * T2, 0))[None, :], T2)
+        T3 = tl.where(row, (e - tl.sum(a3[:, None] * T3, 0))[None, :], T3)
+    return T0, T1, T2, T3
+
+
+@triton.jit
 def _inv4_unit_lower16(A0, A1, A2, A3):
     """``(I + A)^{-1}`` of four strictly lower-triangular 16×16 blocks by forward substitution,
     row by row; the four independent solves share one loop so their steps can overlap."""
@@ -283,29 +332,29 @@ def _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, 
                      tl.dot(Tm, y, input_precision=PREC).to(u_ptr.dtype.element_ty))
 
 
-# ------------------------------------------------------------------------------------------------
-# 1. per-chunk WY/UT factors (parallel over chunks)
-# ------------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["T", "H", "NTC"])
-def _kkt_solve_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, T, H, NTC,
-                      K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr,
-                      FUSE_WU: tl.constexpr, QK: tl.constexpr):
-    """``T = (I + A)^{-1}`` of one chunk, written as a dense ``[64, 64]`` tile (zeros above the
-    diagonal); with ``FUSE_WU`` the same program then forms ``W`` and ``U`` from it."""
-    n = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
-    bi = bh // H
-    h = bh % H
-    t0 = n * 64
-    kp = k_ptr + (bi * T * H + h) * K
-    btp = beta_ptr + bi * T * H + h
-    bp = b_ptr + bh * NTC
-    # the ten 16×16 blocks (i >= j) of K Kᵀ, accumulated over column blocks of KC keys (fewer
-    # live registers than holding the chunk's keys whole)
+@triton.jit
+def _gram_diag4(kp, t0, T, H, K: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr):
+    """The four diagonal 16×16 blocks of ``K Kᵀ`` of the chunk at row ``t0`` (float32), over
+    column blocks of ``KC`` keys."""
     s00 = tl.zeros([16, 16], dtype=tl.float32)
     s11 = tl.zeros([16, 16], dtype=tl.float32)
     s22 = tl.zeros([16, 16], dtype=tl.float32)
     s33 = tl.zeros([16, 16], dtype=tl.float32)
+    for c0 in tl.static_range(0, K, KC):
+        k0 = _rows16(kp + c0, t0, T, H * K, KC)
+        k1 = _rows16(kp + c0, t0 + 16, T, H * K, KC)
+        k2 = _rows16(kp + c0, t0 + 32, T, H * K, KC)
+        k3 = _rows16(kp + c0, t0 + 48, T, H * K, KC)
+        s00 += tl.dot(k0, tl.trans(k0), input_precision=PREC)
+        s11 += tl.dot(k1, tl.trans(k1), input_precision=PREC)
+        s22 += tl.dot(k2, tl.trans(k2), input_precision=PREC)
+        s33 += tl.dot(k3, tl.trans(k3), input_precision=PREC)
+    return s00, s11, s22, s33
+
+
+@triton.jit
+def _gram_off6(kp, t0, T, H, K: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr):
+    """The six 16×16 blocks of ``K Kᵀ`` below the diagonal (``s10, s20, s21, s30, s31, s32``)."""
     s10 = tl.zeros([16, 16], dtype=tl.float32)
     s20 = tl.zeros([16, 16], dtype=tl.float32)
     s21 = tl.zeros([16, 16], dtype=tl.float32)
@@ -317,16 +366,46 @@ def _kkt_solve_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
         k1 = _rows16(kp + c0, t0 + 16, T, H * K, KC)
         k2 = _rows16(kp + c0, t0 + 32, T, H * K, KC)
         k3 = _rows16(kp + c0, t0 + 48, T, H * K, KC)
-        s00 += tl.dot(k0, tl.trans(k0), input_precision=PREC)
-        s11 += tl.dot(k1, tl.trans(k1), input_precision=PREC)
-        s22 += tl.dot(k2, tl.trans(k2), input_precision=PREC)
-        s33 += tl.dot(k3, tl.trans(k3), input_precision=PREC)
         s10 += tl.dot(k1, tl.trans(k0), input_precision=PREC)
         s20 += tl.dot(k2, tl.trans(k0), input_precision=PREC)
         s21 += tl.dot(k2, tl.trans(k1), input_precision=PREC)
         s30 += tl.dot(k3, tl.trans(k0), input_precision=PREC)
         s31 += tl.dot(k3, tl.trans(k1), input_precision=PREC)
         s32 += tl.dot(k3, tl.trans(k2), input_precision=PREC)
+    return s10, s20, s21, s30, s31, s32
+
+
+@triton.jit(do_not_specialize=["T", "H", "NTC"])
+def _gate_cumsum_kernel(g_ptr, b_ptr, T, H, NTC):
+    """``b``: the within-chunk cumulative sum of the log gate ``g`` (``[B, T, H]``), float32,
+    written as ``[B·H, NT·64]``; one chunk per program, zero gates past ``T``."""
+    n = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    bi = bh // H
+    h = bh % H
+    rows = n * 64 + tl.arange(0, 64)
+    g = tl.load(g_ptr + (bi * T + rows) * H + h, mask=rows < T, other=0.0).to(tl.float32)
+    tl.store(b_ptr + bh * NTC + rows, tl.cumsum(g, 0))
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. per-chunk WY/UT factors (parallel over chunks)
+# ------------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["T", "H", "NTC"])
+def _kkt_solve_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, T, H, NTC,
+                      K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr,
+                      FUSE_WU: tl.constexpr, QK: tl.constexpr, TINV: tl.constexpr, OPREC: tl.constexpr,
+                      GLATE: tl.constexpr):
+    """``T = (I + A)^{-1}`` of one chunk, written as a dense ``[64, 64]`` tile (zeros above the
+    diagonal); with ``FUSE_WU`` the same program then forms ``W`` and ``U`` from it."""
+    n = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
+    bi = bh // H
+    h = bh % H
+    t0 = n * 64
+    kp = k_ptr + (bi * T * H + h) * K
+    btp = beta_ptr + bi * T * H + h
+    bp = b_ptr + bh * NTC
     be0 = _vec16(btp, t0, T, H)
     be1 = _vec16(btp, t0 + 16, T, H)
     be2 = _vec16(btp, t0 + 32, T, H)
@@ -335,28 +414,37 @@ def _kkt_solve_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
     g1 = _vec16(bp, t0 + 16, NTC, 1)
     g2 = _vec16(bp, t0 + 32, NTC, 1)
     g3 = _vec16(bp, t0 + 48, NTC, 1)
-    # A in 16x16 blocks (i >= j)
-    A00 = _gram16(s00, g0, g0, be0, True)
-    A11 = _gram16(s11, g1, g1, be1, True)
-    A22 = _gram16(s22, g2, g2, be2, True)
-    A33 = _gram16(s33, g3, g3, be3, True)
+    # the ten 16×16 blocks (i >= j) of K Kᵀ, accumulated over column blocks of KC keys (fewer
+    # live registers than holding the chunk's keys whole): the four diagonal ones first; with
+    # ``GLATE`` the six below the diagonal only after the diagonal blocks are inverted
+    s00, s11, s22, s33 = _gram_diag4(kp, t0, T, H, K, KC, PREC)
+    if not GLATE:
+        s10, s20, s21, s30, s31, s32 = _gram_off6(kp, t0, T, H, K, KC, PREC)
+    # T = (I + A)^{-1}: diagonal blocks by forward substitution, then block substitution
+    if TINV:   # round 6: the diagonal blocks' transposes, a loop without layout conversions
+        T00, T11, T22, T33 = _inv4_unit_lower16_t(_gram16_diag_t(s00, g0, be0), _gram16_diag_t(s11, g1, be1),
+                                                  _gram16_diag_t(s22, g2, be2), _gram16_diag_t(s33, g3, be3))
+    else:
+        T00, T11, T22, T33 = _inv4_unit_lower16(_gram16(s00, g0, g0, be0, True), _gram16(s11, g1, g1, be1, True),
+                                                _gram16(s22, g2, g2, be2, True), _gram16(s33, g3, g3, be3, True))
+    if GLATE:
+        s10, s20, s21, s30, s31, s32 = _gram_off6(kp, t0, T, H, K, KC, PREC)
+    # A below the diagonal in 16×16 blocks
     A10 = _gram16(s10, g1, g0, be1, False)
     A20 = _gram16(s20, g2, g0, be2, False)
     A21 = _gram16(s21, g2, g1, be2, False)
     A30 = _gram16(s30, g3, g0, be3, False)
     A31 = _gram16(s31, g3, g1, be3, False)
     A32 = _gram16(s32, g3, g2, be3, False)
-    # T = (I + A)^{-1}: diagonal blocks by forward substitution, then block substitution
-    T00, T11, T22, T33 = _inv4_unit_lower16(A00, A11, A22, A33)
-    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision="ieee"), input_precision="ieee")
-    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision="ieee"), input_precision="ieee")
-    T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision="ieee") + tl.dot(A21, T10, input_precision="ieee"),
-                  input_precision="ieee")
-    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision="ieee"), input_precision="ieee")
-    T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision="ieee") + tl.dot(A32, T21, input_precision="ieee"),
-                  input_precision="ieee")
-    T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision="ieee") + tl.dot(A31, T10, input_precision="ieee")
-                  + tl.dot(A32, T20, input_precision="ieee"), input_precision="ieee")
+    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=OPREC), input_precision=OPREC)
+    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=OPREC), input_precision=OPREC)
+    T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision=OPREC) + tl.dot(A21, T10, input_precision=OPREC),
+                  input_precision=OPREC)
+    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=OPREC), input_precision=OPREC)
+    T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision=OPREC) + tl.dot(A32, T21, input_precision=OPREC),
+                  input_precision=OPREC)
+    T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision=OPREC) + tl.dot(A31, T10, input_precision=OPREC)
+                  + tl.dot(A32, T20, input_precision=OPREC), input_precision=OPREC)
     # T as a dense [64, 64] tile per chunk, in the dtype that feeds the products (W, U and the backward)
     rr = tl.arange(0, 16)
     tp = t_ptr + (bh * NTC + t0) * 64 + rr[:, None] * 64 + rr[None, :]
@@ -862,11 +950,12 @@ def _pick_bv(BH: int, V: int, K: int) -> int:
 
 
 def _chunk_cumsum(g, B, T, H, NT):
-    """Within-chunk cumulative log gate, float32, ``[B*H, NT*C]`` (zero padding past ``T``)."""
-    C = CHUNK
-    gp = torch.zeros(B, H, NT * C, dtype=torch.float32, device=g.device)
-    gp[:, :, :T] = g.float().transpose(1, 2)
-    return gp.view(B, H, NT, C).cumsum(-1).view(B * H, NT * C).contiguous()
+    """Within-chunk cumulative log gate, float32, ``[B*H, NT*C]`` (zero gates past ``T``): one
+    small kernel (``_gate_cumsum_kernel``) in place of the four PyTorch ones (allocate, transpose,
+    copy, scan) it replaced in round 6."""
+    b = torch.empty(B * H, NT * CHUNK, dtype=torch.float32, device=g.device)
+    _gate_cumsum_kernel[(NT, B * H)](g.contiguous(), b, T, H, NT * CHUNK, num_warps=1)
+    return b
 
 
 _CFG_CACHE: dict = {}
@@ -941,13 +1030,33 @@ def _doubling_solve() -> bool:
     return _switch("tsolve", False)
 
 
+def _kkt_opts(dtype):
+    """Constexprs of the one-warp solve beyond its sizes (knobs ``kkt_tinv``, ``kkt_oprec``,
+    ``kkt_glate``); float32 inputs keep IEEE products throughout."""
+    op = _TUNE["kkt_oprec"]
+    if op not in (0, 1, 2, 3):
+        raise ValueError(f"tuning: kkt_oprec must be 0 (default), 1 (ieee), 2 (tf32x3) or 3 (tf32); got {op}")
+    # default 3×TF32: near-IEEE (≈ 1e-6 apart on T) at 0.77× the time of IEEE products, which run
+    # on the FMA units (round-6 sweep on the H200, NOTES_delta.md)
+    oprec = "ieee" if dtype == torch.float32 else ("ieee", "tf32x3", "tf32")[(op or 2) - 1]
+    return dict(TINV=_switch("kkt_tinv", True), OPREC=oprec, GLATE=_switch("kkt_glate", False))
+
+
+def _kkt_configs(K, V, dtype):
+    cfgs = _par_configs(K, V, _TUNE["kkt_warps"], nw=1 if dtype != torch.float32 else 4)
+    if _TUNE["kkt_nreg"]:
+        cfgs = [dict(c, maxnreg=_TUNE["kkt_nreg"]) for c in cfgs]
+    return cfgs
+
+
 def _solve_t(q, k, b, beta, scale, qk):
     """``T = (I + A)^{-1}`` of every chunk (``[B·H, NT·64, 64]``, input dtype) and, with ``qk``,
     the chunk scores ``P`` (same shape; else ``None``), by the one-warp ``_kkt_solve_kernel``
-    (default; it leaves the scores to ``_wu_fwd_kernel``) or ``_tsolve_kernel`` (``tsolve=1``). Round 5 on
-    the H200 (NOTES_delta.md): the two take the same time (≈ 0.40 ms at B·T = 65,536, H = 16,
-    K = 128), and the one-warp kernel's float32 products are exact where the doubling kernel's
-    are TF32, so it stays the default."""
+    (default; it leaves the scores to ``_wu_fwd_kernel``) or ``_tsolve_kernel`` (``tsolve=1``). On
+    the H200 at B·T = 65,536, H = 16, K = 128 (NOTES_delta.md) the two took the same time in round
+    5 (≈ 0.40 ms); round 6 brought the one-warp kernel to ≈ 0.27 ms (a row loop without layout
+    conversions, 3×TF32 block products), and its products are near-IEEE where the doubling
+    kernel's are TF32."""
     B, T, H, K = k.shape
     NT = triton.cdiv(T, CHUNK)
     NTC = NT * CHUNK
@@ -971,10 +1080,10 @@ def _solve_t(q, k, b, beta, scale, qk):
     # one warp for 16-bit inputs: the 16×16 tiles of the solve are replicated across warps, so more
     # warps only add reduction traffic (round-3 sweep on the H200: 1 warp 0.40 ms, 4 warps 0.95 ms
     # at B·T = 65,536, NOTES_delta.md); float32 keeps 4 (its operands would not fit one warp)
-    kcfg = _par_configs(K, K, _TUNE["kkt_warps"], nw=1 if k.dtype != torch.float32 else 4)
     KC = _tuned_bv("kkt_bk", K, K)
     _launch(_kkt_solve_kernel, (NT, BH), (q, k, k, beta, b, tm, tm, tm, tm, float(scale), T, H, NTC),
-            dict(K=K, V=K, BK=K, KC=KC, PREC=prec, FUSE_WU=False, QK=False), kcfg)
+            dict(K=K, V=K, BK=K, KC=KC, PREC=prec, FUSE_WU=False, QK=False, **_kkt_opts(k.dtype)),
+            _kkt_configs(K, K, k.dtype))
     return tm, a, False
 
 
@@ -1003,9 +1112,9 @@ def _wy_fwd(q, k, v, b, beta, scale):
         # W, U (and the scores) in the one-warp solve kernel itself (not the default)
         tm = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev)
         a = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev) if qk else None
-        kcfg = _par_configs(K, V, _TUNE["kkt_warps"], nw=1 if k.dtype != torch.float32 else 4)
         _launch(_kkt_solve_kernel, (NT, BH), (q, k, v, beta, b, w, u, tm, a if qk else tm, float(scale), T, H, NTC),
-                dict(K=K, V=V, BK=BK, KC=_tuned_bv("kkt_bk", K, K), PREC=prec, FUSE_WU=True, QK=qk), kcfg)
+                dict(K=K, V=V, BK=BK, KC=_tuned_bv("kkt_bk", K, K), PREC=prec, FUSE_WU=True, QK=qk,
+                     **_kkt_opts(k.dtype)), _kkt_configs(K, V, k.dtype))
         return w, u, tm, a
     tm, a, has_p = _solve_t(q, k, b, beta, scale, qk)
     _launch(_wu_fwd_kernel, (NT, BH), (q, k, v, beta, b, w, u, tm, a if qk else tm, float(scale), T, H, NTC),

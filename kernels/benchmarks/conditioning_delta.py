@@ -42,7 +42,8 @@ def main():
             ro, rht = reference.chunk_scalar_ref(r[0], r[1], r[2], None, r[3], K ** -0.5, h0, True)
             res = {}
             with torch.no_grad():
-                for name, kw in (("tform", {}), ("wu", dict(tform=2)), ("tform_tsolve", dict(tsolve=1))):
+                for name, kw in (("tform", {}), ("wu", dict(tform=2)), ("tform_tsolve", dict(tsolve=1)),
+                                 ("solve_ieee", dict(kkt_oprec=1)), ("solve_tf32", dict(kkt_oprec=3))):
                     with td.tuning(**kw):
                         o, ht = kernels.chunk_delta_rule(*x, initial_state=h0.float(), output_final_state=True,
                                                          backend="triton")

@@ -45,6 +45,31 @@ STAGES = (1, 2, 3)
 
 
 def _variants():
+    """Round 6: the one-warp solve's row loop on transposed diagonal blocks (``kkt_tinv``, no
+    layout conversions in the loop), the precision of its off-diagonal block products
+    (``kkt_oprec``), the order of the Gram blocks (``kkt_glate``), its column block and a register
+    cap; then the inference forward with the best candidates. (Round 6b then timed a sequence
+    split of the inference forward, whose code was removed as slower at every shape; see
+    kernels/NOTES_delta.md.)"""
+    out = [("solve", dict(kkt_tinv=2, kkt_oprec=1))]
+    for tinv in (1, 2):
+        for op in (1, 2, 3):
+            for kc in (128, 64):
+                out.append(("solve", dict(kkt_tinv=tinv, kkt_oprec=op, kkt_bk=kc)))
+    for op in (2, 3):
+        for kc in (128, 64):
+            out.append(("solve", dict(kkt_oprec=op, kkt_glate=1, kkt_bk=kc)))
+    for nreg in (168, 128):
+        out.append(("solve", dict(kkt_oprec=2, kkt_nreg=nreg)))
+    for op in (1, 2, 3):
+        out.append(("inf", dict(kkt_oprec=op)))
+    out.append(("inf", dict(kkt_tinv=2, kkt_oprec=1)))
+    out.append(("wy", dict(kkt_oprec=2)))
+    out.append(("wy", dict(kkt_tinv=2, kkt_oprec=1)))
+    return out
+
+
+def _variants_round5b():
     """Round 5b (after 5): the march's small-B·H settings and one-V-block-per-program warps again,
     and the two solves side by side. (This round also timed two variants whose code was then
     removed, never committed, as slower: the one-warp solve with its diagonal blocks inverted by
@@ -308,8 +333,8 @@ def main(argv=None):
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for explore_delta.json")
     p.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 4) - 3)))
     p.add_argument("--quick", action="store_true", help="small shapes (a smoke test)")
-    p.add_argument("--round", default="5b", choices=["4", "4b", "4c", "5", "5b"],
-                   help="which round's variant list: 4, 4b, 4c, 5 (kept for the record) or 5b (default)")
+    p.add_argument("--round", default="6", choices=["4", "4b", "4c", "5", "5b", "6"],
+                   help="which round's variant list: 4, 4b, 4c, 5, 5b (kept for the record) or 6 (default)")
     p.add_argument("--fla", action="store_true", help="also time fla end to end (its autotuning is slow)")
     p.add_argument("--profile", action="store_true", help="torch.profiler per-kernel tables")
     args = p.parse_args(argv)
@@ -327,7 +352,8 @@ def main(argv=None):
         return 2
     shapes = QUICK_SHAPES if args.quick else SHAPES
     variants = {"4": _variants_round4, "4b": _variants_round4b, "4c": _variants_round4c,
-                "5": _variants_round5, "5b": _variants}[args.round]()
+                "5": _variants_round5, "5b": _variants_round5b,
+                "6": _variants}[args.round]()
     result = {"env": environment(), "budget_s": args.budget, "shapes": shapes, "H": H, "K": K, "V": V,
               "dtype": "bfloat16", "tol": TOL, "breakdown": {}, "profile": {}, "variants": [],
               "warm": {}, "skipped": []}

@@ -70,11 +70,11 @@ def main(argv=None):
     }
     BK = min(64, K)
     cfg = lambda nw, ns=1: [dict(num_warps=nw, num_stages=ns)]
-    jobs = [("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, KC=K, PREC=prec, FUSE_WU=False, QK=True), cfg(1)),
+    jobs = [("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, KC=K, PREC=prec, FUSE_WU=False, QK=True, **td._kkt_opts(tdt)), cfg(1)),
             ("_wu_fwd_kernel", dict(K=K, V=V, BK=K, PREC=prec, QK=False, WU=True), cfg(8 if K >= 128 else 4)),  # default
             ("_wu_fwd_kernel", dict(K=K, V=V, BK=K, PREC=prec, QK=True, WU=True), cfg(8 if K >= 128 else 4)),
             ("_wu_fwd_kernel", dict(K=K, V=V, BK=BK, PREC=prec, QK=True, WU=True), cfg(4)),
-            ("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, KC=K, PREC=prec, FUSE_WU=True, QK=True), cfg(4))]
+            ("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, KC=K, PREC=prec, FUSE_WU=True, QK=True, **td._kkt_opts(tdt)), cfg(4))]
     sprec = "ieee" if dt == "fp32" else "tf32"
     for qk in (False, True):
         for nw in (4, 8):
@@ -107,7 +107,7 @@ def main(argv=None):
     if args.grid:   # the per-chunk kernels' variants swept by explore_delta
         for nw in (1, 2, 4, 8):
             for kc in sorted({min(K, 32), min(K, 64), K}):
-                jobs.append(("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, KC=kc, PREC=prec, FUSE_WU=False, QK=True),
+                jobs.append(("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, KC=kc, PREC=prec, FUSE_WU=False, QK=True, **td._kkt_opts(tdt)),
                              cfg(nw)))
         for nw in (2, 4, 8):
             for bk in sorted({min(32, K), BK}):
