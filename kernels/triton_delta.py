@@ -384,8 +384,10 @@ def _gate_cumsum_kernel(g_ptr, b_ptr, T, H, NTC):
     bi = bh // H
     h = bh % H
     rows = n * 64 + tl.arange(0, 64)
-    g = tl.load(g_ptr + (bi * T + rows) * H + h, mask=rows < T, other=0.0).to(tl.float32)
-    tl.store(b_ptr + bh * NTC + rows, tl.cumsum(g, 0))
+    # summed in float64 and rounded once: harsh gates (log decays of −1000 and more) make the
+    # exponent differences b_i − b_j cancel, so every float32 rounding of the running sum shows
+    g = tl.load(g_ptr + (bi * T + rows) * H + h, mask=rows < T, other=0.0).to(tl.float64)
+    tl.store(b_ptr + bh * NTC + rows, tl.cumsum(g, 0).to(tl.float32))
 
 
 # ------------------------------------------------------------------------------------------------
