@@ -45,6 +45,18 @@ STAGES = (1, 2, 3)
 
 
 def _variants():
+    """Round 6c (after 6): the march at the small-B·H V-blocks (16 at B·H = 16, 32 at B·H = 32)
+    with fewer warps than a warpgroup (Triton then issues ``mma.sync`` products from registers
+    instead of ``wgmma`` from shared memory) and with more, over stages."""
+    out = []
+    for bv in (16, 32):
+        for nw in (1, 2, 8):
+            for ns in (2, 3):
+                out.append(("inf", dict(mt_bv=bv, mqk=1, mt_warps=nw, mt_stages=ns)))
+    return out
+
+
+def _variants_round6():
     """Round 6: the one-warp solve's row loop on transposed diagonal blocks (``kkt_tinv``, no
     layout conversions in the loop), the precision of its off-diagonal block products
     (``kkt_oprec``), the order of the Gram blocks (``kkt_glate``), its column block and a register
@@ -333,8 +345,8 @@ def main(argv=None):
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for explore_delta.json")
     p.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 4) - 3)))
     p.add_argument("--quick", action="store_true", help="small shapes (a smoke test)")
-    p.add_argument("--round", default="6", choices=["4", "4b", "4c", "5", "5b", "6"],
-                   help="which round's variant list: 4, 4b, 4c, 5, 5b (kept for the record) or 6 (default)")
+    p.add_argument("--round", default="6c", choices=["4", "4b", "4c", "5", "5b", "6", "6c"],
+                   help="which round's variant list: 4 … 6 (kept for the record) or 6c (default)")
     p.add_argument("--fla", action="store_true", help="also time fla end to end (its autotuning is slow)")
     p.add_argument("--profile", action="store_true", help="torch.profiler per-kernel tables")
     args = p.parse_args(argv)
@@ -353,7 +365,7 @@ def main(argv=None):
     shapes = QUICK_SHAPES if args.quick else SHAPES
     variants = {"4": _variants_round4, "4b": _variants_round4b, "4c": _variants_round4c,
                 "5": _variants_round5, "5b": _variants_round5b,
-                "6": _variants}[args.round]()
+                "6": _variants_round6, "6c": _variants}[args.round]()
     result = {"env": environment(), "budget_s": args.budget, "shapes": shapes, "H": H, "K": K, "V": V,
               "dtype": "bfloat16", "tol": TOL, "breakdown": {}, "profile": {}, "variants": [],
               "warm": {}, "skipped": []}
