@@ -125,17 +125,13 @@ _U_FP32 = os.environ.get("LATTN_DELTA_U_FP32", "0") == "1"
 #               no W, U); 2: W/U form as in training
 #   mt_bv / mt_warps / mt_stages           ``_march_t_kernel``
 #   mqk         1: ``_march_t_kernel`` reads scores stored by the solve; 2: it forms them itself
-#   kkt_tinv    1: the one-warp solve's row loop reads the diagonal blocks transposed (no layout
-#               conversions in the loop); 2: the round-5 loop
 #   kkt_oprec   precision of the one-warp solve's off-diagonal block products for 16-bit inputs:
-#               1 ieee, 2 tf32x3, 3 tf32
-#   kkt_glate   1: the six off-diagonal Gram blocks are formed after the diagonal inverses
-#   kkt_nreg    a register cap (``maxnreg``) for the one-warp solve
+#               1 ieee, 2 tf32x3 (default), 3 tf32
 _TUNE_KEYS = ("kkt_warps", "kkt_bk", "wy_fuse", "wu_bk", "wu_warps", "fwd_split", "fwd_bv", "fwd_warps",
               "fwd_stages", "out_bv", "out_warps", "bwd_bv", "bwd_warps", "bwd_stages",
               "dqk_bk", "dqk_bv", "dqk_warps", "dwy_bv", "dwy_warps", "aqk", "dwy_rec",
               "tsolve", "ts_warps", "ts_prec", "tform", "mt_bv", "mt_warps", "mt_stages", "mqk",
-              "kkt_tinv", "kkt_oprec", "kkt_glate", "kkt_nreg")
+              "kkt_oprec")
 _TUNE = dict.fromkeys(_TUNE_KEYS, 0)
 
 
@@ -214,22 +210,16 @@ def _mask_gate(s, b, scale):
 
 
 @triton.jit
-def _gram16(s, ba, bb, beta_a, DIAG: tl.constexpr):
-    """One 16×16 block of ``A_ij = β_i e^{b_i − b_j} k_i·k_j`` (strictly lower on the diagonal)
-    from the block of dot products ``s = k_i·k_j``."""
-    d = ba[:, None] - bb[None, :]
-    if DIAG:
-        r = tl.arange(0, 16)
-        low = r[:, None] > r[None, :]
-        s = tl.where(low, s * tl.exp(tl.where(low, d, 0.0)), 0.0)
-    else:
-        s = s * tl.exp(d)          # off-diagonal blocks lie wholly below the diagonal: d <= 0
-    return s * beta_a[:, None]
+def _gram16(s, ba, bb, beta_a):
+    """One 16×16 block of ``A_ij = β_i e^{b_i − b_j} k_i·k_j`` below the diagonal blocks (every
+    exponent ≤ 0) from the block of dot products ``s = k_i·k_j``."""
+    return s * tl.exp(ba[:, None] - bb[None, :]) * beta_a[:, None]
 
 
 @triton.jit
 def _gram16_diag_t(s, b, beta):
-    """The transpose of a diagonal block of ``A`` (``_gram16`` with ``DIAG``), read off the
+    """The transpose of a diagonal block of ``A`` (strictly lower, ``A_ij = β_i e^{b_i − b_j}
+    k_i·k_j`` for ``j < i``), read off the
     symmetric block of dot products ``s = k_i·k_j`` without a transpose: ``Aᵀ[r, c] = A[c, r] =
     β_c e^{b_c − b_r} s_rc`` for ``c > r``."""
     r = tl.arange(0, 16)
@@ -239,11 +229,14 @@ def _gram16_diag_t(s, b, beta):
 
 
 @triton.jit
-def _inv4_unit_lower16_t(At0, At1, At2, At3):
+def _inv4_unit_lower16(At0, At1, At2, At3):
     """``(I + A)^{-1}`` of four strictly lower-triangular 16×16 blocks by forward substitution,
     row by row, from their transposes: row ``i`` of ``A`` is column ``i`` of ``Aᵀ``, a vector
     along the rows, which is what ``Σ_j a_j T[j, :]`` broadcasts, so no step of the loop moves
-    data between layouts (``_inv4_unit_lower16`` converts two vectors per block and step)."""
+    data between layouts (read from ``A`` itself, row ``i`` lies along the columns, and the
+    round-5 loop converted two vectors per block and step; NOTES_delta.md, round 6). The four
+    independent solves share one loop so that their steps can overlap; a loop, not unrolled:
+    far fewer live registers (ptxas, sm_90a)."""
     r = tl.arange(0, 16)
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
     T0 = eye
@@ -262,30 +255,6 @@ def _inv4_unit_lower16_t(At0, At1, At2, At3):
         T1 = tl.where(row, (e - tl.sum(a1[:, None] * T1, 0))[None, :], T1)
         T2 = tl.where(row, (e - tl.sum(a2[:, None] * T2, 0))[None, :], T2)
         T3 = tl.where(row, (e - tl.sum(a3[:, None] * T3, 0))[None, :], T3)
-    return T0, T1, T2, T3
-
-
-@triton.jit
-def _inv4_unit_lower16(A0, A1, A2, A3):
-    """``(I + A)^{-1}`` of four strictly lower-triangular 16×16 blocks by forward substitution,
-    row by row; the four independent solves share one loop so their steps can overlap."""
-    r = tl.arange(0, 16)
-    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    T0 = eye
-    T1 = eye
-    T2 = eye
-    T3 = eye
-    for i in range(1, 16):      # a loop, not unrolled: far fewer live registers (ptxas, sm_90a)
-        sel = r[:, None] == i
-        e = tl.where(r == i, 1.0, 0.0)
-        a0 = tl.sum(tl.where(sel, A0, 0.0), 0)          # row i of A, indexed by column j
-        a1 = tl.sum(tl.where(sel, A1, 0.0), 0)
-        a2 = tl.sum(tl.where(sel, A2, 0.0), 0)
-        a3 = tl.sum(tl.where(sel, A3, 0.0), 0)
-        T0 = tl.where(sel, (e - tl.sum(a0[:, None] * T0, 0))[None, :], T0)
-        T1 = tl.where(sel, (e - tl.sum(a1[:, None] * T1, 0))[None, :], T1)
-        T2 = tl.where(sel, (e - tl.sum(a2[:, None] * T2, 0))[None, :], T2)
-        T3 = tl.where(sel, (e - tl.sum(a3[:, None] * T3, 0))[None, :], T3)
     return T0, T1, T2, T3
 
 
@@ -333,6 +302,13 @@ def _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, 
 
 
 @triton.jit
+def _key_rows4(kp, c0, t0, T, H, K: tl.constexpr, KC: tl.constexpr):
+    """Columns ``c0 .. c0+KC`` of the chunk's keys at row ``t0``, as its four 16-row blocks."""
+    return (_rows16(kp + c0, t0, T, H * K, KC), _rows16(kp + c0, t0 + 16, T, H * K, KC),
+            _rows16(kp + c0, t0 + 32, T, H * K, KC), _rows16(kp + c0, t0 + 48, T, H * K, KC))
+
+
+@triton.jit
 def _gram_diag4(kp, t0, T, H, K: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr):
     """The four diagonal 16×16 blocks of ``K Kᵀ`` of the chunk at row ``t0`` (float32), over
     column blocks of ``KC`` keys."""
@@ -341,10 +317,7 @@ def _gram_diag4(kp, t0, T, H, K: tl.constexpr, KC: tl.constexpr, PREC: tl.conste
     s22 = tl.zeros([16, 16], dtype=tl.float32)
     s33 = tl.zeros([16, 16], dtype=tl.float32)
     for c0 in tl.static_range(0, K, KC):
-        k0 = _rows16(kp + c0, t0, T, H * K, KC)
-        k1 = _rows16(kp + c0, t0 + 16, T, H * K, KC)
-        k2 = _rows16(kp + c0, t0 + 32, T, H * K, KC)
-        k3 = _rows16(kp + c0, t0 + 48, T, H * K, KC)
+        k0, k1, k2, k3 = _key_rows4(kp, c0, t0, T, H, K, KC)
         s00 += tl.dot(k0, tl.trans(k0), input_precision=PREC)
         s11 += tl.dot(k1, tl.trans(k1), input_precision=PREC)
         s22 += tl.dot(k2, tl.trans(k2), input_precision=PREC)
@@ -362,10 +335,7 @@ def _gram_off6(kp, t0, T, H, K: tl.constexpr, KC: tl.constexpr, PREC: tl.constex
     s31 = tl.zeros([16, 16], dtype=tl.float32)
     s32 = tl.zeros([16, 16], dtype=tl.float32)
     for c0 in tl.static_range(0, K, KC):
-        k0 = _rows16(kp + c0, t0, T, H * K, KC)
-        k1 = _rows16(kp + c0, t0 + 16, T, H * K, KC)
-        k2 = _rows16(kp + c0, t0 + 32, T, H * K, KC)
-        k3 = _rows16(kp + c0, t0 + 48, T, H * K, KC)
+        k0, k1, k2, k3 = _key_rows4(kp, c0, t0, T, H, K, KC)
         s10 += tl.dot(k1, tl.trans(k0), input_precision=PREC)
         s20 += tl.dot(k2, tl.trans(k0), input_precision=PREC)
         s21 += tl.dot(k2, tl.trans(k1), input_precision=PREC)
@@ -396,8 +366,7 @@ def _gate_cumsum_kernel(g_ptr, b_ptr, T, H, NTC):
 @triton.jit(do_not_specialize=["T", "H", "NTC"])
 def _kkt_solve_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, T, H, NTC,
                       K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr,
-                      FUSE_WU: tl.constexpr, QK: tl.constexpr, TINV: tl.constexpr, OPREC: tl.constexpr,
-                      GLATE: tl.constexpr):
+                      FUSE_WU: tl.constexpr, QK: tl.constexpr, OPREC: tl.constexpr):
     """``T = (I + A)^{-1}`` of one chunk, written as a dense ``[64, 64]`` tile (zeros above the
     diagonal); with ``FUSE_WU`` the same program then forms ``W`` and ``U`` from it."""
     n = tl.program_id(0)
@@ -417,27 +386,21 @@ def _kkt_solve_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
     g2 = _vec16(bp, t0 + 32, NTC, 1)
     g3 = _vec16(bp, t0 + 48, NTC, 1)
     # the ten 16×16 blocks (i >= j) of K Kᵀ, accumulated over column blocks of KC keys (fewer
-    # live registers than holding the chunk's keys whole): the four diagonal ones first; with
-    # ``GLATE`` the six below the diagonal only after the diagonal blocks are inverted
+    # live registers than holding the chunk's keys whole): the four diagonal ones, then the six
+    # below them (forming those after the diagonal inverses spilled more and was 1.6–1.9× slower)
     s00, s11, s22, s33 = _gram_diag4(kp, t0, T, H, K, KC, PREC)
-    if not GLATE:
-        s10, s20, s21, s30, s31, s32 = _gram_off6(kp, t0, T, H, K, KC, PREC)
-    # T = (I + A)^{-1}: diagonal blocks by forward substitution, then block substitution
-    if TINV:   # round 6: the diagonal blocks' transposes, a loop without layout conversions
-        T00, T11, T22, T33 = _inv4_unit_lower16_t(_gram16_diag_t(s00, g0, be0), _gram16_diag_t(s11, g1, be1),
-                                                  _gram16_diag_t(s22, g2, be2), _gram16_diag_t(s33, g3, be3))
-    else:
-        T00, T11, T22, T33 = _inv4_unit_lower16(_gram16(s00, g0, g0, be0, True), _gram16(s11, g1, g1, be1, True),
-                                                _gram16(s22, g2, g2, be2, True), _gram16(s33, g3, g3, be3, True))
-    if GLATE:
-        s10, s20, s21, s30, s31, s32 = _gram_off6(kp, t0, T, H, K, KC, PREC)
+    s10, s20, s21, s30, s31, s32 = _gram_off6(kp, t0, T, H, K, KC, PREC)
+    # T = (I + A)^{-1}: diagonal blocks by forward substitution (from their transposes), then
+    # block substitution
+    T00, T11, T22, T33 = _inv4_unit_lower16(_gram16_diag_t(s00, g0, be0), _gram16_diag_t(s11, g1, be1),
+                                            _gram16_diag_t(s22, g2, be2), _gram16_diag_t(s33, g3, be3))
     # A below the diagonal in 16×16 blocks
-    A10 = _gram16(s10, g1, g0, be1, False)
-    A20 = _gram16(s20, g2, g0, be2, False)
-    A21 = _gram16(s21, g2, g1, be2, False)
-    A30 = _gram16(s30, g3, g0, be3, False)
-    A31 = _gram16(s31, g3, g1, be3, False)
-    A32 = _gram16(s32, g3, g2, be3, False)
+    A10 = _gram16(s10, g1, g0, be1)
+    A20 = _gram16(s20, g2, g0, be2)
+    A21 = _gram16(s21, g2, g1, be2)
+    A30 = _gram16(s30, g3, g0, be3)
+    A31 = _gram16(s31, g3, g1, be3)
+    A32 = _gram16(s32, g3, g2, be3)
     T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=OPREC), input_precision=OPREC)
     T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=OPREC), input_precision=OPREC)
     T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision=OPREC) + tl.dot(A21, T10, input_precision=OPREC),
@@ -1033,22 +996,21 @@ def _doubling_solve() -> bool:
 
 
 def _kkt_opts(dtype):
-    """Constexprs of the one-warp solve beyond its sizes (knobs ``kkt_tinv``, ``kkt_oprec``,
-    ``kkt_glate``); float32 inputs keep IEEE products throughout."""
+    """Constexprs of the one-warp solve beyond its sizes: the precision of its block products
+    (knob ``kkt_oprec``); float32 inputs keep IEEE products throughout."""
     op = _TUNE["kkt_oprec"]
     if op not in (0, 1, 2, 3):
         raise ValueError(f"tuning: kkt_oprec must be 0 (default), 1 (ieee), 2 (tf32x3) or 3 (tf32); got {op}")
-    # default 3×TF32: near-IEEE (≈ 1e-6 apart on T) at 0.77× the time of IEEE products, which run
+    # default 3×TF32: near-IEEE (≈ 1e-7 apart on T) at 0.77× the time of IEEE products, which run
     # on the FMA units (round-6 sweep on the H200, NOTES_delta.md)
-    oprec = "ieee" if dtype == torch.float32 else ("ieee", "tf32x3", "tf32")[(op or 2) - 1]
-    return dict(TINV=_switch("kkt_tinv", True), OPREC=oprec, GLATE=_switch("kkt_glate", False))
+    return dict(OPREC="ieee" if dtype == torch.float32 else ("ieee", "tf32x3", "tf32")[(op or 2) - 1])
 
 
 def _kkt_configs(K, V, dtype):
-    cfgs = _par_configs(K, V, _TUNE["kkt_warps"], nw=1 if dtype != torch.float32 else 4)
-    if _TUNE["kkt_nreg"]:
-        cfgs = [dict(c, maxnreg=_TUNE["kkt_nreg"]) for c in cfgs]
-    return cfgs
+    # one warp for 16-bit inputs: the 16×16 tiles of the solve are replicated across warps, so more
+    # warps only add reduction traffic (round-3 sweep on the H200: 1 warp 0.40 ms, 4 warps 0.95 ms
+    # at B·T = 65,536, NOTES_delta.md); float32 keeps 4 (its operands would not fit one warp)
+    return _par_configs(K, V, _TUNE["kkt_warps"], nw=1 if dtype != torch.float32 else 4)
 
 
 def _solve_t(q, k, b, beta, scale, qk):
@@ -1079,9 +1041,6 @@ def _solve_t(q, k, b, beta, scale, qk):
                 dict(K=K, PREC=prec, SPREC=sprec, QK=qk),
                 _par_configs(K, K, _TUNE["ts_warps"], nw=4))
         return tm, a, True
-    # one warp for 16-bit inputs: the 16×16 tiles of the solve are replicated across warps, so more
-    # warps only add reduction traffic (round-3 sweep on the H200: 1 warp 0.40 ms, 4 warps 0.95 ms
-    # at B·T = 65,536, NOTES_delta.md); float32 keeps 4 (its operands would not fit one warp)
     KC = _tuned_bv("kkt_bk", K, K)
     _launch(_kkt_solve_kernel, (NT, BH), (q, k, k, beta, b, tm, tm, tm, tm, float(scale), T, H, NTC),
             dict(K=K, V=K, BK=K, KC=KC, PREC=prec, FUSE_WU=False, QK=False, **_kkt_opts(k.dtype)),

@@ -213,7 +213,7 @@ def test_inference_forms(device, tune, gated, T, K, V, harsh, beta_max):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tune", [dict(), dict(tform=2), dict(mt_bv=16, mqk=2), dict(tsolve=1, ts_prec=2),
-                                  dict(tsolve=1, ts_prec=3), dict(kkt_tinv=2), dict(kkt_oprec=1), dict(kkt_oprec=2, kkt_glate=1)],
+                                  dict(tsolve=1, ts_prec=3), dict(kkt_oprec=1), dict(kkt_oprec=3)],
                          ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "default")
 def test_inference_forms_half_precision(device, tune):
     """bf16 inference forward (T form; on the GPU the doubling products of the solve in TF32, or
@@ -353,7 +353,7 @@ VARIANTS = [dict(fwd_split=1), dict(fwd_split=1, out_bv=16, fwd_bv=16),
             dict(fwd_bv=16, bwd_bv=16, dqk_bv=16, dwy_bv=16), dict(fwd_bv=32, bwd_bv=32, fwd_warps=4, fwd_stages=1),
             dict(wy_fuse=1, wu_bk=16, kkt_bk=16), dict(kkt_warps=2, wu_warps=2, dqk_warps=8, dwy_warps=8),
             dict(aqk=2, dwy_rec=2), dict(aqk=1, dwy_rec=1, fwd_bv=16, bwd_bv=16, fwd_stages=1),
-            dict(kkt_tinv=2, kkt_oprec=2), dict(kkt_oprec=3, kkt_glate=1), dict(wy_fuse=1, kkt_tinv=2)]
+            dict(kkt_oprec=1), dict(kkt_oprec=3, kkt_bk=16), dict(wy_fuse=1, kkt_oprec=1)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
