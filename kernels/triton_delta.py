@@ -127,11 +127,14 @@ _U_FP32 = os.environ.get("LATTN_DELTA_U_FP32", "0") == "1"
 #   mqk         1: ``_march_t_kernel`` reads scores stored by the solve; 2: it forms them itself
 #   kkt_oprec   precision of the one-warp solve's off-diagonal block products for 16-bit inputs:
 #               1 ieee, 2 tf32x3 (default), 3 tf32
+#   mt_seg      chunk ranges of the inference forward whose solve overlaps the march on a side
+#               stream (1: none; 0: the default rule of ``_segments``)
+#   mt_even     1 (default): the march drops its row masks when T is a multiple of 64; 2: keeps them
 _TUNE_KEYS = ("kkt_warps", "kkt_bk", "wy_fuse", "wu_bk", "wu_warps", "fwd_split", "fwd_bv", "fwd_warps",
               "fwd_stages", "out_bv", "out_warps", "bwd_bv", "bwd_warps", "bwd_stages",
               "dqk_bk", "dqk_bv", "dqk_warps", "dwy_bv", "dwy_warps", "aqk", "dwy_rec",
               "tsolve", "ts_warps", "ts_prec", "tform", "mt_bv", "mt_warps", "mt_stages", "mqk",
-              "kkt_oprec")
+              "kkt_oprec", "mt_seg", "mt_even")
 _TUNE = dict.fromkeys(_TUNE_KEYS, 0)
 
 
@@ -346,30 +349,39 @@ def _gram_off6(kp, t0, T, H, K: tl.constexpr, KC: tl.constexpr, PREC: tl.constex
 
 
 @triton.jit(do_not_specialize=["T", "H", "NTC"])
-def _gate_cumsum_kernel(g_ptr, b_ptr, T, H, NTC):
+def _gate_cumsum_kernel(g_ptr, b_ptr, beta_ptr, bt_ptr, T, H, NTC, HAS_G: tl.constexpr, BETA: tl.constexpr):
     """``b``: the within-chunk cumulative sum of the log gate ``g`` (``[B, T, H]``), float32,
-    written as ``[B·H, NT·64]``; one chunk per program, zero gates past ``T``."""
+    written as ``[B·H, NT·64]``; one chunk per program, zero gates past ``T`` (zeros throughout
+    without a gate). ``BETA``: also ``β`` in the same float32 layout (zero past ``T``), for the
+    inference march, which then streams it into shared memory with its other per-chunk tiles."""
     n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     bi = bh // H
     h = bh % H
     rows = n * 64 + tl.arange(0, 64)
-    # summed in float64 and rounded once: harsh gates (log decays of −1000 and more) make the
-    # exponent differences b_i − b_j cancel, so every float32 rounding of the running sum shows
-    g = tl.load(g_ptr + (bi * T + rows) * H + h, mask=rows < T, other=0.0).to(tl.float64)
-    tl.store(b_ptr + bh * NTC + rows, tl.cumsum(g, 0).to(tl.float32))
+    if HAS_G:
+        # summed in float64 and rounded once: harsh gates (log decays of −1000 and more) make the
+        # exponent differences b_i − b_j cancel, so every float32 rounding of the running sum shows
+        g = tl.load(g_ptr + (bi * T + rows) * H + h, mask=rows < T, other=0.0).to(tl.float64)
+        tl.store(b_ptr + bh * NTC + rows, tl.cumsum(g, 0).to(tl.float32))
+    else:
+        tl.store(b_ptr + bh * NTC + rows, tl.zeros([64], dtype=tl.float32))
+    if BETA:
+        beta = tl.load(beta_ptr + (bi * T + rows) * H + h, mask=rows < T, other=0.0)
+        tl.store(bt_ptr + bh * NTC + rows, beta.to(tl.float32))
 
 
 # ------------------------------------------------------------------------------------------------
 # 1. per-chunk WY/UT factors (parallel over chunks)
 # ------------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["T", "H", "NTC"])
-def _kkt_solve_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, T, H, NTC,
+@triton.jit(do_not_specialize=["T", "H", "NTC", "N0"])
+def _kkt_solve_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, T, H, NTC, N0,
                       K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr,
                       FUSE_WU: tl.constexpr, QK: tl.constexpr, OPREC: tl.constexpr):
-    """``T = (I + A)^{-1}`` of one chunk, written as a dense ``[64, 64]`` tile (zeros above the
-    diagonal); with ``FUSE_WU`` the same program then forms ``W`` and ``U`` from it."""
-    n = tl.program_id(0)
+    """``T = (I + A)^{-1}`` of one chunk (chunk ``N0`` + the program's first index), written as a
+    dense ``[64, 64]`` tile (zeros above the diagonal); with ``FUSE_WU`` the same program then
+    forms ``W`` and ``U`` from it."""
+    n = tl.program_id(0) + N0
     bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
     bi = bh // H
     h = bh % H
@@ -437,11 +449,11 @@ def _kkt_solve_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
                   K, V, BK, PREC, QK, True)
 
 
-@triton.jit(do_not_specialize=["T", "H", "NTC"])
-def _wu_fwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, T, H, NTC,
+@triton.jit(do_not_specialize=["T", "H", "NTC", "N0"])
+def _wu_fwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, T, H, NTC, N0,
                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, QK: tl.constexpr,
                    WU: tl.constexpr):
-    _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, tl.program_id(0),
+    _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, tl.program_id(0) + N0,
               tl.program_id(1).to(tl.int64), T, H, NTC, K, V, BK, PREC, QK, WU)
 
 
@@ -458,13 +470,13 @@ def _double(X, A, ri, cj, BS: tl.constexpr, SPREC: tl.constexpr):
     return X - tl.dot(X, tl.dot(L, X, input_precision=SPREC), input_precision=SPREC)
 
 
-@triton.jit(do_not_specialize=["T", "H", "NTC"])
-def _tsolve_kernel(q_ptr, k_ptr, beta_ptr, b_ptr, t_ptr, a_ptr, scale, T, H, NTC,
+@triton.jit(do_not_specialize=["T", "H", "NTC", "N0"])
+def _tsolve_kernel(q_ptr, k_ptr, beta_ptr, b_ptr, t_ptr, a_ptr, scale, T, H, NTC, N0,
                    K: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, QK: tl.constexpr):
     """``T = (I + A)^{-1}`` of one chunk as ``[64, 64]`` products: ``A`` from one ``K Kᵀ``
     product, the inverse by doubling the solved diagonal blocks 1 → 2 → 4 → … → 64 (five steps of
     two products each, ``_double``). With ``QK`` also the chunk's scores ``P`` (as ``_wu_chunk``)."""
-    n = tl.program_id(0)
+    n = tl.program_id(0) + N0
     bh = tl.program_id(1).to(tl.int64)
     bi = bh // H
     h = bh % H
@@ -559,16 +571,18 @@ def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, a_ptr, o_ptr, h0_ptr, h
 # ------------------------------------------------------------------------------------------------
 # 2'. inference forward in T form (``tform``): no W, U; the state pass applies T itself
 # ------------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=_NO_SPEC)
+@triton.jit(do_not_specialize=_NO_SPEC + ["N0", "N1"])
 def _march_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, t_ptr, a_ptr, o_ptr, h0_ptr, ht_ptr,
-                    scale, T, H, NT, NTC,
+                    scale, T, H, NT, NTC, N0, N1,
                     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                    HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, HAS_A: tl.constexpr):
+                    HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, HAS_A: tl.constexpr, EVEN: tl.constexpr):
     """Sequential over chunks, state ``S[K, BV]`` on chip, from ``T`` instead of ``W``, ``U``:
     ``v' = T (β ⊙ (v − e^{b} ⊙ K S))`` (the same as ``U − W S``), ``o = e^{b}·scale ⊙ (q S) + P v'``,
     ``S ← e^{b_C} S + Kᵀ (e^{b_C − b} ⊙ v')``. The gate and scale factors multiply rows of the
     float32 products, so ``q`` and ``k`` enter the tensor cores as loaded. ``HAS_A``: the scores
-    ``P`` were stored by an earlier kernel; else they are formed here."""
+    ``P`` were stored by an earlier kernel; else they are formed here. ``EVEN``: ``T`` is a
+    multiple of 64, so no tile needs a row mask (fewer instructions per step of this
+    latency-bound loop)."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     bi = bh // H
@@ -581,18 +595,25 @@ def _march_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, t_ptr, a_ptr, o_ptr, h
     kp = k_ptr + (bi * T * H + h) * K
     vp_ = v_ptr + (bi * T * H + h) * V
     op = o_ptr + (bi * T * H + h) * V
-    btp = beta_ptr + bi * T * H + h
+    btp = beta_ptr + bh * NTC     # β as float32 [B·H, NT·64]: streamed in with the tiles below
     tp = t_ptr + bh * NTC * 64
     bp = b_ptr + bh * NTC
     S = _load_state(h0_ptr, bh, ck, cv, K, V, BV, HAS_H0)
-    for n in range(NT):
+    for n in range(N0, N1):   # chunks N0 .. N1-1 (a range of the segmented forward)
         t0 = n * 64
         rows = t0 + rc
         rmask = rows < T
-        q = tl.load(qp + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
-        k = tl.load(kp + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
-        v = tl.load(vp_ + rows[:, None] * (H * V) + cv[None, :], mask=rmask[:, None], other=0.0)
-        beta = tl.load(btp + rows * H, mask=rmask, other=0.0).to(tl.float32)
+        qo = rows[:, None] * (H * K) + ck[None, :]
+        vo = rows[:, None] * (H * V) + cv[None, :]
+        if EVEN:
+            q = tl.load(qp + qo)
+            k = tl.load(kp + qo)
+            v = tl.load(vp_ + vo)
+        else:
+            q = tl.load(qp + qo, mask=rmask[:, None], other=0.0)
+            k = tl.load(kp + qo, mask=rmask[:, None], other=0.0)
+            v = tl.load(vp_ + vo, mask=rmask[:, None], other=0.0)
+        beta = tl.load(btp + rows)
         tm = tl.load(tp + rows[:, None] * 64 + rc[None, :])
         b = tl.load(bp + rows)
         b_last = tl.load(bp + t0 + 63)
@@ -606,7 +627,10 @@ def _march_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, t_ptr, a_ptr, o_ptr, h
         else:
             sd = _mask_gate(tl.dot(q, tl.trans(k), input_precision=PREC), b, scale).to(dt)
         o = tl.dot(sd, vpp.to(dt), acc=o, input_precision=PREC)
-        tl.store(op + rows[:, None] * (H * V) + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
+        if EVEN:
+            tl.store(op + vo, o.to(o_ptr.dtype.element_ty))
+        else:
+            tl.store(op + vo, o.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
         vk = (vpp * tl.exp(b_last - b)[:, None]).to(dt)
         S = tl.dot(tl.trans(k), vk, acc=S * tl.exp(b_last), input_precision=PREC)
     if STORE_HT:
@@ -914,13 +938,16 @@ def _pick_bv(BH: int, V: int, K: int) -> int:
     return min(V, 16)
 
 
-def _chunk_cumsum(g, B, T, H, NT):
-    """Within-chunk cumulative log gate, float32, ``[B*H, NT*C]`` (zero gates past ``T``): one
-    small kernel (``_gate_cumsum_kernel``) in place of the four PyTorch ones (allocate, transpose,
-    copy, scan) it replaced in round 6."""
-    b = torch.empty(B * H, NT * CHUNK, dtype=torch.float32, device=g.device)
-    _gate_cumsum_kernel[(NT, B * H)](g.contiguous(), b, T, H, NT * CHUNK, num_warps=1)
-    return b
+def _chunk_cumsum(g, beta, B, T, H, NT, with_beta=False):
+    """Within-chunk cumulative log gate, float32, ``[B*H, NT*C]`` (zero gates past ``T``, zeros
+    without a gate) and, ``with_beta``, ``β`` in the same float32 layout (else ``None``): one small
+    kernel (``_gate_cumsum_kernel``) in place of the four PyTorch ones (allocate, transpose, copy,
+    scan) it replaced in round 6."""
+    b = torch.empty(B * H, NT * CHUNK, dtype=torch.float32, device=beta.device)
+    bt = torch.empty_like(b) if with_beta else None
+    _gate_cumsum_kernel[(NT, B * H)](g if g is not None else b, b, beta, bt if with_beta else b, T, H, NT * CHUNK,
+                                     HAS_G=g is not None, BETA=with_beta, num_warps=1)
+    return b, bt
 
 
 _CFG_CACHE: dict = {}
@@ -1013,7 +1040,7 @@ def _kkt_configs(K, V, dtype):
     return _par_configs(K, V, _TUNE["kkt_warps"], nw=1 if dtype != torch.float32 else 4)
 
 
-def _solve_t(q, k, b, beta, scale, qk):
+def _solve_t(q, k, b, beta, scale, qk, tm=None, a=None, n0=0, n1=None):
     """``T = (I + A)^{-1}`` of every chunk (``[B·H, NT·64, 64]``, input dtype) and, with ``qk``,
     the chunk scores ``P`` (same shape; else ``None``), by the one-warp ``_kkt_solve_kernel``
     (default; it leaves the scores to ``_wu_fwd_kernel``) or ``_tsolve_kernel`` (``tsolve=1``). On
@@ -1026,9 +1053,13 @@ def _solve_t(q, k, b, beta, scale, qk):
     NTC = NT * CHUNK
     BH = B * H
     dev = k.device
-    # T in the dtype of the products it feeds (for 16-bit inputs every use rounds it to that dtype)
-    tm = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev)
-    a = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev) if qk else None
+    n1 = NT if n1 is None else n1
+    # T in the dtype of the products it feeds (for 16-bit inputs every use rounds it to that dtype);
+    # chunks n0 .. n1-1 only, into the given buffers (the segments of ``_tform_fwd``)
+    if tm is None:
+        tm = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev)
+    if a is None and qk:
+        a = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev)
     prec = _precision(k.dtype)
     if _doubling_solve():
         # the doubling products in TF32 for 16-bit inputs (T is rounded to 16 bits afterwards),
@@ -1037,21 +1068,23 @@ def _solve_t(q, k, b, beta, scale, qk):
             raise ValueError(f"tuning: ts_prec must be 0 (default), 1 (tf32), 2 (tf32x3) or 3 (ieee); "
                              f"got {_TUNE['ts_prec']}")
         sprec = ("tf32", "tf32x3", "ieee")[(_TUNE["ts_prec"] or 1) - 1] if k.dtype != torch.float32 else "ieee"
-        _launch(_tsolve_kernel, (NT, BH), (q, k, beta, b, tm, a if qk else tm, float(scale), T, H, NTC),
+        _launch(_tsolve_kernel, (n1 - n0, BH), (q, k, beta, b, tm, a if qk else tm, float(scale), T, H, NTC, n0),
                 dict(K=K, PREC=prec, SPREC=sprec, QK=qk),
                 _par_configs(K, K, _TUNE["ts_warps"], nw=4))
         return tm, a, True
     KC = _tuned_bv("kkt_bk", K, K)
-    _launch(_kkt_solve_kernel, (NT, BH), (q, k, k, beta, b, tm, tm, tm, tm, float(scale), T, H, NTC),
+    _launch(_kkt_solve_kernel, (n1 - n0, BH), (q, k, k, beta, b, tm, tm, tm, tm, float(scale), T, H, NTC, n0),
             dict(K=K, V=K, BK=K, KC=KC, PREC=prec, FUSE_WU=False, QK=False, **_kkt_opts(k.dtype)),
             _kkt_configs(K, K, k.dtype))
     return tm, a, False
 
 
-def _wu_cfg(K, V):
+def _wu_cfg(K, V, small=False):
     # W, U (and the scores) over whole head-size column blocks with 8 warps at head size 128
-    # (round-4b sweep on the H200: 0.90× the time of 64-column blocks at 4 warps, NOTES_delta.md)
-    BK = _tuned_bv("wu_bk", min(K, V), min(K, V))
+    # (round-4b sweep on the H200: 0.90× the time of 64-column blocks at 4 warps, NOTES_delta.md);
+    # ``small``: 64-column blocks at 4 warps, for the scores of a segmented inference forward,
+    # whose programs then fit beside the march's on its SMs (round 7f/g)
+    BK = _tuned_bv("wu_bk", min(K, V, 64) if small else min(K, V), min(K, V))
     return BK, _par_configs(K, V, _TUNE["wu_warps"], nw=8 if BK >= 128 else 4)
 
 
@@ -1073,20 +1106,55 @@ def _wy_fwd(q, k, v, b, beta, scale):
         # W, U (and the scores) in the one-warp solve kernel itself (not the default)
         tm = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev)
         a = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev) if qk else None
-        _launch(_kkt_solve_kernel, (NT, BH), (q, k, v, beta, b, w, u, tm, a if qk else tm, float(scale), T, H, NTC),
+        _launch(_kkt_solve_kernel, (NT, BH), (q, k, v, beta, b, w, u, tm, a if qk else tm, float(scale), T, H, NTC, 0),
                 dict(K=K, V=V, BK=BK, KC=_tuned_bv("kkt_bk", K, K), PREC=prec, FUSE_WU=True, QK=qk,
                      **_kkt_opts(k.dtype)), _kkt_configs(K, V, k.dtype))
         return w, u, tm, a
     tm, a, has_p = _solve_t(q, k, b, beta, scale, qk)
-    _launch(_wu_fwd_kernel, (NT, BH), (q, k, v, beta, b, w, u, tm, a if qk else tm, float(scale), T, H, NTC),
+    _launch(_wu_fwd_kernel, (NT, BH), (q, k, v, beta, b, w, u, tm, a if qk else tm, float(scale), T, H, NTC, 0),
             dict(K=K, V=V, BK=BK, PREC=prec, QK=qk and not has_p, WU=True), wcfg)
     return w, u, tm, a
 
 
-def _tform_fwd(q, k, v, b, beta, scale, h0, output_final_state):
+def _side_stream(dev):
+    """One side CUDA stream per device, for work that overlaps the sequential march."""
+    key = ("side", torch.device(dev).index)
+    if key not in _CFG_CACHE:
+        _CFG_CACHE[key] = torch.cuda.Stream(device=dev)
+    return _CFG_CACHE[key]
+
+
+def _segments(NT, BH, V, BV, dev):
+    """Chunk ranges of the inference forward (``mt_seg`` knob; default: one range unless the march
+    is a single partial wave of programs on a GPU, where its SMs have issue slots to spare: then
+    the solve of later ranges runs on a side stream while the march works through earlier ones)."""
+    nseg = _TUNE["mt_seg"]
+    if nseg < 0:
+        raise ValueError(f"tuning: mt_seg must be >= 0; got {nseg}")
+    if nseg == 0:
+        nseg = 1
+        if dev.type == "cuda" and BH * (V // BV) <= torch.cuda.get_device_properties(dev).multi_processor_count:
+            nseg = _SEGMENTS_SMALL
+    nseg = max(1, min(nseg, NT))
+    edges = [NT * i // nseg for i in range(nseg + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(nseg)]
+
+
+# two ranges: round 7f/g on the H200 (B = 1, 2 at T = 32768; NOTES_delta.md) measured 2 ranges with
+# the small scores configuration at 0.96x / 0.95x the time of one range; 4 were no better, 8 and
+# more slower (every range costs three launches and a march restart)
+_SEGMENTS_SMALL = 2
+
+
+def _tform_fwd(q, k, v, b, beta, bt, scale, h0, output_final_state):
     """Inference forward in T form: ``T`` (``_solve_t``), the scores where the march reads them
     stored, then ``_march_t_kernel``; ``W`` and ``U`` are never formed. Returns ``o`` and the final
-    state."""
+    state.
+
+    With several chunk ranges (``_segments``) the solve and the scores of range ``i + 1`` run on a
+    side stream while the march works through range ``i`` (each march launch starts from the state
+    the previous one left in ``ht``): when the march is a single partial wave, latency-bound, the
+    per-chunk kernels fill its SMs' idle issue slots instead of running before it."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
@@ -1099,22 +1167,45 @@ def _tform_fwd(q, k, v, b, beta, scale, h0, output_final_state):
     # stored by a small kernel and pipelines 3
     BV = _tuned_bv("mt_bv", _pick_bv(BH, V, K), V)
     stored = _switch("mqk", V // BV > 2)
-    tm, a, has_p = _solve_t(q, k, b, beta, scale, stored)
     prec = _precision(q.dtype)
-    if stored and not has_p:
-        BK, wcfg = _wu_cfg(K, V)
-        _launch(_wu_fwd_kernel, (NT, BH), (q, k, v, beta, b, tm, tm, tm, a, float(scale), T, H, NTC),
-                dict(K=K, V=V, BK=BK, PREC=prec, QK=True, WU=False), wcfg)
+    segs = _segments(NT, BH, V, BV, dev)
+    tm = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev)
+    a = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev) if stored else None
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
-    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) \
+        if (output_final_state or len(segs) > 1) else None
     cfg = _seq_configs(q.dtype, K, BV, _TUNE["mt_warps"], _TUNE["mt_stages"],
                        nw16=8 if K * BV >= 128 * 128 else 4, ns16=2 if BV >= 64 else 3)
-    _launch(_march_t_kernel, (V // BV, BH),
-            (q, k, v, beta, b, tm, a if stored else tm, o, h0 if h0 is not None else o,
-             ht if ht is not None else o, float(scale), T, H, NT, NTC),
-            dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=h0 is not None, STORE_HT=output_final_state,
-                 HAS_A=stored), cfg)
-    return o, ht
+    BK, wcfg = _wu_cfg(K, V, small=len(segs) > 1)
+
+    def per_chunk(n0, n1):
+        _, _, has_p = _solve_t(q, k, b, beta, scale, stored, tm, a, n0, n1)
+        if stored and not has_p:
+            _launch(_wu_fwd_kernel, (n1 - n0, BH), (q, k, v, beta, b, tm, tm, tm, a, float(scale), T, H, NTC, n0),
+                    dict(K=K, V=V, BK=BK, PREC=prec, QK=True, WU=False), wcfg)
+
+    side = _side_stream(dev) if len(segs) > 1 and dev.type == "cuda" else None
+    events = []
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for n0, n1 in segs:
+                per_chunk(n0, n1)
+                events.append(torch.cuda.Event())
+                events[-1].record(side)
+    for i, (n0, n1) in enumerate(segs):
+        if side is None:
+            per_chunk(n0, n1)
+        else:
+            torch.cuda.current_stream(dev).wait_event(events[i])
+        first = i == 0
+        s0 = h0 if first else ht
+        _launch(_march_t_kernel, (V // BV, BH),
+                (q, k, v, bt, b, tm, a if stored else tm, o, s0 if s0 is not None else o,
+                 ht if ht is not None else o, float(scale), T, H, NT, NTC, n0, n1),
+                dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=s0 is not None, STORE_HT=ht is not None,
+                     HAS_A=stored, EVEN=T % CHUNK == 0 and _switch("mt_even", True)), cfg)
+    return o, ht if output_final_state else None
 
 
 def _state_fwd(q, k, w, u, b, a, scale, h0, output_final_state, store_states):
@@ -1158,9 +1249,10 @@ def _state_fwd(q, k, w, u, b, a, scale, h0, output_final_state, store_states):
     return o, ht, hs, vp
 
 
-def _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states):
-    if not store_states and _switch("tform", True):
-        o, ht = _tform_fwd(q, k, v, b, beta, scale, h0, output_final_state)
+def _forward(q, k, v, b, beta, bt, scale, h0, output_final_state, store_states):
+    """``bt``: ``β`` as float32 ``[B·H, NT·64]`` (from ``_chunk_cumsum``) for the inference form."""
+    if bt is not None:
+        o, ht = _tform_fwd(q, k, v, b, beta, bt, scale, h0, output_final_state)
         return o.to(v.dtype), ht, None, None, None, None, None, None
     w, u, tm, a = _wy_fwd(q, k, v, b, beta, scale)
     o, ht, hs, vp = _state_fwd(q, k, w, u, b, a, scale, h0, output_final_state, store_states)
@@ -1286,9 +1378,10 @@ class _ChunkDeltaFn(torch.autograd.Function):
         B, T, H, K = q.shape
         V = v.shape[-1]
         NT = triton.cdiv(T, CHUNK)
-        b = _chunk_cumsum(g, B, T, H, NT) if g is not None else \
-            torch.zeros(B * H, NT * CHUNK, dtype=torch.float32, device=q.device)
-        o, ht, w, u, tm, a, hs, vp = _forward(q, k, v, b, beta, scale, h0, output_final_state, store_states=train)
+        tform = not train and _switch("tform", True)
+        b, bt = _chunk_cumsum(g, beta, B, T, H, NT, with_beta=tform)
+        o, ht, w, u, tm, a, hs, vp = _forward(q, k, v, b, beta, bt, scale, h0, output_final_state,
+                                              store_states=train)
         if train:
             ctx.save_for_backward(q, k, v, g, beta, b, w, u, tm, a, hs, vp)
             ctx.scale = scale

@@ -192,7 +192,8 @@ def test_inference_path_without_grad(device):
 # The inference forward (no gradient asked for) runs in T form by default (``_tsolve_kernel`` +
 # ``_march_t_kernel``, no W/U); these cases pin it, its knobs and the W/U form to the definition.
 INFER_VARIANTS = [dict(), dict(tform=2), dict(tsolve=2), dict(mt_bv=16, mqk=1), dict(mt_bv=16, mqk=2),
-                  dict(mqk=1), dict(tsolve=2, mqk=1)]
+                  dict(mqk=1), dict(tsolve=2, mqk=1), dict(mt_seg=2), dict(mt_seg=3, mqk=2),
+                  dict(mt_seg=3, tsolve=1)]
 # (op gated?, T, K, V, harsh gates, beta_max)
 INFER_CASES = [(True, 130, 32, 16, True, 2.0), (False, 70, 16, 32, False, 2.0), (True, 1, 16, 16, False, 1.0)]
 
@@ -213,7 +214,7 @@ def test_inference_forms(device, tune, gated, T, K, V, harsh, beta_max):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tune", [dict(), dict(tform=2), dict(mt_bv=16, mqk=2), dict(tsolve=1, ts_prec=2),
-                                  dict(tsolve=1, ts_prec=3), dict(kkt_oprec=1), dict(kkt_oprec=3)],
+                                  dict(tsolve=1, ts_prec=3), dict(kkt_oprec=1), dict(kkt_oprec=3), dict(mt_seg=4)],
                          ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "default")
 def test_inference_forms_half_precision(device, tune):
     """bf16 inference forward (T form; on the GPU the doubling products of the solve in TF32, or
@@ -396,3 +397,23 @@ def test_tuning_rejects_bad_knobs():
     with pytest.raises(ValueError, match="kkt_oprec"):
         with triton_delta.tuning(kkt_oprec=4):
             triton_delta._solve_t(k.bfloat16(), k.bfloat16(), torch.zeros(1, 64), k[..., 0], 1.0, False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fs,T", [(False, 300), (True, 300), (True, 320)])
+def test_inference_segments_match_one_range(device, fs, T):
+    """The segmented inference forward (chunk ranges, each march launch continuing from the state
+    the previous one left) gives the unsegmented outputs, with and without row masks (T = 320 is
+    a multiple of the chunk, and the unmasked loop is checked against the masked one): float32,
+    bound TOL32 between the two."""
+    from kernels import triton_delta
+    inp = _inputs(1, T, 2, 32, 32, gated=True, seed=5, device=device, with_h0=False)
+    outs = []
+    for tune in (dict(mt_seg=1, mt_even=2), dict(mt_seg=4)):
+        with torch.no_grad(), triton_delta.tuning(**tune):
+            o, ht, _ = _run(inp, torch.float32, gated=True, fs=fs, grad=False)
+        assert (ht is not None) == fs
+        outs.append((o, ht))
+    assert _rel_err(outs[1][0], outs[0][0]) <= TOL32
+    if fs:
+        assert _rel_err(outs[1][1], outs[0][1]) <= TOL32

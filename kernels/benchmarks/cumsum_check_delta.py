@@ -16,14 +16,20 @@ import os
 import sys
 
 
-def _torch_cumsum(g, B, T, H, NT):
-    """Round 5's PyTorch version of ``triton_delta._chunk_cumsum`` (a float32 scan)."""
+def _torch_cumsum(g, beta, B, T, H, NT, with_beta=False):
+    """Round 5's PyTorch version of ``triton_delta._chunk_cumsum`` (a float32 scan of the gate;
+    ``β`` as the kernel lays it out)."""
     import torch
     from kernels import triton_delta as td
     C = td.CHUNK
     gp = torch.zeros(B, H, NT * C, dtype=torch.float32, device=g.device)
     gp[:, :, :T] = g.float().transpose(1, 2)
-    return gp.view(B, H, NT, C).cumsum(-1).view(B * H, NT * C).contiguous()
+    bt = None
+    if with_beta:
+        bt = torch.zeros(B, H, NT * C, dtype=torch.float32, device=g.device)
+        bt[:, :, :T] = beta.float().transpose(1, 2)
+        bt = bt.view(B * H, NT * C)
+    return gp.view(B, H, NT, C).cumsum(-1).view(B * H, NT * C).contiguous(), bt
 
 
 def main():

@@ -45,6 +45,39 @@ STAGES = (1, 2, 3)
 
 
 def _variants():
+    """Round 7g: the march at V-blocks of 16 with 2 stages (two programs per SM) at one and two
+    chunk ranges. (The run also timed V-blocks of 8, an allowance removed afterwards: Triton then
+    issues ``mma.sync``, 1.4–3.7× the time.)
+
+    The earlier sweeps of round 7 also timed variants whose code was then removed as slower (see
+    kernels/NOTES_delta.md, round 7): the march transposed (``Sᵀ`` carried, every chained product
+    from registers; ``explore_delta_round7.json``), the output products issued after the state
+    update (7b), the tiles fetched by the tensor-memory accelerator (7c) and the march in three
+    stacked products (``[K; Q] S`` and ``[T; P T] x``, 7d). Round 7b measured β read as float32
+    (now the default); 7e–7g the chunk ranges (``mt_seg``) and the unmasked loop (``mt_even``)."""
+    out = [("inf", dict(mt_seg=2, wu_bk=64, wu_warps=4))]
+    for seg in (1, 2):
+        out.append(("inf", dict(mt_bv=16, mt_stages=2, mt_seg=seg, wu_bk=64, wu_warps=4)))
+    return out
+
+
+def _variants_round7f():
+    """Round 7f: the unmasked march loop against the masked one, and 2–4 chunk ranges with the
+    scores kernel at 64-column blocks and 4 warps (small enough to sit beside the march)."""
+    out = [("inf", dict(mt_seg=1)), ("inf", dict(mt_seg=1, mt_even=2))]
+    for n in (2, 3, 4):
+        out.append(("inf", dict(mt_seg=n, wu_bk=64, wu_warps=4)))
+    out.append(("inf", dict(mt_seg=4)))
+    return out
+
+
+def _variants_round7e():
+    """Round 7e: the segmented inference forward (``mt_seg``: the solve and scores of chunk range
+    ``i + 1`` on a side stream while the march works through range ``i``), 1 to 32 ranges."""
+    return [("inf", dict(mt_seg=n)) for n in (1, 2, 4, 16, 32)]
+
+
+def _variants_round6c():
     """Round 6c (after 6): the march at the small-B·H V-blocks (16 at B·H = 16, 32 at B·H = 32)
     with fewer warps than a warpgroup (Triton then issues ``mma.sync`` products from registers
     instead of ``wgmma`` from shared memory) and with more, over stages."""
@@ -206,7 +239,7 @@ class _Stages:
         B, T, _, _ = q.shape
         self.NT = triton.cdiv(T, td.CHUNK)
         self.scale = K ** -0.5
-        self.b = td._chunk_cumsum(g, B, T, H, self.NT)
+        self.b, self.bt = td._chunk_cumsum(g, beta, B, T, H, self.NT, with_beta=True)
         self.w, self.u, self.tm, self.a = td._wy_fwd(q, k, v, self.b, beta, self.scale)
         self.o, _, self.hs, self.vp = td._state_fwd(q, k, self.w, self.u, self.b, self.a, self.scale, None,
                                                     False, True)
@@ -218,7 +251,7 @@ class _Stages:
     def cumsum(self):
         x = self.x
         B, T = x["q"].shape[:2]
-        return self.td._chunk_cumsum(x["g"], B, T, H, self.NT)
+        return self.td._chunk_cumsum(x["g"], x["beta"], B, T, H, self.NT, with_beta=True)
 
     def wy(self):
         x = self.x
@@ -230,7 +263,8 @@ class _Stages:
 
     def infer(self):
         x = self.x
-        return self.td._forward(x["q"], x["k"], x["v"], self.b, x["beta"], self.scale, None, False, False)[0]
+        bt = self.bt if self.td._switch("tform", True) else None
+        return self.td._forward(x["q"], x["k"], x["v"], self.b, x["beta"], bt, self.scale, None, False, False)[0]
 
     def state_fwd(self, train=False):
         x = self.x
@@ -337,8 +371,8 @@ def main(argv=None):
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for explore_delta.json")
     p.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 4) - 3)))
     p.add_argument("--quick", action="store_true", help="small shapes (a smoke test)")
-    p.add_argument("--round", default="6c", choices=["4", "4b", "4c", "5", "5b", "6", "6c"],
-                   help="which round's variant list: 4 … 6 (kept for the record) or 6c (default)")
+    p.add_argument("--round", default="7g", choices=["4", "4b", "4c", "5", "5b", "6", "6c", "7e", "7f", "7g"],
+                   help="which round's variant list: 4 … 7f (kept for the record) or 7g (default)")
     p.add_argument("--fla", action="store_true", help="also time fla end to end (its autotuning is slow)")
     p.add_argument("--profile", action="store_true", help="torch.profiler per-kernel tables")
     args = p.parse_args(argv)
@@ -357,7 +391,8 @@ def main(argv=None):
     shapes = QUICK_SHAPES if args.quick else SHAPES
     variants = {"4": _variants_round4, "4b": _variants_round4b, "4c": _variants_round4c,
                 "5": _variants_round5, "5b": _variants_round5b,
-                "6": _variants_round6, "6c": _variants}[args.round]()
+                "6": _variants_round6, "6c": _variants_round6c, "7e": _variants_round7e,
+                "7f": _variants_round7f, "7g": _variants}[args.round]()
     result = {"env": environment(), "budget_s": args.budget, "shapes": shapes, "H": H, "K": K, "V": V,
               "dtype": "bfloat16", "tol": TOL, "breakdown": {}, "profile": {}, "variants": [],
               "warm": {}, "skipped": []}

@@ -44,14 +44,15 @@ def main(argv=None):
     P = "*" + dt
     F = "*fp32"
     wy = dict(q_ptr=P, k_ptr=P, v_ptr=P, beta_ptr=P, b_ptr=F, w_ptr=P, u_ptr=P, t_ptr=P, a_ptr=P, scale="fp32",
-              T="i32", H="i32", NTC="i32")
+              T="i32", H="i32", NTC="i32", N0="i32")
     sigs = {
         "_kkt_solve_kernel": wy,
         "_wu_fwd_kernel": wy,
         "_tsolve_kernel": dict(q_ptr=P, k_ptr=P, beta_ptr=P, b_ptr=F, t_ptr=P, a_ptr=P, scale="fp32", T="i32",
-                               H="i32", NTC="i32"),
-        "_march_t_kernel": dict(q_ptr=P, k_ptr=P, v_ptr=P, beta_ptr=P, b_ptr=F, t_ptr=P, a_ptr=P, o_ptr=P,
-                                h0_ptr=F, ht_ptr=F, scale="fp32", T="i32", H="i32", NT="i32", NTC="i32"),
+                               H="i32", NTC="i32", N0="i32"),
+        "_march_t_kernel": dict(q_ptr=P, k_ptr=P, v_ptr=P, beta_ptr=F, b_ptr=F, t_ptr=P, a_ptr=P, o_ptr=P,
+                                h0_ptr=F, ht_ptr=F, scale="fp32", T="i32", H="i32", NT="i32", NTC="i32",
+                                N0="i32", N1="i32"),
         "_state_fwd_kernel": dict(q_ptr=P, k_ptr=P, w_ptr=P, u_ptr=P, b_ptr=F, a_ptr=P, o_ptr=P, h0_ptr=F,
                                   ht_ptr=F, hs_ptr=P, vp_ptr=P, scale="fp32", T="i32", H="i32", NT="i32",
                                   NTC="i32"),
@@ -74,6 +75,7 @@ def main(argv=None):
             ("_wu_fwd_kernel", dict(K=K, V=V, BK=K, PREC=prec, QK=False, WU=True), cfg(8 if K >= 128 else 4)),  # default
             ("_wu_fwd_kernel", dict(K=K, V=V, BK=K, PREC=prec, QK=True, WU=True), cfg(8 if K >= 128 else 4)),
             ("_wu_fwd_kernel", dict(K=K, V=V, BK=BK, PREC=prec, QK=True, WU=True), cfg(4)),
+            ("_wu_fwd_kernel", dict(K=K, V=V, BK=BK, PREC=prec, QK=True, WU=False), cfg(4)),  # segmented scores
             ("_kkt_solve_kernel", dict(K=K, V=V, BK=BK, KC=K, PREC=prec, FUSE_WU=True, QK=True, **td._kkt_opts(tdt)), cfg(4))]
     sprec = "ieee" if dt == "fp32" else "tf32"
     for qk in (False, True):
@@ -83,7 +85,7 @@ def main(argv=None):
         for has_a in (False, True):
             for ns in (1, 2, 3):
                 jobs.append(("_march_t_kernel", dict(K=K, V=V, BV=BV, PREC=prec, HAS_H0=True, STORE_HT=True,
-                                                     HAS_A=has_a), cfg(nw, ns)))
+                                                     HAS_A=has_a, EVEN=True), cfg(nw, ns)))
     # each kernel with and without the stored scores (HAS_A, the ``aqk`` knob), at the V-blocks the
     # heuristics pick
     for has_a in (True, False):
