@@ -38,6 +38,12 @@ Inference forward (no input needs a gradient; ``tform=2`` uses the training kern
 ``W`` and ``U``. That is one more ``[64, 64] × [64, BV]`` product per step, and two fewer
 ``[64, K]``-sized tiles through memory per chunk. With V-blocks of 64 the pass forms the scores
 itself. With narrower blocks it reads them from ``_wu_fwd_kernel`` run in scores-only mode.
+The march reads ``β`` as float32 ``[B·H, NT·64]``, written beside ``b`` by the gate-cumsum kernel
+(a strided 2-byte read cannot be copied into shared memory ahead of use, and it cost the
+latency-bound loop a global-memory wait per step), and drops its row masks when ``T`` is a multiple
+of 64. When the march is a single partial wave of programs (small batch × heads), the chunks are cut
+into two ranges and the solve and scores of the second run on a side CUDA stream while the march
+works through the first (``_segments``; each march launch resumes from the state the last one left).
 ``_tsolve_kernel`` (``tsolve=1``) is an alternative kernel 1 with four warps: it forms ``A`` with one
 ``K Kᵀ`` product and inverts by doubling the solved diagonal blocks (1 → 2 → … → 64, exact
 algebra, TF32 products for 16-bit inputs). It took the same time as the one-warp kernel on the H200

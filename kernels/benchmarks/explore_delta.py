@@ -54,7 +54,11 @@ def _variants():
     from registers; ``explore_delta_round7.json``), the output products issued after the state
     update (7b), the tiles fetched by the tensor-memory accelerator (7c) and the march in three
     stacked products (``[K; Q] S`` and ``[T; P T] x``, 7d). Round 7b measured β read as float32
-    (now the default); 7e–7g the chunk ranges (``mt_seg``) and the unmasked loop (``mt_even``)."""
+    (now the default); 7e–7g the chunk ranges (``mt_seg``) and the unmasked loop (``mt_even``).
+    A last sweep (7h, ``explore_delta_round7h.json``) timed the march in "x form", ``o = e^{b}
+    scale ⊙ (Q S) + (P T) x`` and ``S ← e^{b_C} S + W̃ᵀ x`` with ``P T`` and ``W̃ = Tᵀ (e^{b_C − b} ⊙
+    K)`` formed per chunk (two products fewer on the chain, no ``v'``): 1.05–1.64× the time, code
+    removed."""
     out = [("inf", dict(mt_seg=2, wu_bk=64, wu_warps=4))]
     for seg in (1, 2):
         out.append(("inf", dict(mt_bv=16, mt_stages=2, mt_seg=seg, wu_bk=64, wu_warps=4)))
