@@ -1130,6 +1130,13 @@ def _side_stream(dev):
     return _CFG_CACHE[key]
 
 
+def _sm_count(dev):
+    key = ("sms", torch.device(dev).index)
+    if key not in _CFG_CACHE:
+        _CFG_CACHE[key] = torch.cuda.get_device_properties(dev).multi_processor_count
+    return _CFG_CACHE[key]
+
+
 def _segments(NT, BH, V, BV, dev):
     """Chunk ranges of the inference forward (``mt_seg`` knob; default: one range unless the march
     is a single partial wave of programs on a GPU, where its SMs have issue slots to spare: then
@@ -1139,7 +1146,7 @@ def _segments(NT, BH, V, BV, dev):
         raise ValueError(f"tuning: mt_seg must be >= 0; got {nseg}")
     if nseg == 0:
         nseg = 1
-        if dev.type == "cuda" and BH * (V // BV) <= torch.cuda.get_device_properties(dev).multi_processor_count:
+        if dev.type == "cuda" and BH * (V // BV) <= _sm_count(dev):
             nseg = _SEGMENTS_SMALL
     nseg = max(1, min(nseg, NT))
     edges = [NT * i // nseg for i in range(nseg + 1)]

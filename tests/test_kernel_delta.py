@@ -397,6 +397,9 @@ def test_tuning_rejects_bad_knobs():
     with pytest.raises(ValueError, match="kkt_oprec"):
         with triton_delta.tuning(kkt_oprec=4):
             triton_delta._solve_t(k.bfloat16(), k.bfloat16(), torch.zeros(1, 64), k[..., 0], 1.0, False)
+    with pytest.raises(ValueError, match="mt_seg"):
+        with triton_delta.tuning(mt_seg=-1):
+            triton_delta._segments(4, 1, 16, 16, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
