@@ -1263,8 +1263,9 @@ def _state_fwd(q, k, w, u, b, a, scale, h0, output_final_state, store_states):
 
 
 def _forward(q, k, v, b, beta, bt, scale, h0, output_final_state, store_states):
-    """``bt``: ``β`` as float32 ``[B·H, NT·64]`` (from ``_chunk_cumsum``) for the inference form."""
-    if bt is not None:
+    """``bt``: ``β`` as float32 ``[B·H, NT·64]`` (from ``_chunk_cumsum``), read by the inference
+    form (T form, unless the ``tform`` knob is off)."""
+    if not store_states and _switch("tform", True):
         o, ht = _tform_fwd(q, k, v, b, beta, bt, scale, h0, output_final_state)
         return o.to(v.dtype), ht, None, None, None, None, None, None
     w, u, tm, a = _wy_fwd(q, k, v, b, beta, scale)
@@ -1391,8 +1392,7 @@ class _ChunkDeltaFn(torch.autograd.Function):
         B, T, H, K = q.shape
         V = v.shape[-1]
         NT = triton.cdiv(T, CHUNK)
-        tform = not train and _switch("tform", True)
-        b, bt = _chunk_cumsum(g, beta, B, T, H, NT, with_beta=tform)
+        b, bt = _chunk_cumsum(g, beta, B, T, H, NT, with_beta=not train)
         o, ht, w, u, tm, a, hs, vp = _forward(q, k, v, b, beta, bt, scale, h0, output_final_state,
                                               store_states=train)
         if train:

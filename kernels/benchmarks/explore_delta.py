@@ -267,8 +267,8 @@ class _Stages:
 
     def infer(self):
         x = self.x
-        bt = self.bt if self.td._switch("tform", True) else None
-        return self.td._forward(x["q"], x["k"], x["v"], self.b, x["beta"], bt, self.scale, None, False, False)[0]
+        return self.td._forward(x["q"], x["k"], x["v"], self.b, x["beta"], self.bt, self.scale, None, False,
+                                False)[0]
 
     def state_fwd(self, train=False):
         x = self.x
