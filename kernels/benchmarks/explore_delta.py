@@ -45,6 +45,24 @@ STAGES = (1, 2, 3)
 
 
 def _variants():
+    """Round 8d: the sources of the scores and the solve at small B·H (existing knobs): the march
+    forming the scores itself (``mqk=2``), the doubling solve that writes the scores in the same
+    kernel (``tsolve=1``), each at the default and at four chunk ranges.
+
+    Rounds 8–8c timed a split inference march whose code was then removed (kernels/NOTES_delta.md,
+    round 8): the march without output products writing every 4th chunk's entering state and
+    ``v'``, and a parallel output kernel rebuilding the outputs from them
+    (``explore_delta_round8.json``, ``…8b.json``, ``…8c.json``; 8c also timed the fused march
+    with 4 stages, ``mt_stages=4``: no faster), and the chunk-128 march
+    (``march_chunk128_round8.json``)."""
+    out = []
+    for tune in (dict(mqk=2), dict(tsolve=1), dict(tsolve=1, ts_warps=8)):
+        out.append(("inf", tune))
+        out.append(("inf", dict(tune, mt_seg=4)))
+    return out
+
+
+def _variants_round7g():
     """Round 7g: the march at V-blocks of 16 with 2 stages (two programs per SM) at one and two
     chunk ranges. (The run also timed V-blocks of 8, an allowance removed afterwards: Triton then
     issues ``mma.sync``, 1.4–3.7× the time.)
@@ -375,8 +393,8 @@ def main(argv=None):
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for explore_delta.json")
     p.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 4) - 3)))
     p.add_argument("--quick", action="store_true", help="small shapes (a smoke test)")
-    p.add_argument("--round", default="7g", choices=["4", "4b", "4c", "5", "5b", "6", "6c", "7e", "7f", "7g"],
-                   help="which round's variant list: 4 … 7f (kept for the record) or 7g (default)")
+    p.add_argument("--round", default="8", choices=["4", "4b", "4c", "5", "5b", "6", "6c", "7e", "7f", "7g", "8"],
+                   help="which round's variant list: 4 … 7g (kept for the record) or 8 (default)")
     p.add_argument("--fla", action="store_true", help="also time fla end to end (its autotuning is slow)")
     p.add_argument("--profile", action="store_true", help="torch.profiler per-kernel tables")
     args = p.parse_args(argv)
@@ -396,7 +414,7 @@ def main(argv=None):
     variants = {"4": _variants_round4, "4b": _variants_round4b, "4c": _variants_round4c,
                 "5": _variants_round5, "5b": _variants_round5b,
                 "6": _variants_round6, "6c": _variants_round6c, "7e": _variants_round7e,
-                "7f": _variants_round7f, "7g": _variants}[args.round]()
+                "7f": _variants_round7f, "7g": _variants_round7g, "8": _variants}[args.round]()
     result = {"env": environment(), "budget_s": args.budget, "shapes": shapes, "H": H, "K": K, "V": V,
               "dtype": "bfloat16", "tol": TOL, "breakdown": {}, "profile": {}, "variants": [],
               "warm": {}, "skipped": []}
