@@ -787,8 +787,12 @@ class _Cfg:
         # 0.78x and 0.73x the time of "old" at B = 32, T = 2048 and B = 1, T = 32768, NOTES_gla.md)
         # or "old" (round 2: score pre-pass + the march that gates q and k itself)
         self.gla_fwd = "new"
-        self.BK_p = min(K, 64)                 # prep kernel: K columns per inner step
-        self.warps_p = 4
+        # prep kernel: K columns per inner step and warps; at K = 128 with 16-bit inputs the whole
+        # K in one step on 8 warps (round-3 sweep on the H200: about 0.8x the time of 64 columns on
+        # 4 warps at B = 32, T = 2048 and B = 1, T = 32768, NOTES_gla.md); elsewhere unmeasured
+        wide = K == 128 and dtype != torch.float32
+        self.BK_p = 128 if wide else min(K, 64)
+        self.warps_p = 8 if wide else 4
         if gate == 2:
             self.gla_fwd = str(TUNE.get("gla_fwd", "new"))
             if self.gla_fwd not in ("new", "old"):
