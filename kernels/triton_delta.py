@@ -318,25 +318,14 @@ def _key_rows4(kp, c0, t0, T, H, K: tl.constexpr, KC: tl.constexpr):
 
 
 @triton.jit
-def _gram_diag4(kp, t0, T, H, K: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr):
-    """The four diagonal 16×16 blocks of ``K Kᵀ`` of the chunk at row ``t0`` (float32), over
-    column blocks of ``KC`` keys."""
+def _gram10(kp, t0, T, H, K: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr):
+    """The ten 16×16 blocks (``i ≥ j``) of ``K Kᵀ`` of the chunk at row ``t0`` (float32), over
+    column blocks of ``KC`` keys: the four diagonal ones (``s00, s11, s22, s33``), then the six
+    below them (``s10, s20, s21, s30, s31, s32``)."""
     s00 = tl.zeros([16, 16], dtype=tl.float32)
     s11 = tl.zeros([16, 16], dtype=tl.float32)
     s22 = tl.zeros([16, 16], dtype=tl.float32)
     s33 = tl.zeros([16, 16], dtype=tl.float32)
-    for c0 in tl.static_range(0, K, KC):
-        k0, k1, k2, k3 = _key_rows4(kp, c0, t0, T, H, K, KC)
-        s00 += tl.dot(k0, tl.trans(k0), input_precision=PREC)
-        s11 += tl.dot(k1, tl.trans(k1), input_precision=PREC)
-        s22 += tl.dot(k2, tl.trans(k2), input_precision=PREC)
-        s33 += tl.dot(k3, tl.trans(k3), input_precision=PREC)
-    return s00, s11, s22, s33
-
-
-@triton.jit
-def _gram_off6(kp, t0, T, H, K: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr):
-    """The six 16×16 blocks of ``K Kᵀ`` below the diagonal (``s10, s20, s21, s30, s31, s32``)."""
     s10 = tl.zeros([16, 16], dtype=tl.float32)
     s20 = tl.zeros([16, 16], dtype=tl.float32)
     s21 = tl.zeros([16, 16], dtype=tl.float32)
@@ -345,13 +334,17 @@ def _gram_off6(kp, t0, T, H, K: tl.constexpr, KC: tl.constexpr, PREC: tl.constex
     s32 = tl.zeros([16, 16], dtype=tl.float32)
     for c0 in tl.static_range(0, K, KC):
         k0, k1, k2, k3 = _key_rows4(kp, c0, t0, T, H, K, KC)
+        s00 += tl.dot(k0, tl.trans(k0), input_precision=PREC)
+        s11 += tl.dot(k1, tl.trans(k1), input_precision=PREC)
+        s22 += tl.dot(k2, tl.trans(k2), input_precision=PREC)
+        s33 += tl.dot(k3, tl.trans(k3), input_precision=PREC)
         s10 += tl.dot(k1, tl.trans(k0), input_precision=PREC)
         s20 += tl.dot(k2, tl.trans(k0), input_precision=PREC)
         s21 += tl.dot(k2, tl.trans(k1), input_precision=PREC)
         s30 += tl.dot(k3, tl.trans(k0), input_precision=PREC)
         s31 += tl.dot(k3, tl.trans(k1), input_precision=PREC)
         s32 += tl.dot(k3, tl.trans(k2), input_precision=PREC)
-    return s10, s20, s21, s30, s31, s32
+    return s00, s11, s22, s33, s10, s20, s21, s30, s31, s32
 
 
 @triton.jit(do_not_specialize=["T", "H", "NTC"])
@@ -406,8 +399,7 @@ def _kkt_solve_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
     # the ten 16×16 blocks (i >= j) of K Kᵀ, accumulated over column blocks of KC keys (fewer
     # live registers than holding the chunk's keys whole): the four diagonal ones, then the six
     # below them (forming those after the diagonal inverses spilled more and was 1.6–1.9× slower)
-    s00, s11, s22, s33 = _gram_diag4(kp, t0, T, H, K, KC, PREC)
-    s10, s20, s21, s30, s31, s32 = _gram_off6(kp, t0, T, H, K, KC, PREC)
+    s00, s11, s22, s33, s10, s20, s21, s30, s31, s32 = _gram10(kp, t0, T, H, K, KC, PREC)
     # T = (I + A)^{-1}: diagonal blocks by forward substitution (from their transposes), then
     # block substitution
     T00, T11, T22, T33 = _inv4_unit_lower16(_gram16_diag_t(s00, g0, be0), _gram16_diag_t(s11, g1, be1),
