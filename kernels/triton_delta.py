@@ -44,6 +44,8 @@ latency-bound loop a global-memory wait per step), and drops its row masks when 
 of 64. When the march is a single partial wave of programs (small batch × heads), the chunks are cut
 into two ranges and the solve and scores of the second run on a side CUDA stream while the march
 works through the first (``_segments``; each march launch resumes from the state the last one left).
+On Hopper GPUs the march can also run as a Gluon kernel (``kernels/gluon_delta.py``, knob ``mt_gl``;
+off by default: round 9 measured its march faster at small batch × heads, the forward barely).
 ``_tsolve_kernel`` (``tsolve=1``) is an alternative kernel 1 with four warps: it forms ``A`` with one
 ``K Kᵀ`` product and inverts by doubling the solved diagonal blocks (1 → 2 → … → 64, exact
 algebra, TF32 products for 16-bit inputs). It took the same time as the one-warp kernel on the H200
@@ -96,6 +98,7 @@ from triton.runtime.errors import OutOfResources
 
 from ._common import INTERPRET
 from ._interp import apply_interpreter_fixes
+from .gluon_delta import gluon_march_supported, march_gluon, march_gluon_wu
 
 __all__ = ["chunk_gated_delta_rule_triton", "CHUNK"]
 
@@ -136,11 +139,14 @@ _U_FP32 = os.environ.get("LATTN_DELTA_U_FP32", "0") == "1"
 #   mt_seg      chunk ranges of the inference forward whose solve overlaps the march on a side
 #               stream (1: none; 0: the default rule of ``_segments``)
 #   mt_even     1 (default): the march drops its row masks when T is a multiple of 64; 2: keeps them
+#   mt_gl       1: the inference march in Gluon, T form; 3: in Gluon, W/U form (``gluon_delta.py``;
+#               Hopper, 16-bit, T a multiple of 64, else the Triton march); 2: the Triton march;
+#               mt_gst: the Gluon march's pipeline stages
 _TUNE_KEYS = ("kkt_warps", "kkt_bk", "wy_fuse", "wu_bk", "wu_warps", "fwd_split", "fwd_bv", "fwd_warps",
               "fwd_stages", "out_bv", "out_warps", "bwd_bv", "bwd_warps", "bwd_stages",
               "dqk_bk", "dqk_bv", "dqk_warps", "dwy_bv", "dwy_warps", "aqk", "dwy_rec",
               "tsolve", "ts_warps", "ts_prec", "tform", "mt_bv", "mt_warps", "mt_stages", "mqk",
-              "kkt_oprec", "mt_seg", "mt_even")
+              "kkt_oprec", "mt_seg", "mt_even", "mt_gl", "mt_gst")
 _TUNE = dict.fromkeys(_TUNE_KEYS, 0)
 
 
@@ -270,11 +276,12 @@ def _inv4_unit_lower16(At0, At1, At2, At3):
 @triton.jit
 def _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, n, bh, T, H, NTC,
               K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, QK: tl.constexpr,
-              WU: tl.constexpr):
+              WU: tl.constexpr, PT: tl.constexpr = False):
     """``W = T (β e^b K)`` and ``U = T (β V)`` of one chunk from its stored ``T``: ``[64, 64]``
     products over K and V in column blocks of ``BK``. With ``QK`` also the chunk's masked, gated,
     scaled scores ``P = scale · (q kᵀ ⊙ Γ ⊙ M)`` (``[64, 64]``, the input dtype), which the
-    sequential kernels would otherwise recompute for every V-block. ``WU=False``: the scores only."""
+    sequential kernels would otherwise recompute for every V-block. ``WU=False``: the scores only.
+    ``PT``: the product ``P T`` is stored instead of ``P`` (the Gluon march, ``gluon_delta.py``)."""
     bi = bh // H
     h = bh % H
     dt = k_ptr.dtype.element_ty
@@ -292,6 +299,8 @@ def _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, 
             s += tl.dot(tl.load(q_ptr + kq_off, mask=rmask[:, None], other=0.0),
                         tl.trans(tl.load(k_ptr + kq_off, mask=rmask[:, None], other=0.0)), input_precision=PREC)
         s = _mask_gate(s, b, scale)
+        if PT:
+            s = tl.dot(s.to(dt), Tm, input_precision=PREC)
         tl.store(a_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :], s.to(a_ptr.dtype.element_ty))
     if WU:
         for c0 in tl.static_range(0, K, BK):
@@ -450,9 +459,9 @@ def _kkt_solve_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr,
 @triton.jit(do_not_specialize=["T", "H", "NTC", "N0"])
 def _wu_fwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, T, H, NTC, N0,
                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, QK: tl.constexpr,
-                   WU: tl.constexpr):
+                   WU: tl.constexpr, PT: tl.constexpr = False):
     _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, tl.program_id(0) + N0,
-              tl.program_id(1).to(tl.int64), T, H, NTC, K, V, BK, PREC, QK, WU)
+              tl.program_id(1).to(tl.int64), T, H, NTC, K, V, BK, PREC, QK, WU, PT)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1151,7 +1160,17 @@ def _segments(NT, BH, V, BV, dev):
 _SEGMENTS_SMALL = 2
 
 
-def _tform_fwd(q, k, v, b, beta, bt, scale, h0, output_final_state):
+def _gluon_form() -> int:
+    """The ``mt_gl`` knob: 0 for the Triton march (default; 2 says so explicitly), 1 for the Gluon
+    march in T form, 3 for the Gluon march in W/U form (``gluon_delta.py``, round 9)."""
+    f = _TUNE["mt_gl"]
+    if f not in (0, 1, 2, 3):
+        raise ValueError(f"tuning: mt_gl must be 0 or 2 (Triton march), 1 (Gluon, T form) or "
+                         f"3 (Gluon, W/U form); got {f}")
+    return f if f in (1, 3) else 0
+
+
+def _tform_fwd(q, k, v, b, beta, bt, scale, h0, output_final_state, gated=True):
     """Inference forward in T form: ``T`` (``_solve_t``), the scores where the march reads them
     stored, then ``_march_t_kernel``; ``W`` and ``U`` are never formed. Returns ``o`` and the final
     state.
@@ -1171,12 +1190,18 @@ def _tform_fwd(q, k, v, b, beta, bt, scale, h0, output_final_state):
     # programs per head) and pipelines 2 stages (two programs per SM fit), below it reads them
     # stored by a small kernel and pipelines 3
     BV = _tuned_bv("mt_bv", _pick_bv(BH, V, K), V)
-    stored = _switch("mqk", V // BV > 2)
+    gl_form = _gluon_form()
+    use_gl = (gl_form > 0 and gluon_march_supported(q, T) and K in (64, 128) and BV <= 64
+              and all(x.is_contiguous() for x in (q, k, v)) and not _doubling_solve())
+    gl_wu = use_gl and gl_form == 3
+    stored = use_gl or _switch("mqk", V // BV > 2)
     prec = _precision(q.dtype)
     segs = _segments(NT, BH, V, BV, dev)
     tm = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev)
     a = torch.empty(BH, NTC, CHUNK, dtype=k.dtype, device=dev) if stored else None
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
+    w = torch.empty(BH, NTC, K, dtype=k.dtype, device=dev) if gl_wu else tm
+    u = torch.empty(BH, NTC, V, dtype=k.dtype, device=dev) if gl_wu else tm
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) \
         if (output_final_state or len(segs) > 1) else None
     cfg = _seq_configs(q.dtype, K, BV, _TUNE["mt_warps"], _TUNE["mt_stages"],
@@ -1186,8 +1211,8 @@ def _tform_fwd(q, k, v, b, beta, bt, scale, h0, output_final_state):
     def per_chunk(n0, n1):
         _, _, has_p = _solve_t(q, k, b, beta, scale, stored, tm, a, n0, n1)
         if stored and not has_p:
-            _launch(_wu_fwd_kernel, (n1 - n0, BH), (q, k, v, beta, b, tm, tm, tm, a, float(scale), T, H, NTC, n0),
-                    dict(K=K, V=V, BK=BK, PREC=prec, QK=True, WU=False), wcfg)
+            _launch(_wu_fwd_kernel, (n1 - n0, BH), (q, k, v, beta, b, w, u, tm, a, float(scale), T, H, NTC, n0),
+                    dict(K=K, V=V, BK=BK, PREC=prec, QK=True, WU=gl_wu, PT=use_gl and not gl_wu), wcfg)
 
     side = _side_stream(dev) if len(segs) > 1 and dev.type == "cuda" else None
     events = []
@@ -1205,6 +1230,14 @@ def _tform_fwd(q, k, v, b, beta, bt, scale, h0, output_final_state):
             torch.cuda.current_stream(dev).wait_event(events[i])
         first = i == 0
         s0 = h0 if first else ht
+        if gl_wu:
+            march_gluon_wu(q, k, w, u, b, a, o, s0, ht, scale, n0, n1, BV, stages=_TUNE["mt_gst"] or 3,
+                           gated=gated)
+            continue
+        if use_gl:
+            march_gluon(q, k, v, bt, b, tm, a, o, s0, ht, scale, n0, n1, BV, stages=_TUNE["mt_gst"] or 3,
+                        gated=gated)
+            continue
         _launch(_march_t_kernel, (V // BV, BH),
                 (q, k, v, bt, b, tm, a if stored else tm, o, s0 if s0 is not None else o,
                  ht if ht is not None else o, float(scale), T, H, NT, NTC, n0, n1),
@@ -1254,11 +1287,12 @@ def _state_fwd(q, k, w, u, b, a, scale, h0, output_final_state, store_states):
     return o, ht, hs, vp
 
 
-def _forward(q, k, v, b, beta, bt, scale, h0, output_final_state, store_states):
+def _forward(q, k, v, b, beta, bt, scale, h0, output_final_state, store_states, gated=True):
     """``bt``: ``β`` as float32 ``[B·H, NT·64]`` (from ``_chunk_cumsum``), read by the inference
-    form (T form, unless the ``tform`` knob is off)."""
+    form (T form, unless the ``tform`` knob is off). ``gated=False``: ``b`` is zero (no gate), which
+    the Gluon march uses to skip it."""
     if not store_states and _switch("tform", True):
-        o, ht = _tform_fwd(q, k, v, b, beta, bt, scale, h0, output_final_state)
+        o, ht = _tform_fwd(q, k, v, b, beta, bt, scale, h0, output_final_state, gated)
         return o.to(v.dtype), ht, None, None, None, None, None, None
     w, u, tm, a = _wy_fwd(q, k, v, b, beta, scale)
     o, ht, hs, vp = _state_fwd(q, k, w, u, b, a, scale, h0, output_final_state, store_states)
@@ -1386,7 +1420,7 @@ class _ChunkDeltaFn(torch.autograd.Function):
         NT = triton.cdiv(T, CHUNK)
         b, bt = _chunk_cumsum(g, beta, B, T, H, NT, with_beta=not train)
         o, ht, w, u, tm, a, hs, vp = _forward(q, k, v, b, beta, bt, scale, h0, output_final_state,
-                                              store_states=train)
+                                              store_states=train, gated=g is not None)
         if train:
             ctx.save_for_backward(q, k, v, g, beta, b, w, u, tm, a, hs, vp)
             ctx.scale = scale

@@ -400,6 +400,9 @@ def test_tuning_rejects_bad_knobs():
     with pytest.raises(ValueError, match="mt_seg"):
         with triton_delta.tuning(mt_seg=-1):
             triton_delta._segments(4, 1, 16, 16, torch.device("cpu"))
+    with pytest.raises(ValueError, match="mt_gl"):
+        with triton_delta.tuning(mt_gl=4):
+            triton_delta._gluon_form()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -420,3 +423,87 @@ def test_inference_segments_match_one_range(device, fs, T):
     assert _rel_err(outs[1][0], outs[0][0]) <= TOL32
     if fs:
         assert _rel_err(outs[1][1], outs[0][1]) <= TOL32
+
+
+# ---------------------------------------------------------------------------------------------
+# The Gluon inference march (kernels/gluon_delta.py, knob mt_gl; Hopper GPUs only)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+def test_scores_times_t_kernel(device):
+    """``_wu_fwd_kernel`` with ``PT``: the stored tile is the product of the chunk's scores ``P``
+    and ``T`` (what the Gluon march reads), float32 (IEEE products), against the two tiles the
+    same kernel stores without ``PT``, multiplied in float64: relative bound TOL32."""
+    from kernels import triton_delta as td
+    B, T, H, K = 1, 130, 2, 32
+    inp = _inputs(B, T, H, K, K, gated=True, seed=31, device=device, with_h0=False)
+    q, k, v, g, beta = (inp[n].float() for n in ("q", "k", "v", "g", "beta"))
+    NT = -(-T // td.CHUNK)
+    b, _ = td._chunk_cumsum(g, beta, B, T, H, NT)
+    scale = K ** -0.5
+    tm, _, _ = td._solve_t(q, k, b, beta, scale, False)
+    outs = []
+    for pt in (False, True):
+        a = torch.empty_like(tm)
+        td._launch(td._wu_fwd_kernel, (NT, B * H), (q, k, v, beta, b, tm, tm, tm, a, scale, T, H, NT * td.CHUNK, 0),
+                   dict(K=K, V=K, BK=K, PREC="ieee", QK=True, WU=False, PT=pt), td._par_configs(K, K, 0, nw=4))
+        outs.append(a.double().view(-1, td.CHUNK, td.CHUNK))
+    want = outs[0] @ tm.double().view(-1, td.CHUNK, td.CHUNK)
+    assert _rel_err(outs[1], want) <= TOL32
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gluon_knob_falls_back(device, monkeypatch):
+    """Where the Gluon march cannot run (the CPU, T not a multiple of 64) the knob leaves the
+    Triton march in place: the same kernels, so the same bits."""
+    from kernels import triton_delta as td
+    calls = []
+    monkeypatch.setattr(td, "march_gluon", lambda *a, **kw: calls.append(1))
+    inp = _inputs(1, 100, 2, 32, 32, gated=True, seed=33, device=device)
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    with torch.no_grad():
+        o0, ht0, _ = _run(inp, dtype, gated=True, fs=True, grad=False)
+        with td.tuning(mt_gl=1):
+            o1, ht1, _ = _run(inp, dtype, gated=True, fs=True, grad=False)
+    assert not calls
+    assert torch.equal(o0, o1) and torch.equal(ht0, ht1)
+
+
+def _hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon march needs a Hopper GPU")
+@pytest.mark.parametrize("form,stages", [(1, 3), (1, 2), (3, 3), (3, 2)])
+@pytest.mark.parametrize("B,H,T", [(1, 4, 2048), (2, 16, 1024), (4, 64, 640)])   # V-blocks 16, 32, 64
+@pytest.mark.parametrize("gated,dtype", [(True, torch.bfloat16), (False, torch.bfloat16),
+                                         (True, torch.float16)])
+def test_gpu_gluon_march(form, stages, B, H, T, gated, dtype, monkeypatch):
+    """The Gluon march (T form and W/U form, 2 and 3 pipeline stages, the three V-block widths
+    the launch rule picks) against the float64 chunkwise reference, with an initial and a final
+    state and (B = 2, bfloat16) harsh gates (float16 cannot hold them: log decays of −1e5 become
+    −inf, and every implementation, the Triton march included, then returns NaN). Bound: RMS ratio ≤ 2e-2 (as ``test_gpu_large_shapes``) and at
+    most 1.3× the Triton march's own error on the same inputs (the W/U form rounds ``W`` and
+    ``U`` to 16 bits, as the training forward does, whose output error is ≈ 1.2× the T form's in
+    the benchmark record)."""
+    from kernels import triton_delta as td
+    from kernels import gluon_delta
+    calls = []
+    for name in ("march_gluon", "march_gluon_wu"):
+        real = getattr(td, name)
+        monkeypatch.setattr(td, name, lambda *a, _f=real, **kw: (calls.append(1), _f(*a, **kw))[1])
+    K = V = 128
+    inp = _inputs(B, T, H, K, V, gated=gated, seed=B * 100 + H + form, device="cuda", beta_max=1.0,
+                  harsh=gated and B == 2 and dtype == torch.bfloat16)
+    with torch.no_grad():
+        o0, ht0, leaves = _run(inp, dtype, gated=gated, fs=True, grad=False)
+        with td.tuning(mt_gl=form, mt_gst=stages):
+            o1, ht1, _ = _run(inp, dtype, gated=gated, fs=True, grad=False)
+        r = {n: t.double() for n, t in leaves.items()}
+        ro, rht = reference.chunk_scalar_ref(r["q"], r["k"], r["v"], r.get("g") if gated else None,
+                                             r["beta"], K ** -0.5, r["h0"], True)
+    assert calls, "the Gluon march did not run"
+    assert gluon_delta.HAVE_GLUON
+    for x, x0, ref in ((o1, o0, ro), (ht1, ht0, rht)):
+        err, err0 = _rms_ratio(x, ref), _rms_ratio(x0, ref)
+        assert err <= 2e-2, err
+        assert err <= 1.3 * err0, (err, err0)
