@@ -1,7 +1,7 @@
 """The inference march of the (gated) delta rule written in Gluon, Triton's lower-level dialect
 (``triton.experimental.gluon``, Hopper only): an experiment of round 9 (``kernels/NOTES_delta.md``).
 
-It computes exactly what ``_march_t_kernel`` in ``triton_delta.py`` computes, per chunk of 64 tokens
+It computes the same function as ``_march_t_kernel`` in ``triton_delta.py`` (with other roundings), per chunk of 64 tokens
 and V-block of ``BV`` columns, with the state ``S`` (``[K, BV]``, float32) in registers::
 
     x  = β ⊙ (v − e^{b} ⊙ K S)               (K S: tensor cores)
@@ -12,7 +12,7 @@ and V-block of ``BV`` columns, with the state ``S`` (``[K, BV]``, float32) in re
 What Gluon allows and ``tl.dot`` does not: the tensor-core products are issued asynchronously and
 waited on only where their result is needed, so ``Q S`` runs beside ``K S`` and ``(P T) x`` beside
 ``T x``; the tiles of the next chunks are fetched by the tensor-memory accelerator into a ring of
-``STAGES`` shared-memory buffers, one barrier per buffer. ``P T`` is formed per chunk before the
+``STAGES`` shared-memory buffers, one barrier per tile and buffer. ``P T`` is formed per chunk before the
 march (so the output needs ``x`` instead of ``v'``, one register → shared-memory copy less per step).
 
 A second kernel, ``_march_gl_wu_kernel``, marches in the W/U form of the training forward
@@ -61,10 +61,10 @@ if HAVE_GLUON:
         ``P T`` at ``tr``) into buffer ``slot``, each tile completing its own barrier. (Triton's
         shared-memory hazard analysis puts a CTA-wide barrier between two operations on the same
         barrier allocation; with one allocation per tile, and the byte counts announced before
-        any copy is issued, the five copies need one such barrier instead of ten.) β and the
-        log gate ``b`` (float32, 64 values) travel with ``v`` and ``k``: read by plain loads inside
-        the loop they held up the proxy fence that follows each shared-memory store until they
-        arrived."""
+        any copy is issued, the tile copies need one such barrier instead of one each.) β and the
+        log gate ``b`` (float32, 64 values) travel with ``v`` and ``k``, so the loop has no global
+        loads for the proxy fences after its shared-memory stores to wait on (round 9c: this
+        measured no faster than plain loads, NOTES_delta.md)."""
         mbarrier.expect(bq.index(slot), 64 * K * 2, pred)
         mbarrier.expect(bk.index(slot), 64 * K * 2 + (256 if GATED else 0), pred)
         mbarrier.expect(bv.index(slot), 64 * BV * 2 + 256, pred)
@@ -120,8 +120,9 @@ if HAVE_GLUON:
         cv = iv * BV + gl.arange(0, BV, layout=coll)
         seq = bi * T                       # first row of this sequence in the [B·T, H·D] views
         vec = bh * NTC                     # first row of this sequence·head in the [B·H, NT·64] buffers
+        bh64 = bh.to(gl.int64)             # 64-bit pointer offsets (TMA coordinates stay 32-bit)
         if HAS_H0:
-            S = gl.load(h0_ptr + bh * K * V + ck[:, None] * V + cv[None, :]).to(gl.float32)
+            S = gl.load(h0_ptr + bh64 * K * V + ck[:, None] * V + cv[None, :]).to(gl.float32)
         else:
             S = gl.zeros([K, BV], gl.float32, layout=mma)
         one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
@@ -130,7 +131,7 @@ if HAVE_GLUON:
             _issue(q_desc, k_desc, v_desc, t_desc, p_desc, be_desc, g_desc, q_s, k_s, v_s, t_s, p_s, be_s, g_s,
                    bq, bk, bv, bt, bp, j, seq + n * 64, vec + n * 64, h, iv, n < N1, K, V, BV, GATED)
         zero = gl.zeros([64, BV], gl.float32, layout=mma)
-        op = o_ptr + (seq * H + h) * V
+        op = o_ptr + (seq.to(gl.int64) * H + h) * V
         for n in range(N0, N1):
             i = n - N0
             slot = i % STAGES
@@ -173,7 +174,7 @@ if HAVE_GLUON:
             gl.thread_barrier()
             S = warpgroup_mma(k_s.index(slot).permute((1, 0)), w_s, S * gl.exp(b_last), is_async=True)
             o, S = warpgroup_mma_wait(0, deps=[o, S])
-            gl.store(op + (n * 64 + rr)[:, None] * (H * V) + cv[None, :], o.to(dt))
+            gl.store(op + (n * 64 + rr).to(gl.int64)[:, None] * (H * V) + cv[None, :], o.to(dt))
         for st in gl.static_range(STAGES):
             mbarrier.invalidate(bq.index(st))
             mbarrier.invalidate(bk.index(st))
@@ -181,7 +182,7 @@ if HAVE_GLUON:
             mbarrier.invalidate(bt.index(st))
             mbarrier.invalidate(bp.index(st))
         if STORE_HT:
-            gl.store(ht_ptr + bh * K * V + ck[:, None] * V + cv[None, :], S)
+            gl.store(ht_ptr + bh64 * K * V + ck[:, None] * V + cv[None, :], S)
 
 
     @gluon.jit
@@ -246,8 +247,9 @@ if HAVE_GLUON:
         cv = iv * BV + gl.arange(0, BV, layout=coll)
         seq = bi * T
         vec = bh * NTC
+        bh64 = bh.to(gl.int64)             # 64-bit pointer offsets (TMA coordinates stay 32-bit)
         if HAS_H0:
-            S = gl.load(h0_ptr + bh * K * V + ck[:, None] * V + cv[None, :]).to(gl.float32)
+            S = gl.load(h0_ptr + bh64 * K * V + ck[:, None] * V + cv[None, :]).to(gl.float32)
         else:
             S = gl.zeros([K, BV], gl.float32, layout=mma)
         one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
@@ -256,7 +258,7 @@ if HAVE_GLUON:
             _issue_wu(q_desc, k_desc, w_desc, u_desc, p_desc, g_desc, q_s, k_s, w_s, u_s, p_s, g_s,
                       bq, bk, bw, bu, bp, j, seq + n * 64, vec + n * 64, h, iv, n < N1, K, BV, GATED)
         zero = gl.zeros([64, BV], gl.float32, layout=mma)
-        op = o_ptr + (seq * H + h) * V
+        op = o_ptr + (seq.to(gl.int64) * H + h) * V
         for n in range(N0, N1):
             i = n - N0
             slot = i % STAGES
@@ -292,7 +294,7 @@ if HAVE_GLUON:
             mbarrier.wait(bp.index(slot), ph)
             o = warpgroup_mma(p_s.index(slot), vp_s, qs * (gl.exp(b) * scale)[:, None], is_async=True)
             S, o = warpgroup_mma_wait(0, deps=[S, o])
-            gl.store(op + (n * 64 + rr)[:, None] * (H * V) + cv[None, :], o.to(dt))
+            gl.store(op + (n * 64 + rr).to(gl.int64)[:, None] * (H * V) + cv[None, :], o.to(dt))
         for st in gl.static_range(STAGES):
             mbarrier.invalidate(bq.index(st))
             mbarrier.invalidate(bk.index(st))
@@ -300,7 +302,7 @@ if HAVE_GLUON:
             mbarrier.invalidate(bu.index(st))
             mbarrier.invalidate(bp.index(st))
         if STORE_HT:
-            gl.store(ht_ptr + bh * K * V + ck[:, None] * V + cv[None, :], S)
+            gl.store(ht_ptr + bh64 * K * V + ck[:, None] * V + cv[None, :], S)
 
 
 def _desc(x, block):
