@@ -80,6 +80,44 @@ if HAVE_GLUON:
             tma.async_copy_global_to_shared(g_desc, [tr], bk.index(slot), g_s.index(slot), pred)
 
     @gluon.jit
+    def _ring_barriers(STAGES: gl.constexpr):
+        """Five barrier allocations (one per tile kind of the ring, see ``_issue``), each with one
+        barrier per buffer, initialised."""
+        b0 = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        b1 = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        b2 = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        b3 = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        b4 = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for st in gl.static_range(STAGES):
+            mbarrier.init(b0.index(st), count=1)
+            mbarrier.init(b1.index(st), count=1)
+            mbarrier.init(b2.index(st), count=1)
+            mbarrier.init(b3.index(st), count=1)
+            mbarrier.init(b4.index(st), count=1)
+        return b0, b1, b2, b3, b4
+
+    @gluon.jit
+    def _drop_barriers(b0, b1, b2, b3, b4, STAGES: gl.constexpr):
+        for st in gl.static_range(STAGES):
+            mbarrier.invalidate(b0.index(st))
+            mbarrier.invalidate(b1.index(st))
+            mbarrier.invalidate(b2.index(st))
+            mbarrier.invalidate(b3.index(st))
+            mbarrier.invalidate(b4.index(st))
+
+    @gluon.jit
+    def _chunk_gate(g_s, slot, rowl: gl.constexpr, GATED: gl.constexpr):
+        """The chunk's within-chunk cumulative log gate ``b`` (rows) and its last value ``b_C``, from
+        the ring (zeros without a gate)."""
+        if GATED:
+            b = g_s.index(slot).load(rowl)
+            b_last = gl.sum(g_s.index(slot).slice(63, 1).load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
+        else:
+            b = gl.zeros([64], gl.float32, layout=rowl)
+            b_last = 0.0
+        return b, b_last
+
+    @gluon.jit
     def _march_gl_kernel(q_desc, k_desc, v_desc, t_desc, p_desc, be_desc, g_desc, o_ptr, h0_ptr, ht_ptr,
                          scale, T, H, NTC, N0, N1,
                          K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr,
@@ -100,20 +138,10 @@ if HAVE_GLUON:
         p_s = gl.allocate_shared_memory(dt, [STAGES, 64, 64], p_desc.layout)
         be_s = gl.allocate_shared_memory(gl.float32, [STAGES, 64], be_desc.layout)
         g_s = gl.allocate_shared_memory(gl.float32, [STAGES, 64], g_desc.layout)
-        bq = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        bk = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        bv = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        bt = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        bp = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         s_s = gl.allocate_shared_memory(dt, [K, BV], gl.NVMMASharedLayout.get_default_for([K, BV], dt))
         x_s = gl.allocate_shared_memory(dt, [64, BV], gl.NVMMASharedLayout.get_default_for([64, BV], dt))
         w_s = gl.allocate_shared_memory(dt, [64, BV], gl.NVMMASharedLayout.get_default_for([64, BV], dt))
-        for st in gl.static_range(STAGES):
-            mbarrier.init(bq.index(st), count=1)
-            mbarrier.init(bk.index(st), count=1)
-            mbarrier.init(bv.index(st), count=1)
-            mbarrier.init(bt.index(st), count=1)
-            mbarrier.init(bp.index(st), count=1)
+        bq, bk, bv, bt, bp = _ring_barriers(STAGES)
 
         rr = gl.arange(0, 64, layout=rowl)
         ck = gl.arange(0, K, layout=rowl)
@@ -125,7 +153,6 @@ if HAVE_GLUON:
             S = gl.load(h0_ptr + bh64 * K * V + ck[:, None] * V + cv[None, :]).to(gl.float32)
         else:
             S = gl.zeros([K, BV], gl.float32, layout=mma)
-        one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         for j in gl.static_range(STAGES - 1):
             n = N0 + j
             _issue(q_desc, k_desc, v_desc, t_desc, p_desc, be_desc, g_desc, q_s, k_s, v_s, t_s, p_s, be_s, g_s,
@@ -148,12 +175,7 @@ if HAVE_GLUON:
             _issue(q_desc, k_desc, v_desc, t_desc, p_desc, be_desc, g_desc, q_s, k_s, v_s, t_s, p_s, be_s, g_s,
                    bq, bk, bv, bt, bp, (i + STAGES - 1) % STAGES, seq + nn * 64, vec + nn * 64, h, iv, nn < N1,
                    K, V, BV, GATED)
-            if GATED:
-                b = g_s.index(slot).load(rowl)
-                b_last = gl.sum(g_s.index(slot).slice(63, 1).load(one), axis=0)
-            else:
-                b = gl.zeros([64], gl.float32, layout=rowl)
-                b_last = 0.0
+            b, b_last = _chunk_gate(g_s, slot, rowl, GATED)
             eb = gl.exp(b)
             ks = warpgroup_mma_wait(1, deps=[ks])
             mbarrier.wait(bv.index(slot), ph)
@@ -175,12 +197,7 @@ if HAVE_GLUON:
             S = warpgroup_mma(k_s.index(slot).permute((1, 0)), w_s, S * gl.exp(b_last), is_async=True)
             o, S = warpgroup_mma_wait(0, deps=[o, S])
             gl.store(op + (n * 64 + rr).to(gl.int64)[:, None] * (H * V) + cv[None, :], o.to(dt))
-        for st in gl.static_range(STAGES):
-            mbarrier.invalidate(bq.index(st))
-            mbarrier.invalidate(bk.index(st))
-            mbarrier.invalidate(bv.index(st))
-            mbarrier.invalidate(bt.index(st))
-            mbarrier.invalidate(bp.index(st))
+        _drop_barriers(bq, bk, bv, bt, bp, STAGES)
         if STORE_HT:
             gl.store(ht_ptr + bh64 * K * V + ck[:, None] * V + cv[None, :], S)
 
@@ -227,20 +244,10 @@ if HAVE_GLUON:
         u_s = gl.allocate_shared_memory(dt, [STAGES, 64, BV], u_desc.layout)
         p_s = gl.allocate_shared_memory(dt, [STAGES, 64, 64], p_desc.layout)
         g_s = gl.allocate_shared_memory(gl.float32, [STAGES, 64], g_desc.layout)
-        bq = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        bk = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        bw = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        bu = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        bp = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         s_s = gl.allocate_shared_memory(dt, [K, BV], gl.NVMMASharedLayout.get_default_for([K, BV], dt))
         vp_s = gl.allocate_shared_memory(dt, [64, BV], gl.NVMMASharedLayout.get_default_for([64, BV], dt))
         vk_s = gl.allocate_shared_memory(dt, [64, BV], gl.NVMMASharedLayout.get_default_for([64, BV], dt))
-        for st in gl.static_range(STAGES):
-            mbarrier.init(bq.index(st), count=1)
-            mbarrier.init(bk.index(st), count=1)
-            mbarrier.init(bw.index(st), count=1)
-            mbarrier.init(bu.index(st), count=1)
-            mbarrier.init(bp.index(st), count=1)
+        bq, bk, bw, bu, bp = _ring_barriers(STAGES)
 
         rr = gl.arange(0, 64, layout=rowl)
         ck = gl.arange(0, K, layout=rowl)
@@ -252,7 +259,6 @@ if HAVE_GLUON:
             S = gl.load(h0_ptr + bh64 * K * V + ck[:, None] * V + cv[None, :]).to(gl.float32)
         else:
             S = gl.zeros([K, BV], gl.float32, layout=mma)
-        one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         for j in gl.static_range(STAGES - 1):
             n = N0 + j
             _issue_wu(q_desc, k_desc, w_desc, u_desc, p_desc, g_desc, q_s, k_s, w_s, u_s, p_s, g_s,
@@ -274,12 +280,7 @@ if HAVE_GLUON:
             _issue_wu(q_desc, k_desc, w_desc, u_desc, p_desc, g_desc, q_s, k_s, w_s, u_s, p_s, g_s,
                       bq, bk, bw, bu, bp, (i + STAGES - 1) % STAGES, seq + nn * 64, vec + nn * 64, h, iv, nn < N1,
                       K, BV, GATED)
-            if GATED:
-                b = g_s.index(slot).load(rowl)
-                b_last = gl.sum(g_s.index(slot).slice(63, 1).load(one), axis=0)
-            else:
-                b = gl.zeros([64], gl.float32, layout=rowl)
-                b_last = 0.0
+            b, b_last = _chunk_gate(g_s, slot, rowl, GATED)
             mbarrier.wait(bu.index(slot), ph)
             u = u_s.index(slot).load(mma).to(gl.float32)
             ws = warpgroup_mma_wait(1, deps=[ws])
@@ -295,12 +296,7 @@ if HAVE_GLUON:
             o = warpgroup_mma(p_s.index(slot), vp_s, qs * (gl.exp(b) * scale)[:, None], is_async=True)
             S, o = warpgroup_mma_wait(0, deps=[S, o])
             gl.store(op + (n * 64 + rr).to(gl.int64)[:, None] * (H * V) + cv[None, :], o.to(dt))
-        for st in gl.static_range(STAGES):
-            mbarrier.invalidate(bq.index(st))
-            mbarrier.invalidate(bk.index(st))
-            mbarrier.invalidate(bw.index(st))
-            mbarrier.invalidate(bu.index(st))
-            mbarrier.invalidate(bp.index(st))
+        _drop_barriers(bq, bk, bw, bu, bp, STAGES)
         if STORE_HT:
             gl.store(ht_ptr + bh64 * K * V + ck[:, None] * V + cv[None, :], S)
 
