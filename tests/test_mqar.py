@@ -4,8 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.reference import recurrent_ref
-from lattn_core.mqar import (FILLER, GATE_TEMPERATURE, IGNORE, MIXERS, MQARModel, cpu_config,
-                             gpu_config, make_mqar, run_mqar_sweep, state_size, train_mqar)
+from lattn_core.mqar import (FILLER, GATE_TEMPERATURE, IGNORE, MIXERS, STORED_LARGE, MQARModel, cpu_config,
+                             gpu_config, make_mqar, run_mqar_sweep, state_size, sweep_records, train_mqar)
 
 
 # ------------------------------------------------------------------ generator
@@ -139,3 +139,44 @@ def test_sweep_returns_one_curve_per_mixer():
     assert len({r["state_size"] for r in out["results"]}) == 1
     with pytest.raises(ValueError, match="mixers must be drawn from"):
         run_mqar_sweep(cpu_config(mixers=("mamba",)), progress=False)
+
+
+def test_short_runs_train_without_a_schedule_error():
+    """Fewer than 20 steps use a constant rate: PyTorch's one-cycle schedule divides by zero when its
+    warm-up ends at step 0 (steps = 10 at 10 %, or 2), which used to end such runs."""
+    for steps in (1, 2, 10):
+        cfg = cpu_config(mixers=("linear",), kv_pairs=(2,), vocab_size=16, seq_len=12, d_model=16,
+                         head_dim=8, steps=steps, batch=4, eval_batch=8)
+        r = train_mqar("linear", cfg)
+        assert len(r["losses"]) == steps
+
+
+def test_sweep_records_are_json_and_subsample_the_loss():
+    import json
+    cfg = cpu_config(kv_pairs=(2, 4), vocab_size=16, seq_len=12, d_model=16, head_dim=8, steps=5,
+                     batch=4, eval_batch=8)
+    out = run_mqar_sweep(cfg, progress=False)
+    recs = json.loads(json.dumps(sweep_records(out, loss_every=2)))
+    assert [r["mixer"] for r in recs] == list(MIXERS)
+    assert all(r["losses"] == out["results"][i]["losses"][::2] and len(r["losses"]) == 3 for i, r in enumerate(recs))
+    with pytest.raises(ValueError, match="loss_every must be an integer >= 1"):
+        sweep_records(out, loss_every=0)
+
+
+def test_stored_large_run_matches_gpu_config():
+    """The GPU run the chapter shows (kernels/results/mqar_large.json) was made with the settings
+    ``gpu_config()`` has now (else it must be re-run), records every mixer at every N, with
+    accuracies in [0, 1], equal state sizes, and the device and versions it ran with."""
+    from kernels.benchmarks import harness
+    data = harness.load_results(STORED_LARGE)
+    want = gpu_config().as_dict()
+    got = dict(data["config"])
+    for key in ("kv_pairs", "mixers"):
+        got[key], want[key] = list(got[key]), list(want[key])
+    assert got == want
+    assert [r["mixer"] for r in data["records"]] == list(want["mixers"])
+    for r in data["records"]:
+        assert r["kv_pairs"] == want["kv_pairs"] and len(r["accuracy"]) == len(want["kv_pairs"])
+        assert all(0.0 <= a <= 1.0 for a in r["accuracy"])
+    assert len({r["state_size"] for r in data["records"]}) == 1
+    assert data["env"]["device"] and data["env"]["date"] and data["env"]["torch"]
