@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 __all__ = ["MIXERS", "MQARConfig", "make_mqar", "MQARModel", "TokenMixer", "state_size",
            "train_mqar", "evaluate_mqar", "run_mqar_sweep", "cpu_config", "gpu_config", "sweep_records",
-           "STORED_LARGE"]
+           "STORED_LARGE", "load_stored_large"]
 
 STORED_LARGE = "mqar_large"   # kernels/results/mqar_large.json: the GPU sweep the chapter shows on a CPU
 
@@ -416,6 +416,17 @@ def sweep_records(sweep: dict, loss_every: int = 10) -> list[dict]:
                     "final_loss": r["final_loss"], "loss_every": loss_every,
                     "losses": r["losses"][::loss_every]})
     return out
+
+
+def load_stored_large() -> dict:
+    """The stored GPU sweep (``kernels/results/mqar_large.json``: ``env``, ``config``, ``records``)
+    with ``same_as_gpu_config``: whether it was run with the settings ``gpu_config()`` has now.
+    Raises ``FileNotFoundError`` when this copy of the book has none."""
+    import json
+    from kernels.benchmarks import harness
+    data = harness.load_results(STORED_LARGE)
+    data["same_as_gpu_config"] = data["config"] == json.loads(json.dumps(gpu_config().as_dict()))
+    return data
 
 
 def main(argv=None) -> int:
