@@ -118,19 +118,39 @@ if HAVE_GLUON:
         return b, b_last
 
     @gluon.jit
+    def _march_start(h0_ptr, H, T, NTC, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, mma: gl.constexpr,
+                     HAS_H0: gl.constexpr):
+        """What both marches start from: the program's V-block ``iv``, sequence·head ``bh`` and head
+        ``h``; the row and column index vectors (``rr`` chunk rows, ``ck`` keys, ``cv`` the V-block's
+        columns); the first row of the sequence in the ``[B·T, H·D]`` views (``seq``) and of the
+        sequence·head in the ``[B·H, NT·64]`` buffers (``vec``); ``bh`` as int64 for pointer offsets
+        (TMA coordinates stay 32-bit); and the entering state ``S`` (float32, zeros without one)."""
+        rowl: gl.constexpr = gl.SliceLayout(1, mma)
+        coll: gl.constexpr = gl.SliceLayout(0, mma)
+        iv = gl.program_id(0)
+        bh = gl.program_id(1)
+        h = bh % H
+        rr = gl.arange(0, 64, layout=rowl)
+        ck = gl.arange(0, K, layout=rowl)
+        cv = iv * BV + gl.arange(0, BV, layout=coll)
+        seq = (bh // H) * T
+        vec = bh * NTC
+        bh64 = bh.to(gl.int64)
+        if HAS_H0:
+            S = gl.load(h0_ptr + bh64 * K * V + ck[:, None] * V + cv[None, :]).to(gl.float32)
+        else:
+            S = gl.zeros([K, BV], gl.float32, layout=mma)
+        return iv, h, rr, ck, cv, seq, vec, bh64, S
+
+    @gluon.jit
     def _march_gl_kernel(q_desc, k_desc, v_desc, t_desc, p_desc, be_desc, g_desc, o_ptr, h0_ptr, ht_ptr,
                          scale, T, H, NTC, N0, N1,
                          K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr,
                          HAS_H0: gl.constexpr, STORE_HT: gl.constexpr, GATED: gl.constexpr):
-        iv = gl.program_id(0)
-        bh = gl.program_id(1)
-        bi = bh // H
-        h = bh % H
         dt: gl.constexpr = q_desc.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BV, 16])
         rowl: gl.constexpr = gl.SliceLayout(1, mma)
-        coll: gl.constexpr = gl.SliceLayout(0, mma)
         q_s = gl.allocate_shared_memory(dt, [STAGES, 64, K], q_desc.layout)
         k_s = gl.allocate_shared_memory(dt, [STAGES, 64, K], k_desc.layout)
         v_s = gl.allocate_shared_memory(dt, [STAGES, 64, BV], v_desc.layout)
@@ -143,16 +163,7 @@ if HAVE_GLUON:
         w_s = gl.allocate_shared_memory(dt, [64, BV], gl.NVMMASharedLayout.get_default_for([64, BV], dt))
         bq, bk, bv, bt, bp = _ring_barriers(STAGES)
 
-        rr = gl.arange(0, 64, layout=rowl)
-        ck = gl.arange(0, K, layout=rowl)
-        cv = iv * BV + gl.arange(0, BV, layout=coll)
-        seq = bi * T                       # first row of this sequence in the [B·T, H·D] views
-        vec = bh * NTC                     # first row of this sequence·head in the [B·H, NT·64] buffers
-        bh64 = bh.to(gl.int64)             # 64-bit pointer offsets (TMA coordinates stay 32-bit)
-        if HAS_H0:
-            S = gl.load(h0_ptr + bh64 * K * V + ck[:, None] * V + cv[None, :]).to(gl.float32)
-        else:
-            S = gl.zeros([K, BV], gl.float32, layout=mma)
+        iv, h, rr, ck, cv, seq, vec, bh64, S = _march_start(h0_ptr, H, T, NTC, K, V, BV, mma, HAS_H0)
         for j in gl.static_range(STAGES - 1):
             n = N0 + j
             _issue(q_desc, k_desc, v_desc, t_desc, p_desc, be_desc, g_desc, q_s, k_s, v_s, t_s, p_s, be_s, g_s,
@@ -229,15 +240,10 @@ if HAVE_GLUON:
         """The march in W/U form: ``v' = U − W S``, ``o = e^{b}·scale ⊙ (Q S) + P v'``,
         ``S ← e^{b_C} S + Kᵀ (e^{b_C − b} ⊙ v')``: two products on the chain from one state to the
         next (``W S``, ``Kᵀ v'``) instead of three, for ``W`` and ``U`` formed before the march."""
-        iv = gl.program_id(0)
-        bh = gl.program_id(1)
-        bi = bh // H
-        h = bh % H
         dt: gl.constexpr = q_desc.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BV, 16])
         rowl: gl.constexpr = gl.SliceLayout(1, mma)
-        coll: gl.constexpr = gl.SliceLayout(0, mma)
         q_s = gl.allocate_shared_memory(dt, [STAGES, 64, K], q_desc.layout)
         k_s = gl.allocate_shared_memory(dt, [STAGES, 64, K], k_desc.layout)
         w_s = gl.allocate_shared_memory(dt, [STAGES, 64, K], w_desc.layout)
@@ -249,16 +255,7 @@ if HAVE_GLUON:
         vk_s = gl.allocate_shared_memory(dt, [64, BV], gl.NVMMASharedLayout.get_default_for([64, BV], dt))
         bq, bk, bw, bu, bp = _ring_barriers(STAGES)
 
-        rr = gl.arange(0, 64, layout=rowl)
-        ck = gl.arange(0, K, layout=rowl)
-        cv = iv * BV + gl.arange(0, BV, layout=coll)
-        seq = bi * T
-        vec = bh * NTC
-        bh64 = bh.to(gl.int64)             # 64-bit pointer offsets (TMA coordinates stay 32-bit)
-        if HAS_H0:
-            S = gl.load(h0_ptr + bh64 * K * V + ck[:, None] * V + cv[None, :]).to(gl.float32)
-        else:
-            S = gl.zeros([K, BV], gl.float32, layout=mma)
+        iv, h, rr, ck, cv, seq, vec, bh64, S = _march_start(h0_ptr, H, T, NTC, K, V, BV, mma, HAS_H0)
         for j in gl.static_range(STAGES - 1):
             n = N0 + j
             _issue_wu(q_desc, k_desc, w_desc, u_desc, p_desc, g_desc, q_s, k_s, w_s, u_s, p_s, g_s,
