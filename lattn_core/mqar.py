@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 __all__ = ["MIXERS", "MQARConfig", "make_mqar", "MQARModel", "TokenMixer", "state_size",
            "train_mqar", "evaluate_mqar", "run_mqar_sweep", "cpu_config", "gpu_config", "sweep_records",
-           "STORED_LARGE", "load_stored_large"]
+           "run_mqar_seeds", "seed_summary", "STORED_LARGE", "load_stored_large"]
 
 STORED_LARGE = "mqar_large"   # kernels/results/mqar_large.json: the GPU sweep the chapter shows on a CPU
 
@@ -272,7 +272,8 @@ def cpu_config(**changes) -> MQARConfig:
 def gpu_config(**changes) -> MQARConfig:
     """A larger setting for a GPU (still one layer): d_k = d_v = 16 (a state of 256 numbers), up to
     64 pairs in 256 tokens, 127 possible keys, 3000 steps of 128 sequences: about three minutes on an
-    H200. Its run there is stored in ``kernels/results/mqar_large.json`` (``--large --write``). At
+    H200. Its runs there, five seeds, are stored in ``kernels/results/mqar_large.json``
+    (``--large --seeds 0 1 2 3 4 --jobs 5 --write``). At
     d_k = 64, its first version, every model recalled every pair up to N = 64 on the H200
     (``kernels/results/logs/mqar_large_dk64_round10.json``), so the setting could not tell the update
     rules apart; with 16 key dimensions N exceeds d_k up to four times, as in the CPU setting."""
@@ -418,40 +419,117 @@ def sweep_records(sweep: dict, loss_every: int = 10) -> list[dict]:
     return out
 
 
+def _one_seed(args) -> tuple[list[dict], float]:
+    """Worker of :func:`run_mqar_seeds` (top level, so that a spawned process can import it)."""
+    config, loss_every = args
+    sweep = run_mqar_sweep(config, progress=False)
+    recs = sweep_records(sweep, loss_every)
+    for r in recs:
+        r["seed"] = config.seed
+    return recs, sweep["seconds"]
+
+
+def run_mqar_seeds(config: MQARConfig, seeds, *, jobs: int = 1, loss_every: int = 10) -> dict:
+    """The sweep of ``config`` once per seed in ``seeds``, ``jobs`` seeds at a time (each in its own
+    process when ``jobs > 1``; a GPU is shared by them, so their ``train_seconds`` are those of
+    concurrent runs). Returns ``{"config": ..., "records": [... one per mixer and seed, with
+    "seed"], "seconds": {seed: wall seconds}}``; ``config["seeds"]`` and ``config["jobs"]`` replace
+    its single ``seed``."""
+    seeds = list(seeds)
+    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be a non-empty list of distinct integers; got {seeds!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an integer >= 1; got {jobs!r}")
+    work = [(replace(config, seed=s), loss_every) for s in seeds]
+    if jobs == 1:
+        outs = [_one_seed(w) for w in work]
+    else:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+        # spawn: CUDA cannot be used in a forked child
+        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(seeds)), mp_context=mp.get_context("spawn")) as ex:
+            outs = list(ex.map(_one_seed, work))
+    cfg = config.as_dict()
+    cfg.pop("seed")
+    cfg["seeds"], cfg["jobs"] = seeds, min(jobs, len(seeds))
+    return {"config": cfg, "records": [r for recs, _ in outs for r in recs],
+            "seconds": {s: sec for s, (_, sec) in zip(seeds, outs)}}
+
+
+def seed_summary(records: list[dict]) -> dict:
+    """Per mixer, over the seeds of ``records`` (as stored by :func:`run_mqar_seeds`): the mean,
+    smallest and largest accuracy at each N, and per N how many seeds each mixer came first in
+    (ties counted for every mixer that shares the best accuracy).
+    Returns ``{"kv_pairs", "seeds", "mean", "min", "max", "first"}`` (the last four keyed by mixer)."""
+    if not records:
+        raise ValueError("records must hold at least one record")
+    kv = records[0]["kv_pairs"]
+    if any(r["kv_pairs"] != kv for r in records):
+        raise ValueError("records must all be scored at the same kv_pairs")
+    seeds = sorted({r.get("seed", 0) for r in records})
+    mixers = list(dict.fromkeys(r["mixer"] for r in records))
+    acc = {}
+    for r in records:
+        acc.setdefault(r["mixer"], {})[r.get("seed", 0)] = r["accuracy"]
+    for m in mixers:
+        if sorted(acc[m]) != seeds:
+            raise ValueError(f"records must hold every seed for every mixer; {m!r} has seeds {sorted(acc[m])}")
+    out = {"kv_pairs": list(kv), "seeds": seeds, "mean": {}, "min": {}, "max": {},
+           "first": {m: [0] * len(kv) for m in mixers}}
+    for m in mixers:
+        cols = list(zip(*(acc[m][s] for s in seeds)))          # one tuple of seeds per N
+        out["mean"][m] = [sum(c) / len(c) for c in cols]
+        out["min"][m] = [min(c) for c in cols]
+        out["max"][m] = [max(c) for c in cols]
+    for s in seeds:
+        for i in range(len(kv)):
+            best = max(acc[m][s][i] for m in mixers)
+            for m in mixers:
+                if acc[m][s][i] == best:
+                    out["first"][m][i] += 1
+    return out
+
+
 def load_stored_large() -> dict:
-    """The stored GPU sweep (``kernels/results/mqar_large.json``: ``env``, ``config``, ``records``)
-    with ``same_as_gpu_config``: whether it was run with the settings ``gpu_config()`` has now.
-    Raises ``FileNotFoundError`` when this copy of the book has none."""
+    """The stored GPU sweeps (``kernels/results/mqar_large.json``: ``env``, ``config`` with its
+    ``seeds``, ``records`` one per mixer and seed) with ``same_as_gpu_config``: whether they were run
+    with the settings ``gpu_config()`` has now (the seed aside). Raises ``FileNotFoundError`` when
+    this copy of the book has none."""
     import json
     from kernels.benchmarks import harness
     data = harness.load_results(STORED_LARGE)
-    data["same_as_gpu_config"] = data["config"] == json.loads(json.dumps(gpu_config().as_dict()))
+    want = json.loads(json.dumps(gpu_config().as_dict()))
+    want.pop("seed")
+    have = {k: v for k, v in data["config"].items() if k not in ("seeds", "jobs")}
+    data["same_as_gpu_config"] = have == want
     return data
 
 
 def main(argv=None) -> int:
-    """Run a sweep from the command line; ``--write`` stores it in
+    """Run a sweep from the command line, once per ``--seeds``; ``--write`` stores it in
     ``kernels/results/<name>.json`` with the device, date and library versions."""
     import argparse
     from kernels.benchmarks import harness
     p = argparse.ArgumentParser(description="MQAR sweep of Chapter 6 (four update rules, one state size)")
     p.add_argument("--large", action="store_true", help="the GPU setting (gpu_config) instead of the CPU one")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="one sweep per seed (default: 0)")
+    p.add_argument("--jobs", type=int, default=1, help="seeds run at once, each in its own process")
     p.add_argument("--write", action="store_true", help=f"store the records (kernels/results/{STORED_LARGE}.json "
                                                         "for --large, mqar_small.json otherwise)")
     args = p.parse_args(argv)
-    cfg = (gpu_config if args.large else cpu_config)(seed=args.seed)
+    cfg = gpu_config() if args.large else cpu_config()
     if cfg.device == "cuda" and not torch.cuda.is_available():
         print("--large needs a CUDA GPU")
         return 2
-    sweep = run_mqar_sweep(cfg, progress=False)
-    records = sweep_records(sweep)
-    for r in records:
-        print(f"{r['mixer']:>15}: " + "  ".join(f"N={N}: {a:.3f}" for N, a in zip(r["kv_pairs"], r["accuracy"]))
+    t0 = time.perf_counter()
+    out = run_mqar_seeds(cfg, args.seeds, jobs=args.jobs)
+    for r in out["records"]:
+        print(f"seed {r['seed']} {r['mixer']:>15}: "
+              + "  ".join(f"N={N}: {a:.3f}" for N, a in zip(r["kv_pairs"], r["accuracy"]))
               + f"  ({r['train_seconds']:.0f} s)")
-    print(f"sweep: {sweep['seconds']:.0f} s")
+    print(f"{len(args.seeds)} sweeps, {out['config']['jobs']} at a time: {time.perf_counter() - t0:.0f} s")
     if args.write:
-        path = harness.write_results(STORED_LARGE if args.large else "mqar_small", sweep["config"], records)
+        path = harness.write_results(STORED_LARGE if args.large else "mqar_small", out["config"], out["records"])
         print("wrote", path)
     return 0
 

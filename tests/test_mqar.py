@@ -5,8 +5,8 @@ import torch.nn.functional as F
 
 from kernels.reference import recurrent_ref
 from lattn_core.mqar import (FILLER, GATE_TEMPERATURE, IGNORE, MIXERS, MQARModel, cpu_config,
-                             gpu_config, load_stored_large, make_mqar, run_mqar_sweep, state_size, sweep_records,
-                             train_mqar)
+                             gpu_config, load_stored_large, make_mqar, run_mqar_seeds, run_mqar_sweep,
+                             seed_summary, state_size, sweep_records, train_mqar)
 
 
 # ------------------------------------------------------------------ generator
@@ -165,16 +165,66 @@ def test_sweep_records_are_json_and_subsample_the_loss():
 
 
 def test_stored_large_run_matches_gpu_config():
-    """The GPU run the chapter shows (kernels/results/mqar_large.json) was made with the settings
-    ``gpu_config()`` has now (else it must be re-run), records every mixer at every N, with
-    accuracies in [0, 1], equal state sizes, and the device and versions it ran with."""
+    """The GPU runs the chapter shows (kernels/results/mqar_large.json) were made with the settings
+    ``gpu_config()`` has now (else they must be re-run), record every mixer at every N for every
+    seed, with accuracies in [0, 1], equal state sizes, and the device and versions they ran with."""
     data = load_stored_large()
     assert data["same_as_gpu_config"]
     want = gpu_config().as_dict()
-    assert [r["mixer"] for r in data["records"]] == list(want["mixers"])
-    assert set(data["config"]) == set(want)
+    seeds = data["config"]["seeds"]
+    assert len(seeds) >= 3, "the chapter compares update rules over several seeds"
+    assert [(r["seed"], r["mixer"]) for r in data["records"]] == [(s, m) for s in seeds for m in want["mixers"]]
+    assert set(data["config"]) == (set(want) - {"seed"}) | {"seeds", "jobs"}
     for r in data["records"]:
         assert r["kv_pairs"] == list(want["kv_pairs"]) and len(r["accuracy"]) == len(want["kv_pairs"])
         assert all(0.0 <= a <= 1.0 for a in r["accuracy"])
     assert len({r["state_size"] for r in data["records"]}) == 1
     assert data["env"]["device"] and data["env"]["date"] and data["env"]["torch"]
+
+
+def test_stored_large_run_fails_the_check_when_gpu_config_changes(monkeypatch):
+    """``same_as_gpu_config`` is a real comparison: change one setting and it turns False."""
+    import lattn_core.mqar as mq
+    monkeypatch.setattr(mq, "gpu_config", lambda **ch: gpu_config(steps=gpu_config().steps + 1, **ch))
+    assert mq.load_stored_large()["same_as_gpu_config"] is False
+
+
+_TINY = dict(kv_pairs=(2, 4), vocab_size=16, seq_len=12, d_model=16, head_dim=8, steps=4, batch=4, eval_batch=8)
+
+
+def test_seeds_in_processes_equal_seeds_in_turn():
+    """Two seeds in two spawned processes give the records of the same seeds run one after the
+    other (the seed, not the process, fixes a run), timings aside."""
+    cfg = cpu_config(mixers=("linear", "deltanet"), **_TINY)
+    a = run_mqar_seeds(cfg, [0, 3], jobs=1, loss_every=1)
+    b = run_mqar_seeds(cfg, [0, 3], jobs=2, loss_every=1)
+    strip = lambda recs: [{k: v for k, v in r.items() if k != "train_seconds"} for r in recs]
+    assert strip(a["records"]) == strip(b["records"])
+    assert [(r["seed"], r["mixer"]) for r in a["records"]] == [(0, "linear"), (0, "deltanet"), (3, "linear"), (3, "deltanet")]
+    assert a["config"]["seeds"] == [0, 3] and a["config"]["jobs"] == 1 and b["config"]["jobs"] == 2
+    assert "seed" not in a["config"]
+    # different seeds are different runs
+    assert a["records"][0]["losses"] != a["records"][2]["losses"]
+    for bad, match in (([], "seeds must be"), ([1, 1], "seeds must be"), ([0.5], "seeds must be")):
+        with pytest.raises(ValueError, match=match):
+            run_mqar_seeds(cfg, bad)
+    with pytest.raises(ValueError, match="jobs must be an integer >= 1"):
+        run_mqar_seeds(cfg, [0], jobs=0)
+
+
+def test_seed_summary_by_hand():
+    recs = [{"mixer": "a", "seed": 0, "kv_pairs": [1, 2], "accuracy": [1.0, 0.5]},
+            {"mixer": "b", "seed": 0, "kv_pairs": [1, 2], "accuracy": [1.0, 0.25]},
+            {"mixer": "a", "seed": 1, "kv_pairs": [1, 2], "accuracy": [0.5, 0.0]},
+            {"mixer": "b", "seed": 1, "kv_pairs": [1, 2], "accuracy": [0.75, 0.5]}]
+    s = seed_summary(recs)
+    assert s["seeds"] == [0, 1] and s["kv_pairs"] == [1, 2]
+    assert s["mean"] == {"a": [0.75, 0.25], "b": [0.875, 0.375]}
+    assert s["min"] == {"a": [0.5, 0.0], "b": [0.75, 0.25]} and s["max"] == {"a": [1.0, 0.5], "b": [1.0, 0.5]}
+    assert s["first"] == {"a": [1, 1], "b": [2, 1]}          # the tie at seed 0, N = 1 counts for both
+    with pytest.raises(ValueError, match="every seed for every mixer"):
+        seed_summary(recs[:3])
+    with pytest.raises(ValueError, match="same kv_pairs"):
+        seed_summary([recs[0], {**recs[1], "kv_pairs": [1, 3]}])
+    with pytest.raises(ValueError, match="at least one record"):
+        seed_summary([])
