@@ -274,7 +274,7 @@ def gpu_config(**changes) -> MQARConfig:
     64 pairs in 256 tokens, 127 possible keys, 3000 steps of 128 sequences: about three minutes on an
     H200. Its runs there, five seeds, are stored in ``kernels/results/mqar_large.json``
     (``--large --seeds 0 1 2 3 4 --jobs 5 --write``). At
-    d_k = 64, its first version, every model recalled every pair up to N = 64 on the H200
+    d_k = 64, its first version, every model recalled practically every pair up to N = 64 on the H200
     (``kernels/results/logs/mqar_large_dk64_round10.json``), so the setting could not tell the update
     rules apart; with 16 key dimensions N exceeds d_k up to four times, as in the CPU setting."""
     base = MQARConfig(kv_pairs=(8, 16, 32, 48, 64), vocab_size=256, seq_len=256, d_model=128, n_heads=1,
