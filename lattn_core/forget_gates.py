@@ -57,7 +57,7 @@ def decay_mask_naive(gamma) -> np.ndarray:
     """The textbook construction ``Γ_ij = P_i / P_j`` with ``P_i = prod_{tau<=i} gamma_tau``.
 
     Mathematically equal to :func:`decay_mask`, numerically broken: once ``P`` underflows to 0
-    (e.g. 0.01^160 < 1e-308) the ratio is ``0/0 = NaN``, and before that it loses accuracy.
+    (e.g. 0.01^162 rounds to 0 in float64) the ratio is ``0/0 = NaN``, and before that it loses accuracy.
     Kept to show the failure; never use it.
     """
     g = as_array(gamma, "gamma", ("n",))
