@@ -26,8 +26,9 @@ gains at most a few per cent there, and loses at larger batch × heads.
 
 Restrictions (the caller falls back to the Triton march otherwise): an NVIDIA GPU of compute
 capability 9 (Hopper), float16/bfloat16 inputs, ``T`` a multiple of 64, contiguous ``[B, T, H, D]``
-inputs. Gluon kernels do not run in Triton's CPU interpreter, so this file is only exercised by the
-GPU tests.
+inputs. Gluon kernels do not run in Triton's CPU interpreter, so this file runs only in the GPU
+tests; on a CPU the tests compile it for sm_90a (``tests/aot_compile_gluon_delta.py``: compiler,
+``ptxas``, shared memory, spills), which catches what breaks compilation but not wrong results.
 """
 from __future__ import annotations
 

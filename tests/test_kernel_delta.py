@@ -507,3 +507,30 @@ def test_gpu_gluon_march(form, stages, B, H, T, gated, dtype, monkeypatch):
         err, err0 = _rms_ratio(x, ref), _rms_ratio(x0, ref)
         assert err <= 2e-2, err
         assert err <= 1.3 * err0, (err, err0)
+
+
+def test_gluon_marches_compile_for_hopper():
+    """The Gluon marches (``kernels/gluon_delta.py``, which the interpreter cannot run) go through the
+    whole GPU compiler for sm_90a at the launch configurations the forward uses: no compile error,
+    ``ptxas`` accepts the PTX, the products are Hopper ``wgmma`` instructions, shared memory fits
+    the 227 KiB a block may use on an H100/H200, and no register spills. Runs
+    ``tests/aot_compile_gluon_delta.py`` in a fresh process (the interpreter must be off to compile)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    triton = pytest.importorskip("triton")
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("this triton build has no NVIDIA backend tools (ptxas)")
+    script = Path(__file__).resolve().parent / "aot_compile_gluon_delta.py"
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env=dict(os.environ, TRITON_INTERPRET="0"), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    kinds = {(r["kernel"], r["BV"]) for r in rows}
+    assert {("_march_gl_kernel", 16), ("_march_gl_wu_kernel", 16)} <= kinds and len(rows) >= 6, rows
+    for r in rows:
+        assert "error" not in r, r
+        assert r["ptxas_rc"] == 0 and r["wgmma"], r
+        assert r["shared"] <= 227 * 1024 and r["spill_bytes"] == 0, r
