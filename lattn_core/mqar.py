@@ -24,7 +24,10 @@ This module holds the whole experiment of Chapter 6, in PyTorch, with its data m
   The recurrences themselves are the ops of :mod:`kernels` (their differentiable PyTorch path on a
   CPU, the Triton kernels on a GPU); this module never writes a recurrence of its own.
 * :func:`train_mqar`, :func:`evaluate_mqar`, :func:`run_mqar_sweep` — AdamW training with a fixed
-  seed, accuracy on the scored positions, and accuracy against the number of key-value pairs.
+  seed, accuracy on the scored positions, and accuracy against the number of key-value pairs;
+  :func:`run_mqar_seeds` and :func:`seed_summary` — the sweep over several seeds (in parallel
+  processes if asked) and its mean, range and per-``N`` winners; :func:`load_stored_large` — the
+  GPU runs stored in ``kernels/results/mqar_large.json``.
 
 Why a short convolution: with one layer, the state is written at every position ``t`` from the
 token at ``t`` alone, unless the layer can also see the token before it. At a value position the
