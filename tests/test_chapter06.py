@@ -203,6 +203,33 @@ def test_chunk_backward_closed_forms_match_autograd():
     lc.check_close("dA = autograd (strictly lower)", dA.numpy(), np.tril(At.grad.numpy(), k=-1), 1e-9)
 
 
+def test_log_gate_gradient_is_a_reverse_cumulative_sum_in_the_chunk():
+    """(ch6-d-dg): with b = cumsum(log alpha) inside a chunk, dL/dlog(alpha_s) = sum_{i >= s} dL/db_i,
+    for the whole gated chunk (WY factors, outputs, leaving state) as the loss."""
+    r, Q, K, V, beta, _, _, _ = _gated_chunk(8)
+    C, d_k, d_v = K.shape[0], K.shape[1], V.shape[1]
+    f64 = lambda x: torch.tensor(x, dtype=torch.float64)
+    Qt, Kt, Vt, bet = map(f64, (Q, K, V, beta))
+    la = f64(np.log(r.uniform(0.5, 1.0, size=C))).requires_grad_()
+    b = torch.cumsum(la, 0)
+    b.retain_grad()
+    S0T, dO, dSn = f64(r.normal(size=(d_k, d_v))), f64(r.normal(size=(C, d_v))), f64(r.normal(size=(d_k, d_v)))
+    G = torch.exp(torch.tril(b[:, None] - b[None, :])) * f64(np.tril(np.ones((C, C))))
+    A = torch.tril(bet[:, None] * (Kt @ Kt.T) * G, diagonal=-1)
+    T = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + A)
+    U = T @ (bet[:, None] * Vt) - (T @ ((bet * b.exp())[:, None] * Kt)) @ S0T
+    O = b.exp()[:, None] * (Qt @ S0T) + ((Qt @ Kt.T) * G) @ U
+    SnT = b[-1].exp() * S0T + ((b[-1] - b).exp()[:, None] * Kt).T @ U
+    ((O * dO).sum() + (SnT * dSn).sum()).backward()
+    reverse = torch.flip(torch.cumsum(torch.flip(b.grad, [0]), 0), [0])
+    # float64 autograd: round-off ~1e-13
+    lc.check_close("dL/dlog(alpha) = reverse cumsum of dL/db", la.grad.numpy(), reverse.numpy(), 1e-9)
+    # the forward cumulative sum is not it (the check can fail)
+    res = lc.check_close("forward cumsum", la.grad.numpy(), torch.cumsum(b.grad, 0).numpy(), 1e-9,
+                         raise_on_fail=False)
+    assert not res.passed
+
+
 @pytest.mark.parametrize("seed", [6, 7])
 def test_t_form_of_the_pseudo_values(seed):
     """(ch6-d-tform): Ũ − W S₀ᵀ = T Diag(β)(V − Diag(e^b) K S₀ᵀ), numerically on a gated chunk."""
