@@ -411,8 +411,7 @@ def sweep_records(sweep: dict, loss_every: int = 10) -> list[dict]:
     """The JSON records of a sweep (one per mixer), as stored by ``python -m lattn_core.mqar
     --write``: accuracy per number of pairs, state size, training seconds, final loss and the loss
     curve at every ``loss_every``-th step (the first step included)."""
-    if isinstance(loss_every, bool) or not isinstance(loss_every, int) or loss_every < 1:
-        raise ValueError(f"loss_every must be an integer >= 1; got {loss_every!r}")
+    _check_int(loss_every, "loss_every", 1)
     out = []
     for r in sweep["results"]:
         out.append({"mixer": r["mixer"], "kv_pairs": list(r["kv_pairs"]), "accuracy": list(r["accuracy"]),
@@ -441,8 +440,8 @@ def run_mqar_seeds(config: MQARConfig, seeds, *, jobs: int = 1, loss_every: int 
     seeds = list(seeds)
     if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be a non-empty list of distinct integers; got {seeds!r}")
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs must be an integer >= 1; got {jobs!r}")
+    _check_int(jobs, "jobs", 1)
+    _check_int(loss_every, "loss_every", 1)      # before any training, not after it
     work = [(replace(config, seed=s), loss_every) for s in seeds]
     if jobs == 1:
         outs = [_one_seed(w) for w in work]

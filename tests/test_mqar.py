@@ -210,6 +210,8 @@ def test_seeds_in_processes_equal_seeds_in_turn():
             run_mqar_seeds(cfg, bad)
     with pytest.raises(ValueError, match="jobs must be an integer >= 1"):
         run_mqar_seeds(cfg, [0], jobs=0)
+    with pytest.raises(ValueError, match="loss_every must be an integer >= 1"):
+        run_mqar_seeds(cfg, [0], loss_every=0)
 
 
 def test_seed_summary_by_hand():
