@@ -1,5 +1,13 @@
 """PyTorch ops backed by Triton kernels, with fla's names, argument order and layout.
 
+One folder per kernel family: ``flash/`` (softmax attention), ``gla/`` (linear attention with no,
+scalar or vector gates), ``delta/`` (the plain and gated delta rule). Each holds its op, its stages,
+its launch plan, its benchmark of record with the results, its ``NOTES.md`` and a ``lab/``.
+Shared here: ``backend`` (which backend an op takes, Triton's interpreter, first-fit launches),
+``validate`` (input checks), ``reference`` (the differentiable PyTorch implementations: the CPU
+path and the kernels' oracle), ``harness`` (the benchmark runner), ``report`` (showing a benchmark
+in the book), ``compile`` (the compile-without-GPU check) and ``catalog`` (the model map).
+
 On a machine without a CUDA device, importing this package sets ``TRITON_INTERPRET=1`` (before any
 kernel is decorated) so that ``backend="triton"`` can run the kernels through Triton's interpreter;
 the default on CPU tensors is the differentiable PyTorch implementation in :mod:`kernels.reference`.
@@ -13,9 +21,10 @@ try:
 except Exception:  # pragma: no cover
     pass
 
-from ._common import HAS_TRITON, INTERPRET, resolve_backend  # noqa: E402
-from .ops import (chunk_delta_rule, chunk_gated_delta_rule, chunk_gla, chunk_linear_attn,  # noqa: E402
-                  chunk_simple_gla, flash_attention)
+from .backend import HAS_TRITON, INTERPRET, resolve_backend  # noqa: E402
+from .delta import chunk_delta_rule, chunk_gated_delta_rule  # noqa: E402
+from .flash import flash_attention  # noqa: E402
+from .gla import chunk_gla, chunk_linear_attn, chunk_simple_gla  # noqa: E402
 
 __all__ = ["flash_attention", "chunk_linear_attn", "chunk_simple_gla", "chunk_gla",
            "chunk_delta_rule", "chunk_gated_delta_rule", "HAS_TRITON", "INTERPRET", "resolve_backend"]

@@ -7,8 +7,9 @@ always, no implicit ``1/sqrt(d)``, float64 in and out. See the book's notation p
 Modules, in the order of the book: ``_validate`` (the one input-validation helper), ``checks``
 (state an identity and check it), ``masks``, ``rnn`` (chapter 0), ``softmax`` (chapter 1),
 ``linear_attention`` (chapter 2), ``forget_gates`` (chapter 3), ``ttt`` (chapter 4), ``delta``
-(chapters 5-6). ``lattn_core.mqar`` (the associative-recall experiment, torch) and
-``lattn_core.notebook`` (notebook conveniences) are imported on their own.
+(chapters 5-6). ``lattn_core.notebook`` (notebook conveniences) is imported on its own. The package
+imports nothing from :mod:`kernels`; the experiments that train torch models live in
+:mod:`experiments`.
 """
 from . import _validate, checks, delta, forget_gates, linear_attention, masks, rnn, softmax, ttt
 from ._validate import *  # noqa: F401,F403

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import kernels
 from kernels import reference
+from kernels.backend import Launch
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]   # CPU: interpreter; CUDA: compiled
 ON_GPU = DEVICES == ["cuda"]
@@ -28,7 +29,7 @@ TOL32 = 2e-4
 # ≈ 2.5-5e-3 for the gradients on the interpreter). We use fla's RMS error ratio
 # (harness.err_ratio) with bound 1e-2: above what correct rounding gives, far below the O(1) of a
 # real bug. fp16 (unit roundoff 2^-12) measures ≈ 5e-4 and gets the same bound. (The interpreter
-# rounds to nearest even like the GPU; see kernels/_interp.py.)
+# rounds to nearest even like the GPU; see kernels/backend.py.)
 TOL16_OUT, TOL16_GRAD = 1e-2, 1e-2
 
 
@@ -40,7 +41,7 @@ def _rel_err(x, ref):
 
 
 def _rms_ratio(x, ref):
-    from kernels.benchmarks.harness import err_ratio
+    from kernels.harness import err_ratio
     return err_ratio(x, ref)
 
 
@@ -68,8 +69,9 @@ def _inputs(B, T, H, K, V, *, gated, seed, device, harsh=False, beta_max=2.0, no
     return {n: (t.to(device) if t is not None else None) for n, t in out.items()}
 
 
-def _run(inp, dtype, *, gated, fs, scale=None, backend="triton", grad=True):
-    """Run the op on ``dtype`` copies (leaf tensors); returns outputs and the leaves."""
+def _run(inp, dtype, *, gated, fs, scale=None, backend="triton", grad=True, plan=None):
+    """Run the op on ``dtype`` copies (leaf tensors); returns outputs and the leaves. ``plan``: overrides
+    of the launch plan (:func:`kernels.delta.plan.plan_for`), run through the Triton path directly."""
     leaves = {}
     for n, t in inp.items():
         if t is None:
@@ -79,6 +81,12 @@ def _run(inp, dtype, *, gated, fs, scale=None, backend="triton", grad=True):
         leaves[n] = x.detach().requires_grad_(grad)
     args = (leaves["q"], leaves["k"], leaves["v"])
     kw = dict(scale=scale, initial_state=leaves.get("h0"), output_final_state=fs)
+    if plan is not None:
+        from kernels.delta.op import delta_rule_triton
+        K = args[0].shape[-1]
+        o, ht = delta_rule_triton(*args, leaves["g"] if gated else None, leaves["beta"],
+                                  scale if scale is not None else K ** -0.5, leaves.get("h0"), fs, plan=dict(plan))
+        return o, ht, leaves
     if backend is not None:
         kw["backend"] = backend
     if gated:
@@ -189,41 +197,43 @@ def test_inference_path_without_grad(device):
     assert _rel_err(o, ro) <= TOL32 and _rel_err(ht, rht) <= TOL32
 
 
-# The inference forward (no gradient asked for) runs in T form by default (``_tsolve_kernel`` +
-# ``_march_t_kernel``, no W/U); these cases pin it, its knobs and the W/U form to the definition.
-INFER_VARIANTS = [dict(), dict(tform=2), dict(tsolve=2), dict(mt_bv=16, mqk=1), dict(mt_bv=16, mqk=2),
-                  dict(mqk=1), dict(tsolve=2, mqk=1), dict(mt_seg=2), dict(mt_seg=3, mqk=2),
-                  dict(mt_seg=3, tsolve=1)]
+# The inference forward (no gradient asked for) runs in T form by default (the solve + the T-form
+# march, no W/U); these cases pin it, its plan's choices and the W/U form to the definition.
+INFER_VARIANTS = [dict(), dict(t_form=False), dict(march_bv=16, march_scores_stored=True),
+                  dict(march_bv=16, march_scores_stored=False), dict(march_scores_stored=True),
+                  dict(march_ranges=2), dict(march_ranges=3, march_scores_stored=False)]
 # (op gated?, T, K, V, harsh gates, beta_max)
 INFER_CASES = [(True, 130, 32, 16, True, 2.0), (False, 70, 16, 32, False, 2.0), (True, 1, 16, 16, False, 1.0)]
 
 
+def _ids(d):
+    return ",".join(f"{k}={v}" for k, v in d.items()) or "default"
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("tune", INFER_VARIANTS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "default")
+@pytest.mark.parametrize("plan", INFER_VARIANTS, ids=_ids)
 @pytest.mark.parametrize("gated,T,K,V,harsh,beta_max", INFER_CASES)
-def test_inference_forms(device, tune, gated, T, K, V, harsh, beta_max):
-    """T form and W/U form, both solves, both sources of the scores: float32 outputs and final
-    state within TOL32 of the float64 recurrence (same bound and reasoning as the training path)."""
-    from kernels import triton_delta
+def test_inference_forms(device, plan, gated, T, K, V, harsh, beta_max):
+    """T form and W/U form, both sources of the scores, one or several chunk ranges: float32 outputs
+    and final state within TOL32 of the float64 recurrence (same bound and reasoning as the training
+    path)."""
     inp = _inputs(2, T, 2, K, V, gated=gated, seed=T + K + V, device=device, harsh=harsh, beta_max=beta_max)
-    with torch.no_grad(), triton_delta.tuning(**tune):
-        o, ht, leaves = _run(inp, torch.float32, gated=gated, fs=True, grad=False)
+    with torch.no_grad():
+        o, ht, leaves = _run(inp, torch.float32, gated=gated, fs=True, grad=False, plan=plan)
         ro, rht, _ = _reference(leaves, gated=gated, fs=True, scale=None)
     assert _rel_err(o, ro) <= TOL32 and _rel_err(ht, rht) <= TOL32
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("tune", [dict(), dict(tform=2), dict(mt_bv=16, mqk=2), dict(tsolve=1, ts_prec=2),
-                                  dict(tsolve=1, ts_prec=3), dict(kkt_oprec=1), dict(kkt_oprec=3), dict(mt_seg=4)],
-                         ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "default")
-def test_inference_forms_half_precision(device, tune):
-    """bf16 inference forward (T form; on the GPU the doubling products of the solve in TF32, or
-    ``ts_prec`` 3×TF32 / IEEE, which the interpreter computes exactly alike) within the bf16 bound
-    TOL16_OUT of the float64 recurrence, including β up to 2."""
-    from kernels import triton_delta
+@pytest.mark.parametrize("plan", [dict(), dict(t_form=False), dict(march_bv=16, march_scores_stored=False),
+                                  dict(march_ranges=4)], ids=_ids)
+def test_inference_forms_half_precision(device, plan):
+    """bf16 inference forward (T form; the solve's block products in 3xTF32 on the GPU, which the
+    interpreter computes exactly) within the bf16 bound TOL16_OUT of the float64 recurrence,
+    including β up to 2."""
     inp = _inputs(1, 150, 2, 32, 32, gated=True, seed=31, device=device, beta_max=2.0)
-    with torch.no_grad(), triton_delta.tuning(**tune):
-        o, ht, leaves = _run(inp, torch.bfloat16, gated=True, fs=True, grad=False)
+    with torch.no_grad():
+        o, ht, leaves = _run(inp, torch.bfloat16, gated=True, fs=True, grad=False, plan=plan)
         ro, rht, _ = _reference(leaves, gated=True, fs=True, scale=None)
     assert _rms_ratio(o, ro) <= TOL16_OUT and _rms_ratio(ht, rht) <= TOL16_OUT
 
@@ -301,9 +311,8 @@ def test_gpu_inference_forms(B, H, gated, correlated):
     Well-conditioned inputs: RMS ratio ≤ 2e-2 as in ``test_gpu_large_shapes``. ``correlated``: keys
     near one direction and β = 2, so every step is a reflection and bf16 rounding errors never decay:
     there every implementation, fla's included, measures ≈ 0.032 for ``o`` and ≈ 0.038 for the final
-    state (``kernels/benchmarks/conditioning_delta.py``, kernels/results/logs/conditioning_delta_round5.json),
+    state (kernels/delta/lab/logs/conditioning_delta_round5.json),
     so the bound is relative: the T form may not be more than 10 % worse than the W/U form."""
-    from kernels import triton_delta
     T, K, V = 2049, 128, 128
     inp = _inputs(B, T, H, K, V, gated=gated, seed=B + H, device="cuda", beta_max=1.0)
     if correlated:
@@ -314,8 +323,7 @@ def test_gpu_inference_forms(B, H, gated, correlated):
         inp["beta"] = torch.full((B, T, H), 2.0, dtype=torch.float64).cuda()
     with torch.no_grad():
         o, ht, leaves = _run(inp, torch.bfloat16, gated=gated, fs=True, grad=False)
-        with triton_delta.tuning(tform=2):
-            o_wu, ht_wu, _ = _run(inp, torch.bfloat16, gated=gated, fs=True, grad=False)
+        o_wu, ht_wu, _ = _run(inp, torch.bfloat16, gated=gated, fs=True, grad=False, plan=dict(t_form=False))
         r = {n: t.double() for n, t in leaves.items()}
         ro, rht = reference.chunk_scalar_ref(r["q"], r["k"], r["v"], r.get("g") if gated else None,
                                              r["beta"], K ** -0.5, r["h0"], True)
@@ -327,9 +335,11 @@ def test_gpu_inference_forms(B, H, gated, correlated):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_fallback_backward_agrees(device, monkeypatch):
-    """The batched-PyTorch backward of the per-chunk algebra (LATTN_DELTA_BWD=torch) stays correct."""
-    from kernels import triton_delta
-    monkeypatch.setattr(triton_delta, "_BWD_IMPL", "torch")
+    """The batched-PyTorch backward of the per-chunk algebra (``chunk_grads_torch``) stays correct."""
+    from kernels.delta import op
+    from kernels.delta.backward import chunk_grads_torch
+    monkeypatch.setattr(op, "chunk_grads", lambda q, k, v, g, beta, b, tm, a, hs, dh, do, vp, dvp, scale, plan:
+                        chunk_grads_torch(q, k, v, g, beta, scale, hs, dh, do))
     inp = _inputs(1, 70, 2, 16, 32, gated=True, seed=9, device=device, harsh=True)
     _check(inp, torch.float32, gated=True, fs=True, seed=9)
 
@@ -339,70 +349,58 @@ def test_out_of_resources_falls_back_to_torch_backward(device, monkeypatch):
     """If the per-chunk backward kernel cannot launch (e.g. float32 at K = V = 128 needs more shared
     memory than the GPU has), the batched-PyTorch backward takes over with the same gradients."""
     from triton.runtime.errors import OutOfResources
-    from kernels import triton_delta
+    from kernels.delta import op
 
     def refuse(*args, **kwargs):
         raise OutOfResources(253952, 232448, "shared memory")
-    monkeypatch.setattr(triton_delta, "_local_grads_triton", refuse)
+    monkeypatch.setattr(op, "chunk_grads", refuse)
     inp = _inputs(1, 40, 1, 16, 16, gated=True, seed=12, device=device)
     _check(inp, torch.float32, gated=True, fs=True, seed=12)
 
 
-# tuning variants (kernels/benchmarks/explore_delta.py sweeps them on the GPU at K = V = 128 and
-# checks each against the default there): each must compute the same function; small shapes here
-VARIANTS = [dict(fwd_split=1), dict(fwd_split=1, out_bv=16, fwd_bv=16),
-            dict(fwd_bv=16, bwd_bv=16, dqk_bv=16, dwy_bv=16), dict(fwd_bv=32, bwd_bv=32, fwd_warps=4, fwd_stages=1),
-            dict(wy_fuse=1, wu_bk=16, kkt_bk=16), dict(kkt_warps=2, wu_warps=2, dqk_warps=8, dwy_warps=8),
-            dict(aqk=2, dwy_rec=2), dict(aqk=1, dwy_rec=1, fwd_bv=16, bwd_bv=16, fwd_stages=1),
-            dict(kkt_oprec=1), dict(kkt_oprec=3, kkt_bk=16), dict(wy_fuse=1, kkt_oprec=1)]
+# launch-plan variants (the lab's sweeps try them on the GPU at K = V = 128 and check each against the
+# default there): each must compute the same function; small shapes here
+VARIANTS = [dict(fwd_bv=16, bwd_bv=16, dqk_bv=16, dwy_bv=16), dict(fwd_bv=32, bwd_bv=32, fwd=(Launch(4, 1),)),
+            dict(wu_bk=16, solve_kc=16), dict(solve=(Launch(2, 1),), wu=(Launch(2, 1),), dqk=(Launch(8, 1),),
+                                                 dwy=(Launch(8, 1),)),
+            dict(fwd_bv=16, bwd_bv=16, fwd=(Launch(4, 1),)), dict(dqk_bk=32)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("tune", VARIANTS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
-def test_tuning_variants(device, tune):
-    from kernels import triton_delta
-    with triton_delta.tuning(**tune):
-        inp = _inputs(1, 70, 2, 32, 32, gated=True, seed=21, device=device, with_h0=True, beta_max=1.0)
-        _check(inp, torch.bfloat16 if ON_GPU else torch.float32, gated=True, fs=True, seed=21)
+@pytest.mark.parametrize("plan", VARIANTS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+def test_plan_variants(device, plan, monkeypatch):
+    """Other tiles and launches of the same kernels compute the same function (``dqk_bk=32``: the
+    per-chunk backward split over key columns, whose K-blocks' shares of dq, dk and the log-gate
+    gradient must add up to the unsplit result)."""
+    from kernels.delta import op
+    from kernels.delta.plan import plan_for
+    monkeypatch.setattr(op, "plan_for", lambda *a, **kw: plan_for(*a, **{**plan, **kw}))
+    inp = _inputs(1, 70, 2, 64 if "dqk_bk" in plan else 32, 32, gated=True, seed=21, device=device, with_h0=True,
+                  beta_max=1.0, harsh="dqk_bk" in plan)
+    _check(inp, torch.bfloat16 if ON_GPU else torch.float32, gated=True, fs=True, seed=21)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_key_split_local_backward(device):
-    """The per-chunk backward split over key columns (``dqk_bk`` < K): every K-block's share of
-    dq, dk and the log-gate gradient must add up to the unsplit result."""
-    from kernels import triton_delta
-    with triton_delta.tuning(dqk_bk=32):
-        inp = _inputs(1, 70, 2, 64, 32, gated=True, seed=22, device=device, with_h0=True, harsh=True)
-        _check(inp, torch.bfloat16 if ON_GPU else torch.float32, gated=True, fs=True, seed=22)
-
-
-def test_tuning_rejects_bad_knobs():
-    from kernels import triton_delta
-    with pytest.raises(ValueError, match="unknown knob"):
-        with triton_delta.tuning(fwd_bw=16):
-            pass
-    with pytest.raises(ValueError, match="LATTN_DELTA_TUNE"):
-        triton_delta._parse_tune("fwd_bv=abc")
+def test_plan_rejects_bad_overrides():
+    from kernels.delta.plan import plan_for
+    with pytest.raises(ValueError, match="unknown field"):
+        plan_for(1, 64, 1, 32, 32, torch.bfloat16, "cpu", fwd_bw=16)
     with pytest.raises(ValueError, match="fwd_bv"):
-        with triton_delta.tuning(fwd_bv=24):
-            triton_delta._tuned_bv("fwd_bv", 16, 32)
-    assert triton_delta._TUNE["fwd_bv"] == 0    # restored after the with-block
-    with pytest.raises(ValueError, match="aqk"):
-        with triton_delta.tuning(aqk=3):
-            triton_delta._switch("aqk", True)
-    k = torch.zeros(1, 64, 1, 16)
-    with pytest.raises(ValueError, match="ts_prec"):
-        with triton_delta.tuning(tsolve=1, ts_prec=4):
-            triton_delta._solve_t(k.bfloat16(), k.bfloat16(), torch.zeros(1, 64), k[..., 0], 1.0, False)
-    with pytest.raises(ValueError, match="kkt_oprec"):
-        with triton_delta.tuning(kkt_oprec=4):
-            triton_delta._solve_t(k.bfloat16(), k.bfloat16(), torch.zeros(1, 64), k[..., 0], 1.0, False)
-    with pytest.raises(ValueError, match="mt_seg"):
-        with triton_delta.tuning(mt_seg=-1):
-            triton_delta._segments(4, 1, 16, 16, torch.device("cpu"))
-    with pytest.raises(ValueError, match="mt_gl"):
-        with triton_delta.tuning(mt_gl=4):
-            triton_delta._gluon_form()
+        plan_for(1, 64, 1, 32, 32, torch.bfloat16, "cpu", fwd_bv=24)
+    with pytest.raises(ValueError, match="march_ranges"):
+        plan_for(1, 64, 1, 32, 32, torch.bfloat16, "cpu", march_ranges=0)
+
+
+def test_measured_plan():
+    """The defaults the NOTES record: V-blocks by batch × heads, one-warp solve for 16-bit inputs,
+    stored scores only below V-block 64, two chunk ranges only on a GPU that the march would not fill."""
+    from kernels.delta.plan import plan_for
+    big = plan_for(8, 8192, 16, 128, 128, torch.bfloat16, "cpu")
+    small = plan_for(1, 32768, 16, 128, 128, torch.bfloat16, "cpu")
+    assert (big.fwd_bv, big.march_bv, big.march_scores_stored) == (64, 64, False)
+    assert (small.fwd_bv, small.march_bv, small.march_scores_stored) == (16, 16, True)
+    assert big.solve[0] == Launch(1, 1) and plan_for(1, 64, 1, 32, 32, torch.float32, "cpu").solve[0] == Launch(4, 1)
+    assert big.fwd[0] == Launch(4, 1) and small.fwd[0] == Launch(4, 3) and big.march[0] == Launch(4, 2)
+    assert small.march_ranges == 1          # no CUDA device here: one range
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -412,125 +410,13 @@ def test_inference_segments_match_one_range(device, fs, T):
     the previous one left) gives the unsegmented outputs, with and without row masks (T = 320 is
     a multiple of the chunk, and the unmasked loop is checked against the masked one): float32,
     bound TOL32 between the two."""
-    from kernels import triton_delta
     inp = _inputs(1, T, 2, 32, 32, gated=True, seed=5, device=device, with_h0=False)
     outs = []
-    for tune in (dict(mt_seg=1, mt_even=2), dict(mt_seg=4)):
-        with torch.no_grad(), triton_delta.tuning(**tune):
-            o, ht, _ = _run(inp, torch.float32, gated=True, fs=fs, grad=False)
+    for plan in (dict(march_ranges=1, march_even=False), dict(march_ranges=4)):
+        with torch.no_grad():
+            o, ht, _ = _run(inp, torch.float32, gated=True, fs=fs, grad=False, plan=plan)
         assert (ht is not None) == fs
         outs.append((o, ht))
     assert _rel_err(outs[1][0], outs[0][0]) <= TOL32
     if fs:
         assert _rel_err(outs[1][1], outs[0][1]) <= TOL32
-
-
-# ---------------------------------------------------------------------------------------------
-# The Gluon inference march (kernels/gluon_delta.py, knob mt_gl; Hopper GPUs only)
-# ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("device", DEVICES)
-def test_scores_times_t_kernel(device):
-    """``_wu_fwd_kernel`` with ``PT``: the stored tile is the product of the chunk's scores ``P``
-    and ``T`` (what the Gluon march reads), float32 (IEEE products), against the two tiles the
-    same kernel stores without ``PT``, multiplied in float64: relative bound TOL32."""
-    from kernels import triton_delta as td
-    B, T, H, K = 1, 130, 2, 32
-    inp = _inputs(B, T, H, K, K, gated=True, seed=31, device=device, with_h0=False)
-    q, k, v, g, beta = (inp[n].float() for n in ("q", "k", "v", "g", "beta"))
-    NT = -(-T // td.CHUNK)
-    b, _ = td._chunk_cumsum(g, beta, B, T, H, NT)
-    scale = K ** -0.5
-    tm, _, _ = td._solve_t(q, k, b, beta, scale, False)
-    outs = []
-    for pt in (False, True):
-        a = torch.empty_like(tm)
-        td._launch(td._wu_fwd_kernel, (NT, B * H), (q, k, v, beta, b, tm, tm, tm, a, scale, T, H, NT * td.CHUNK, 0),
-                   dict(K=K, V=K, BK=K, PREC="ieee", QK=True, WU=False, PT=pt), td._par_configs(K, K, 0, nw=4))
-        outs.append(a.double().view(-1, td.CHUNK, td.CHUNK))
-    want = outs[0] @ tm.double().view(-1, td.CHUNK, td.CHUNK)
-    assert _rel_err(outs[1], want) <= TOL32
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_gluon_knob_falls_back(device, monkeypatch):
-    """Where the Gluon march cannot run (the CPU, T not a multiple of 64) the knob leaves the
-    Triton march in place: the same kernels, so the same bits."""
-    from kernels import triton_delta as td
-    calls = []
-    monkeypatch.setattr(td, "march_gluon", lambda *a, **kw: calls.append(1))
-    inp = _inputs(1, 100, 2, 32, 32, gated=True, seed=33, device=device)
-    dtype = torch.bfloat16 if ON_GPU else torch.float32
-    with torch.no_grad():
-        o0, ht0, _ = _run(inp, dtype, gated=True, fs=True, grad=False)
-        with td.tuning(mt_gl=1):
-            o1, ht1, _ = _run(inp, dtype, gated=True, fs=True, grad=False)
-    assert not calls
-    assert torch.equal(o0, o1) and torch.equal(ht0, ht1)
-
-
-def _hopper():
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
-@pytest.mark.skipif(not _hopper(), reason="the Gluon march needs a Hopper GPU")
-@pytest.mark.parametrize("form,stages", [(1, 3), (1, 2), (3, 3), (3, 2)])
-@pytest.mark.parametrize("B,H,T", [(1, 4, 2048), (2, 16, 1024), (4, 64, 640)])   # V-blocks 16, 32, 64
-@pytest.mark.parametrize("gated,dtype", [(True, torch.bfloat16), (False, torch.bfloat16),
-                                         (True, torch.float16)])
-def test_gpu_gluon_march(form, stages, B, H, T, gated, dtype, monkeypatch):
-    """The Gluon march (T form and W/U form, 2 and 3 pipeline stages, the three V-block widths
-    the launch rule picks) against the float64 chunkwise reference, with an initial and a final
-    state and (B = 2, bfloat16) harsh gates (float16 cannot hold them: log decays of −1e5 become
-    −inf, and every implementation, the Triton march included, then returns NaN). Bound: RMS ratio ≤ 2e-2 (as ``test_gpu_large_shapes``) and at
-    most 1.3× the Triton march's own error on the same inputs (the W/U form rounds ``W`` and
-    ``U`` to 16 bits, as the training forward does, whose output error is ≈ 1.2× the T form's in
-    the benchmark record)."""
-    from kernels import triton_delta as td
-    from kernels import gluon_delta
-    calls = []
-    for name in ("march_gluon", "march_gluon_wu"):
-        real = getattr(td, name)
-        monkeypatch.setattr(td, name, lambda *a, _f=real, **kw: (calls.append(1), _f(*a, **kw))[1])
-    K = V = 128
-    inp = _inputs(B, T, H, K, V, gated=gated, seed=B * 100 + H + form, device="cuda", beta_max=1.0,
-                  harsh=gated and B == 2 and dtype == torch.bfloat16)
-    with torch.no_grad():
-        o0, ht0, leaves = _run(inp, dtype, gated=gated, fs=True, grad=False)
-        with td.tuning(mt_gl=form, mt_gst=stages):
-            o1, ht1, _ = _run(inp, dtype, gated=gated, fs=True, grad=False)
-        r = {n: t.double() for n, t in leaves.items()}
-        ro, rht = reference.chunk_scalar_ref(r["q"], r["k"], r["v"], r.get("g") if gated else None,
-                                             r["beta"], K ** -0.5, r["h0"], True)
-    assert calls, "the Gluon march did not run"
-    assert gluon_delta.HAVE_GLUON
-    for x, x0, ref in ((o1, o0, ro), (ht1, ht0, rht)):
-        err, err0 = _rms_ratio(x, ref), _rms_ratio(x0, ref)
-        assert err <= 2e-2, err
-        assert err <= 1.3 * err0, (err, err0)
-
-
-def test_gluon_marches_compile_for_hopper():
-    """The Gluon marches (``kernels/gluon_delta.py``, which the interpreter cannot run) go through the
-    whole GPU compiler for sm_90a at the launch configurations the forward uses: no compile error,
-    ``ptxas`` accepts the PTX, the products are Hopper ``wgmma`` instructions, shared memory fits
-    the 227 KiB a block may use on an H100/H200, and no register spills. Runs
-    ``tests/aot_compile_gluon_delta.py`` in a fresh process (the interpreter must be off to compile)."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    triton = pytest.importorskip("triton")
-    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
-        pytest.skip("this triton build has no NVIDIA backend tools (ptxas)")
-    script = Path(__file__).resolve().parent / "aot_compile_gluon_delta.py"
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         env=dict(os.environ, TRITON_INTERPRET="0"), timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    kinds = {(r["kernel"], r["BV"]) for r in rows}
-    assert {("_march_gl_kernel", 16), ("_march_gl_wu_kernel", 16)} <= kinds and len(rows) >= 6, rows
-    for r in rows:
-        assert "error" not in r, r
-        assert r["ptxas_rc"] == 0 and r["wgmma"], r
-        assert r["shared"] <= 227 * 1024 and r["spill_bytes"] == 0, r

@@ -18,11 +18,6 @@ Tolerances (outputs are convex combinations of ``v`` rows with ``v ~ N(0, 1)``, 
 - bfloat16: 3e-2. Same two roundings with an 8-bit mantissa (2^-8 ≈ 3.9e-3 relative; half an ulp
   at |o| < 4 is 2^-7 ≈ 7.8e-3), with headroom for their sum.
 """
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,38 +168,6 @@ def test_gpu_large_shapes(B, T, H, D, dtype, causal):
                    ref.cpu().numpy(), TOL[dtype])
 
 
-def test_compiles_for_hopper_without_spills():
-    """The GPU compiler (sm_90, what an H100/H200 runs) accepts the kernel; no register spills.
-
-    Runs ``tests/aot_compile_flash.py --quick`` in a fresh process (the interpreter must be off to
-    compile). 16-bit configurations must use Hopper tensor cores (``wgmma``), fit the 227 KiB of
-    shared memory per block, and not spill registers beyond a couple of words (the BN = 128
-    configurations sit at the 255-register limit and spill 8 bytes; a real spill of the
-    accumulator or score tile would be hundreds of bytes and cost speed).
-    """
-    triton = pytest.importorskip("triton")
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not cuobjdump.exists():
-        pytest.skip("this triton build has no NVIDIA backend tools (ptxas/cuobjdump)")
-    script = Path(__file__).resolve().parent / "aot_compile_flash.py"
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    res = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True,
-                         env=env, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) >= 6
-    for r in rows:
-        assert "error" not in r, r
-        assert r["shared"] <= 227 * 1024, r
-        if r["dtype"] != "fp32":
-            assert r["wgmma"] and r["stack"] <= 16, r
-    # the production choices for causal bf16 D = 128 are among them: short tiling and TMA (no spill)
-    import kernels.triton_flash as tf
-    assert any(r.get("config") == list(tf.SHORT_CONFIG) and r["dtype"] == "bf16" and r["causal"] for r in rows)
-    tma = [r for r in rows if r.get("variant") == "production_tma"]
-    assert len(tma) == 1 and tma[0]["tma"] and tma[0]["stack"] == 0, tma
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("cfg", [(32, 16, 4, 1, True), (16, 16, 4, 1, False), (64, 64, 4, 2, True)])
@@ -214,39 +177,44 @@ def test_other_tilings_and_launch_orders(device, causal, cfg, monkeypatch):
     The op's own choice is one tiling per platform; the autotuner on a GPU may pick any of its list,
     so each tiling family and both HEADS_INNER orders are checked here through the same launch code.
     """
-    import kernels.triton_flash as tf
-    monkeypatch.setattr(tf, "_fixed_config", lambda T, D, dtype: cfg)
+    from kernels.flash import op
+    from kernels.flash.plan import FlashPlan
+    bm, bn, warps, stages, heads_inner = cfg
+    monkeypatch.setattr(op, "plan_for", lambda *a, **kw: FlashPlan("tiles", bm, bn, warps, stages, heads_inner))
     # (D = 32 below: never autotuned, never the short/TMA plan, so the patched tiling is launched)
     q, k, v = rand_qkv(2, 70, 3, 32, torch.float32, device, seed=11)
     run_and_check(q, k, v, causal, name=f"tiling {cfg}")
 
 
-# --- the production launch plan (kernels.triton_flash._launch_plan) ----------------------------------
+# --- the launch plan (kernels.flash.plan.plan_for) ------------------------------------------------
 def test_launch_plan_choices():
-    """The GPU-side choice per input (decided with interpret=False, so it is checked on a CPU)."""
-    import kernels.triton_flash as tf
+    """The GPU-side choice per input (decided with interpret=False, hopper=True, so it is checked on
+    a CPU)."""
+    from kernels.flash.plan import FlashPlan, _tma_compatible, plan_for
 
-    def plan(B, T, H, D, dtype, causal=True, heads_packed=True):
+    def plan(B, T, H, D, dtype, causal=True, heads_packed=True, hopper=True):
         shape = (B, T, H, D) if heads_packed else (B, H, T, D)
         x = torch.empty(shape, dtype=dtype)
         x = x if heads_packed else x.transpose(1, 2)          # [B, T, H, D] view, stride(2) = T·D
-        return tf._launch_plan(x, x, x, causal, interpret=False)[0]
+        return plan_for(x, x, x, causal, interpret=False, hopper=hopper)
 
+    short, tma, auto = FlashPlan("tiles", 64, 64, 4, 3), FlashPlan("tma", 128, 128, 8, 3), FlashPlan("autotune")
     bf, fp = torch.bfloat16, torch.float16
-    assert plan(2, 1024, 2, 128, bf) == "short"
-    assert plan(1, 2048, 2, 128, fp) == "short"
-    assert plan(1, 2049, 2, 128, bf) == "autotune"                       # ragged tail: no TMA
-    assert plan(1, 2176, 2, 128, bf) == "tma"                            # 17 whole 128-row tiles
-    assert plan(1, 4096, 2, 128, fp) == "tma"
-    assert plan(1, 4096, 2, 128, bf, heads_packed=False) == "autotune"   # TMA needs packed heads
-    assert plan(1, 4096, 2, 128, bf, causal=False) == "autotune"         # not in the sweep
-    assert plan(1, 4096, 2, 64, bf) == "autotune"
-    assert plan(1, 4096, 2, 128, torch.float32) == "fixed"
-    assert tf._launch_plan(*(torch.empty(1, 4096, 2, 128, dtype=bf),) * 3, True, interpret=True)[0] == "fixed"
+    assert plan(2, 1024, 2, 128, bf) == short
+    assert plan(1, 2048, 2, 128, fp) == short
+    assert plan(1, 2049, 2, 128, bf) == auto                             # ragged tail: no TMA
+    assert plan(1, 2176, 2, 128, bf) == tma                              # 17 whole 128-row tiles
+    assert plan(1, 4096, 2, 128, fp) == tma
+    assert plan(1, 4096, 2, 128, fp, hopper=False) == auto               # short/TMA plans: Hopper only
+    assert plan(1, 4096, 2, 128, bf, heads_packed=False) == auto         # TMA needs packed heads
+    assert plan(1, 4096, 2, 128, bf, causal=False) == auto               # not in the sweep
+    assert plan(1, 4096, 2, 64, bf) == auto
+    assert plan(1, 4096, 2, 128, torch.float32) == FlashPlan("tiles", 32, 16, 8, 2)
+    assert plan_for(*(torch.empty(1, 4096, 2, 128, dtype=bf),) * 3, True, interpret=True).kind == "tiles"
     # a view of the first 2 of 5 packed heads qualifies (rows 5·128·2 B apart); padded heads
     # (stride(2) = 130 != D) do not
     x = torch.empty(1, 8, 5, 128, dtype=bf)[:, :, :2]
-    assert tf._tma_compatible(x) and not tf._tma_compatible(torch.empty(1, 8, 2, 130, dtype=bf)[..., :128])
+    assert _tma_compatible(x) and not _tma_compatible(torch.empty(1, 8, 2, 130, dtype=bf)[..., :128])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -255,86 +223,15 @@ def test_production_plans_are_correct(device, T, kind, monkeypatch):
     """The production GPU configurations (short tiling; TMA, BLOCK_N = 128) run through
     flash_attention with the plan the GPU would choose (SHORT_T_MAX lowered to 128 so that a
     small T reaches the TMA path; ragged lengths take the pointer path, tested above)."""
-    import kernels.triton_flash as tf
-    orig = tf._launch_plan
+    from kernels.flash import op, plan
     seen = []
 
-    def gpu_plan(q, k, v, causal, interpret=False):
-        out = orig(q, k, v, causal, interpret=False)
-        seen.append(out[0])
+    def gpu_plan(q, k, v, causal):
+        out = plan.plan_for(q, k, v, causal, interpret=False, hopper=True)
+        seen.append(out.kind if out.kind == "tma" else "short")
         return out
-    monkeypatch.setattr(tf, "SHORT_T_MAX", 128)
-    monkeypatch.setattr(tf, "_launch_plan", gpu_plan)
+    monkeypatch.setattr(plan, "SHORT_T_MAX", 128)
+    monkeypatch.setattr(op, "plan_for", gpu_plan)
     q, k, v = rand_qkv(1, T, 2, 128, torch.bfloat16, device, seed=T)
     run_and_check(q, k, v, True, name=f"production {kind}")
     assert seen == [kind]
-
-
-# --- exploration variants (kernels.triton_flash.flash_forward_variant) ------------------------------
-# Every code path of the variant kernel at tiny shapes. In the interpreter: TMA descriptor loads and
-# stores are emulated (with the same zero padding past T), warp_specialize / num_warps / num_stages /
-# maxnreg have no effect, PERSISTENT runs a 4-program grid (so programs do walk several tiles).
-VARIANT_CASES = [
-    dict(),
-    dict(HEADS_INNER=True),
-    dict(DIAG_N=32),                                    # one masked BM x BM diagonal block
-    dict(BLOCK_M=32, BLOCK_N=32, DIAG_N=16),            # the diagonal as two halves
-    dict(LAZY_RESCALE=True),
-    dict(TMA=True),
-    dict(WARP_SPEC=True),
-    dict(PERSISTENT=1),
-    dict(PERSISTENT=1, HEADS_INNER=True, TMA=True, LAZY_RESCALE=True, DIAG_N=32),
-    dict(BLOCK_M=16, BLOCK_N=16, maxnreg=128),
-]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("var", VARIANT_CASES, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) or "default")
-def test_explore_variants(device, causal, dtype, var):
-    from kernels.triton_flash import flash_forward_variant
-    # T = 70: two full 32-query blocks plus a 6-query tail, so every variant meets a partial block.
-    q, k, v = rand_qkv(2, 70, 2, 32, dtype, device, seed=3)
-    # scale 1/sqrt(D) (row maxima settle early) and 2.0 (maxima keep jumping by more than the lazy
-    # threshold of 8 in log2 units, so the lazy rescale's skip and rescale branches both run). Scale
-    # 2.0 only in float32: its near one-hot rows copy single v rows (|v| up to ~4.5 here), beyond the
-    # |o| <~ 3 that the bf16 tolerance assumes; float32 checks the same logic at 1e-5.
-    for scale in ((32 ** -0.5, 2.0) if dtype == torch.float32 else (32 ** -0.5,)):
-        o = flash_forward_variant(q, k, v, scale, causal, **{"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4,
-                                                             "num_stages": 2, **var})
-        ref = reference64(q, k, v, scale, causal)
-        # tolerance: see the module docstring (per dtype)
-        lc.check_close(f"variant {var} scale={scale} {dtype} causal={causal}",
-                       o.to("cpu", torch.float64).numpy(), ref, TOL[dtype])
-
-
-def test_explore_variant_bad_inputs():
-    from kernels.triton_flash import flash_forward_variant
-    q, k, v = rand_qkv(1, 8, 2, 16, torch.float32, DEVICES[0])
-    with pytest.raises(ValueError, match="unknown variant keys"):
-        flash_forward_variant(q, k, v, 0.25, True, BLOCK_Q=32)
-    with pytest.raises(ValueError, match="DIAG_N must divide BLOCK_M"):
-        flash_forward_variant(q, k, v, 0.25, True, BLOCK_M=32, BLOCK_N=16, DIAG_N=64)
-    with pytest.raises(ValueError, match="TMA needs q"):
-        flash_forward_variant(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, 0.25, True, TMA=True)
-
-
-def test_explore_variants_compile_for_hopper():
-    """The new variant code paths (TMA descriptors, lazy rescale, persistent grid, split diagonal)
-    compile for sm_90 and do what they claim: wgmma, TMA bulk copies only with TMA=True, shared
-    memory within 227 KiB, no spill. (The whole sweep list: ``aot_compile_flash.py --explore``.)"""
-    triton = pytest.importorskip("triton")
-    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
-        pytest.skip("this triton build has no NVIDIA backend tools (ptxas/cuobjdump)")
-    script = Path(__file__).resolve().parent / "aot_compile_flash.py"
-    names = ["lazy_bn64", "tma_bn64", "tma_bn128_diag64", "pers1_tma_bn64"]
-    res = subprocess.run([sys.executable, str(script), "--explore", *names], capture_output=True, text=True,
-                         env=dict(os.environ, TRITON_INTERPRET="0"), timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    rows = {r["variant"]: r for r in map(json.loads, (ln for ln in res.stdout.splitlines() if ln.startswith("{")))}
-    assert sorted(rows) == sorted(names)
-    for name, r in rows.items():
-        assert "error" not in r, r
-        assert r["wgmma"] and r["stack"] == 0 and r["shared"] <= 227 * 1024, r
-        assert r["tma"] == name.startswith(("tma", "pers1_tma")), r

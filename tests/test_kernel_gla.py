@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels.benchmarks.harness import err_ratio
+from kernels.gla.op import chunk_gla_triton
+from kernels.harness import err_ratio
 from kernels.reference import chunk_gla_ref, chunk_scalar_ref, recurrent_ref
-from kernels.triton_gla import chunk_gla_triton, chunk_simple_gla_triton
 
 # The Triton kernels run on CPU tensors only under the interpreter, and on CUDA tensors only
 # without it: on a GPU machine (TRITON_INTERPRET unset) the "cpu" parametrisation must not run.
@@ -37,7 +37,7 @@ OPS = ["linear_attn", "simple_gla", "gla"]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 2e-2}
 
 
-def _inputs(op, B, T, H, K, V, dtype, device, *, h0=True, harsh=False, noncontig=False, seed=0):
+def _inputs(op, B, T, H, K, V, dtype, device, *, h0=True, harsh=False, noncontig=False, seed=0, gdtype=None):
     gen = torch.Generator().manual_seed(seed)
 
     def rnd(*shape):
@@ -57,14 +57,12 @@ def _inputs(op, B, T, H, K, V, dtype, device, *, h0=True, harsh=False, noncontig
     s0 = torch.randn(B, H, K, V, generator=gen) if h0 else None
     cast = lambda x: None if x is None else x.to(device=device, dtype=dtype)  # noqa: E731
     s0 = None if s0 is None else s0.to(device)
-    return cast(q), cast(k), cast(v), cast(g), s0
+    g = cast(g) if gdtype is None or g is None else g.to(device=device, dtype=gdtype)
+    return cast(q), cast(k), cast(v), g, s0
 
 
 def _triton(op, q, k, v, g, s0, fin, num_segments=None):
-    scale = q.shape[-1] ** -0.5
-    if op == "gla":
-        return chunk_gla_triton(q, k, v, g, scale, s0, fin, num_segments=num_segments)
-    return chunk_simple_gla_triton(q, k, v, g, scale, s0, fin, num_segments=num_segments)
+    return chunk_gla_triton(q, k, v, g, q.shape[-1] ** -0.5, s0, fin, num_segments=num_segments)
 
 
 def _leaves(*xs):
@@ -252,16 +250,13 @@ def test_gate_gradient_long_bf16(device, op, T):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("variant", ["new", "old"])
 @pytest.mark.parametrize("harsh,T,ns", [(False, 130, None), (True, 130, None), (False, 200, 2)])
-def test_gla_forward_variants(device, variant, harsh, T, ns, monkeypatch):
-    """Both chunk_gla forwards (TUNE['gla_fwd']: 'new' = round 3's prep kernel + lean march, 'old' =
-    round 2's score pre-pass + gating march) against the float64 recurrence: outputs, final state and
-    all gradients (the backward reads the forward's saved scores), T not a multiple of 64, with an
-    initial state, harsh gates (down to e^-100 per step: dg checked on the scale of its cancelling
-    terms, see the module docstring) and the split sequence (ns=2). float32, tolerance 1e-5 as above."""
-    from kernels import triton_gla
-    monkeypatch.setitem(triton_gla.TUNE, "gla_fwd", variant)
+def test_gla_forward(device, harsh, T, ns):
+    """chunk_gla (the prep stage + the lean march) against the float64 recurrence: outputs, final
+    state and all gradients (the backward reads the forward's saved scores), T not a multiple of 64,
+    with an initial state, harsh gates (down to e^-100 per step: dg checked on the scale of its
+    cancelling terms, see the module docstring) and the split sequence (ns=2). float32, tolerance
+    1e-5 as above."""
     q, k, v, g, s0 = _inputs("gla", 1, T, 2, 16, 16, torch.float32, device, harsh=harsh, seed=12)
     if harsh:
         assert g.min() < -60
@@ -269,28 +264,38 @@ def test_gla_forward_variants(device, variant, harsh, T, ns, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("op", ["simple_gla", "gla"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_float32_gates_with_half_inputs(device, op, dtype):
+    """float32 log gates (what fla's layers pass) with 16-bit q, k, v: the same bound as 16-bit gates
+    (the gates are summed exactly either way; the 16-bit roundings of the operands set the error)."""
+    q, k, v, g, s0 = _inputs(op, 1, 130, 2, 16, 16, dtype, device, seed=14, gdtype=torch.float32)
+    assert g.dtype == torch.float32 and q.dtype == dtype
+    _compare(op, q, k, v, g, s0, True, tol=TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,gdtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                          (torch.bfloat16, torch.float32)])
 @pytest.mark.parametrize("harsh", [False, True])
-def test_gla_prep_kernel_outputs(device, dtype, harsh):
-    """The round-3 prep kernel's outputs against their definitions, computed independently by brute
-    force in float64 (per chunk of 64: b = cumulative sum of g inside the chunk):
+def test_gla_prep_outputs(device, dtype, gdtype, harsh):
+    """The prep stage's outputs against their definitions, computed independently by brute force in
+    float64 (per chunk of 64: b = cumulative sum of g inside the chunk):
     qg = scale q e^{b}, kg = k e^{b_C - b}, dch = b_C, As_ij = scale sum_d q_id k_jd e^{b_id - b_jd}
     (j <= i, else 0). K = 32 (the kernel's K-slices) and T = 150 (a partial last chunk).
-    Tolerances: float32 1e-5 (float32 sums of at most 64 terms); bfloat16 2e-2 on the ratios
-    (outputs rounded to bfloat16, relative 2^-9, and the level factors rounded before their
-    product); with harsh gates most entries underflow to 0 in both, which the ratio tolerates."""
-    from kernels import triton_gla
+    Tolerances: float32 1e-5 (float32 sums of at most 64 terms: float32 gates are summed from three
+    bfloat16 pieces, and a sum that dropped the last piece would be off by |b|·2^-17, about 2e-4
+    relative in e^b at |b| = 30, and fail); bfloat16 2e-2 on the ratios (outputs rounded to
+    bfloat16, relative 2^-9, and the level factors rounded before their product); with harsh gates
+    most entries underflow to 0 in both, which the ratio tolerates."""
+    from kernels.gla.plan import plan_for
+    from kernels.gla.prep import prepare_vector_gate
     B, T, H, K = 1, 150, 2, 32
-    q, k, _, g, _ = _inputs("gla", B, T, H, K, 16, dtype, device, h0=False, harsh=harsh, seed=13)
+    q, k, _, g, _ = _inputs("gla", B, T, H, K, 16, dtype, device, h0=False, harsh=harsh, seed=13, gdtype=gdtype)
     scale = K ** -0.5
-    cfg = triton_gla._Cfg(2, B, T, H, K, 16, dtype, q.device)
-    BT, NT = cfg.BT, cfg.NT
-    qg, kg = torch.empty_like(q), torch.empty_like(k)
-    dch = torch.empty(B * H, NT, K, dtype=torch.float32, device=q.device)
-    As = torch.empty(B * H, NT * BT, BT, dtype=dtype, device=q.device)
-    gip = "ieee" if g.dtype == torch.float32 else cfg.IP
-    triton_gla._gla_prep_kernel[(NT, B * H)](q, k, g, qg, kg, dch, As, scale, T, NT, H=H, K=K, BT=BT, BK=cfg.BK_p,
-                                             IP=cfg.IP, GIP=gip, EMU=cfg.EMU, num_warps=cfg.warps_p)
+    plan = plan_for(2, B, T, H, K, 16, dtype, q.device)
+    BT, NT = plan.BT, plan.NT
+    qg, kg, dch, As = prepare_vector_gate(q, k, g, scale, plan)
     tol = TOL[dtype]
     pad = NT * BT - T
     q64, k64, g64 = (F.pad(x.double().cpu(), (0, 0, 0, 0, 0, pad)) for x in (q, k, g))
@@ -307,6 +312,6 @@ def test_gla_prep_kernel_outputs(device, dtype, harsh):
     rows = (torch.arange(NT * BT) < T).reshape(NT, BT)                     # rows past T are not used
     assert err_ratio(qg.cpu(), want_qg.reshape(B, T, H, K)) <= tol
     assert err_ratio(kg.cpu(), want_kg.reshape(B, T, H, K)) <= tol
-    assert err_ratio(dch.cpu(), bC[:, :, 0, :]) <= 1e-5                     # float32 sums of 16-bit gates
+    assert err_ratio(dch.cpu(), bC[:, :, 0, :]) <= 1e-5                     # float32 sums of the gates
     assert err_ratio(got_A[:, rows], want_A[:, rows]) <= tol
     assert torch.isfinite(got_A).all()

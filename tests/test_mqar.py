@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.reference import recurrent_ref
-from lattn_core.mqar import (FILLER, GATE_TEMPERATURE, IGNORE, MIXERS, MQARModel, cpu_config,
+from experiments.mqar import (FILLER, GATE_TEMPERATURE, IGNORE, MIXERS, MQARModel, cpu_config,
                              gpu_config, load_stored_large, make_mqar, run_mqar_seeds, run_mqar_sweep,
                              seed_summary, state_size, sweep_records, train_mqar)
 
@@ -165,7 +165,7 @@ def test_sweep_records_are_json_and_subsample_the_loss():
 
 
 def test_stored_large_run_matches_gpu_config():
-    """The GPU runs the chapter shows (kernels/results/mqar_large.json) were made with the settings
+    """The GPU runs the chapter shows (experiments/results/mqar_large.json) were made with the settings
     ``gpu_config()`` has now (else they must be re-run), record every mixer at every N for every
     seed, with accuracies in [0, 1], equal state sizes, and the device and versions they ran with."""
     data = load_stored_large()
@@ -184,7 +184,7 @@ def test_stored_large_run_matches_gpu_config():
 
 def test_stored_large_run_fails_the_check_when_gpu_config_changes(monkeypatch):
     """``same_as_gpu_config`` is a real comparison: change one setting and it turns False."""
-    import lattn_core.mqar as mq
+    import experiments.mqar as mq
     monkeypatch.setattr(mq, "gpu_config", lambda **ch: gpu_config(steps=gpu_config().steps + 1, **ch))
     assert mq.load_stored_large()["same_as_gpu_config"] is False
 

@@ -1,0 +1,225 @@
+"""Compile every kernel launch of a family for a Hopper GPU, without a GPU.
+
+    TRITON_INTERPRET=0 python -m kernels.compile flash|gla|delta [--quick] [--arch 90]
+
+The family's host code runs on CPU tensors with every kernel launch *captured* instead of executed
+(:func:`capture`); each distinct launch (kernel, constexprs, argument dtypes, warps, stages) is
+compiled with ``triton.compile`` for ``sm_<arch>a`` and its PTX assembled by the ``ptxas`` bundled
+with Triton (:func:`compile_launch`). One JSON line per launch: shared memory, registers, spilled
+bytes, whether the products are Hopper ``wgmma`` instructions and whether TMA is used, or the
+error. This catches what the interpreter accepts but the GPU compiler rejects (dot shapes, dtypes,
+layouts, shared memory beyond what a block may use) on a CPU-only machine; ``tests/test_compile.py``
+runs it. The interpreter must be off (``kernels`` turns it on when no GPU is present), so it runs
+in a fresh process; the launch plans are asked for the GPU's decision (``interpret=False``).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["capture", "compile_launch", "family_launches", "main"]
+
+SMEM_LIMIT = 227 * 1024       # bytes of shared memory one block may use on an H100/H200
+
+
+class _Capture:
+    """Stands in for a jit kernel (or an autotuner): ``k[grid](*args, **kw)`` records the launch."""
+
+    def __init__(self, kernel, sink):
+        self.kernel, self.sink = kernel, sink
+        self.fn = getattr(kernel, "fn", kernel)
+
+    def __getitem__(self, grid):
+        def record(*args, **kw):
+            configs = getattr(self.kernel, "configs", None)
+            if configs:            # an autotuner: every candidate configuration is a launch
+                for c in configs:
+                    self.sink.append((self.kernel.fn, args, dict(kw, **c.kwargs, num_warps=c.num_warps,
+                                                                 num_stages=c.num_stages)))
+            else:
+                self.sink.append((self.kernel, args, kw))
+        return record
+
+
+@contextlib.contextmanager
+def capture(modules):
+    """Within the block, every jit kernel and autotuner defined in ``modules`` records its launches
+    in the yielded list instead of running."""
+    import triton
+    sink, saved = [], []
+    for mod in modules:
+        for name, obj in list(vars(mod).items()):
+            if isinstance(obj, (triton.runtime.jit.JITFunction, triton.runtime.autotuner.Autotuner)):
+                saved.append((mod, name, obj))
+                setattr(mod, name, _Capture(obj, sink))
+    try:
+        yield sink
+    finally:
+        for mod, name, obj in saved:
+            setattr(mod, name, obj)
+
+
+_TY = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.int64": "i64",
+       "torch.int32": "i32", "torch.int8": "i8"}
+
+
+def compile_launch(kernel, args, kw, arch: int = 90) -> dict:
+    """Compile one captured launch; returns the resource report (or the error)."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    kw = dict(kw)
+    opts = {"num_warps": kw.pop("num_warps", 4), "num_stages": kw.pop("num_stages", 3)}
+    fn = getattr(kernel, "fn", kernel) if not isinstance(kernel, triton.runtime.jit.JITFunction) else kernel
+    sig, attrs = {}, {}
+    for i, (name, x) in enumerate(zip(fn.arg_names, args)):
+        if isinstance(x, torch.Tensor):
+            sig[name] = "*" + _TY[str(x.dtype)]
+        elif isinstance(x, bool):
+            sig[name] = "i1"
+        elif isinstance(x, int):
+            sig[name] = "i32" if abs(x) < 2 ** 31 else "i64"
+        else:
+            sig[name] = "fp32"
+        # the 16-divisibility Triton's launcher assumes for pointers and integers divisible by 16
+        # (without it the loads are neither vectorised nor pipelined)
+        if isinstance(x, torch.Tensor) or (type(x) is int and x % 16 == 0 and name not in _no_spec(fn)):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    # constexprs the launch did not pass take the kernel's defaults
+    for name in fn.arg_names[len(args):]:
+        sig[name] = "constexpr"
+    dts = [_TY[str(x.dtype)] for x in args if isinstance(x, torch.Tensor)]
+    rec = {"kernel": fn.__name__, "dtype": dts[0] if dts else None,
+           "constexprs": {k: (v if isinstance(v, (int, float, bool, str)) else str(v)) for k, v in kw.items()},
+           **opts}
+    try:
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=kw, attrs=attrs),
+                           target=GPUTarget("cuda", arch, 32), options=opts)
+    except Exception as e:  # noqa: BLE001 - reported, the caller decides
+        lines = str(e).strip().splitlines()
+        rec["error"] = f"{type(e).__name__}: {lines[-1] if lines else ''}"[:400]
+        return rec
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(k.asm["ptx"])
+    r = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", f.name, "-o", os.devnull], capture_output=True,
+                       text=True)
+    os.unlink(f.name)
+    regs = re.search(r"Used (\d+) registers", r.stderr)
+    spill = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)]
+    ptx = k.asm["ptx"]
+    rec.update(ptxas_rc=r.returncode, shared=k.metadata.shared, regs=int(regs.group(1)) if regs else None,
+               spill_bytes=max(spill) if spill else 0, wgmma="wgmma.mma_async" in ptx,
+               tma="cp.async.bulk.tensor" in ptx)
+    return rec
+
+
+def _no_spec(fn):
+    return set(getattr(fn, "do_not_specialize", ()) or ())
+
+
+def _dedup(launches):
+    seen, out = set(), []
+    for kernel, args, kw in launches:
+        key = (getattr(kernel, "fn", kernel).__name__,
+               tuple(str(a.dtype) if hasattr(a, "dtype") else type(a).__name__ for a in args),
+               tuple(sorted((k, str(v)) for k, v in kw.items())))
+        if key not in seen:
+            seen.add(key)
+            out.append((kernel, args, kw))
+    return out
+
+
+def family_launches(family: str, quick: bool = False):
+    """Run the family's host code on CPU tensors for a set of representative calls, every launch
+    captured (the benchmark's bf16 K = V = 128 shapes, and the other dtypes and head sizes)."""
+    import torch
+    import torch.nn.functional as F
+    from .backend import INTERPRET
+    if INTERPRET:
+        raise SystemExit("run with TRITON_INTERPRET=0: interpreted kernels cannot be compiled")
+    bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+    launches = []
+    if family == "flash":
+        from .flash import forward
+        from .flash.plan import plan_for
+        cases = [(bf, 128, True, T) for T in (1024, 4096)] + [(f32, 128, True, 100), (f16, 16, False, 100),
+                                                             (bf, 64, True, 1024)]
+        if not quick:
+            cases += [(dt, D, c, T) for dt in (bf, f16, f32) for D in (16, 32, 64, 128) for c in (True, False)
+                      for T in (100, 4096)]
+        with capture([forward]) as sink:
+            for dt, D, causal, T in cases:
+                q = torch.randn(1, T, 2, D, dtype=dt)
+                forward.flash_forward(q, q, q, 0.1, causal, plan_for(q, q, q, causal, interpret=False, hopper=True))
+        launches = sink
+    elif family == "gla":
+        from .gla import backward, march, prep
+        from .gla.op import chunk_gla_triton
+        cases = [(g, bf, 128, 128, 300, ns, gd) for g in (0, 1, 2) for ns in (None, 3)
+                 for gd in ((f32, bf) if g else (None,))]
+        if not quick:
+            cases += [(1, f32, 64, 64, 100, None, f32), (2, f32, 64, 64, 100, 2, f32), (1, f16, 16, 16, 100, None, f16),
+                      (2, f16, 16, 16, 100, None, f16), (2, bf, 256, 256, 100, None, bf), (2, bf, 32, 16, 100, 2, f32)]
+        with capture([prep, march, backward]) as sink:
+            for gate, dt, K, V, T, ns, gdt in cases:
+                B, H = 1, 2
+                q = torch.randn(B, T, H, K, dtype=dt, requires_grad=True)
+                v = torch.randn(B, T, H, V, dtype=dt, requires_grad=True)
+                g = None if gate == 0 else (-torch.rand(B, T, H, *((K,) if gate == 2 else ()))).to(gdt).requires_grad_()
+                h0 = torch.randn(B, H, K, V, requires_grad=True)
+                o, ht = chunk_gla_triton(q, q, v, g, 0.1, h0, True, num_segments=ns)
+                torch.autograd.grad((o.float().sum() + ht.sum()), [q, v, h0] + ([g] if g is not None else []),
+                                    allow_unused=True)
+        launches = sink
+    elif family == "delta":
+        from .delta import backward, march, solve, wy
+        from .delta.op import delta_rule_triton
+        # (dtype, K, V, gated, batch × heads, plan overrides): B·H = 256 takes V-blocks of 64, B·H = 2
+        # blocks of 16 with stored scores; two chunk ranges take the narrow scores configuration
+        cases = [(bf, 128, 128, gated, (64, 4), {}) for gated in (False, True)]
+        cases += [(bf, 128, 128, True, (1, 2), {"march_ranges": 2, "march_scores_bk": 64})]
+        if not quick:
+            cases += [(dt, K, V, True, (1, 2), {}) for dt in (f16, f32) for K, V in ((16, 16), (64, 128), (128, 64))]
+        with capture([solve, wy, march, backward]) as sink:
+            for dt, K, V, gated, (B, H), over in cases:
+                T = 130
+                q = torch.randn(B, T, H, K, dtype=dt, requires_grad=True)
+                k = F.normalize(torch.randn(B, T, H, K), dim=-1).to(dt).requires_grad_()
+                v = torch.randn(B, T, H, V, dtype=dt, requires_grad=True)
+                beta = torch.rand(B, T, H, dtype=dt, requires_grad=True)
+                g = -torch.rand(B, T, H, requires_grad=True) if gated else None
+                with torch.no_grad():          # the inference forward (T form)
+                    delta_rule_triton(q, k, v, g, beta, 0.1, None, True, plan=dict(over))
+                o, ht = delta_rule_triton(q, k, v, g, beta, 0.1, None, True, plan=dict(over))
+                torch.autograd.grad(o.float().sum() + ht.sum(), [q, k, v, beta] + ([g] if gated else []))
+        launches = sink
+    else:
+        raise SystemExit(f"unknown family {family!r}; choose flash, gla or delta")
+    return _dedup(launches)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m kernels.compile", description=__doc__.split("\n\n")[0])
+    p.add_argument("family", choices=("flash", "gla", "delta"))
+    p.add_argument("--quick", action="store_true", help="the benchmark shapes and one of each other path")
+    p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100/H200")
+    args = p.parse_args(argv)
+    failures = 0
+    for kernel, a, kw in family_launches(args.family, args.quick):
+        rec = compile_launch(kernel, a, kw, args.arch)
+        failures += "error" in rec or rec.get("ptxas_rc", 0) != 0
+        print(json.dumps(rec), flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

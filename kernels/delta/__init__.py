@@ -1,0 +1,11 @@
+"""The (gated) delta rule: ``chunk_delta_rule`` and ``chunk_gated_delta_rule``.
+
+``op.py`` is the autograd op that calls the stages in order: ``solve.py`` (the per-chunk
+triangular solve ``T = (I + A)^{-1}``, reused by other families), ``wy.py`` (the WY/UT factors and
+the scores), ``march.py`` (the sequential pass, training and inference forms), ``backward.py``;
+``plan.py`` holds the measured launch choices. ``bench.py`` is the benchmark of record
+(``results.json``), ``NOTES.md`` the design and every round of measurement, ``lab/`` the sweeps.
+"""
+from .op import chunk_delta_rule, chunk_gated_delta_rule
+
+__all__ = ["chunk_delta_rule", "chunk_gated_delta_rule"]

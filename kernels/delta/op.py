@@ -1,0 +1,116 @@
+"""``chunk_delta_rule`` and ``chunk_gated_delta_rule``: validated, dispatched, and on the GPU one
+autograd op made of the family's stages.
+
+Semantics (fla's orientation, state ``S`` is ``[K, V]`` per head, ``a_t = exp(g_t)``, ``a_t = 1``
+without a gate)::
+
+    S_t = a_t S_{t-1};   S_t = S_t + β_t k_t (v_t − S_tᵀ k_t)ᵀ;   o_t = scale · S_tᵀ q_t
+
+Forward (:class:`ChunkDeltaFunction`), chunks of 64 tokens: the within-chunk cumulative log gate
+(:func:`kernels.delta.solve.chunk_cumsum`), then either the training forward — ``T = (I + A)^{-1}``
+of every chunk (:func:`kernels.delta.solve.solve_chunks`), ``W``, ``U`` and the scores
+(:func:`kernels.delta.wy.wy_factors`), the march that keeps the state on chip
+(:func:`kernels.delta.march.state_forward`) — or, when no input needs a gradient, the inference
+forward in T form (:func:`kernels.delta.march.inference_forward`). Backward: the reverse march for
+the state adjoints (:func:`kernels.delta.backward.state_grads`), then the per-chunk gradients
+(:func:`kernels.delta.backward.chunk_grads`).
+
+Every exponent is a difference of within-chunk cumulative log gates and is ≤ 0, so the kernels stay
+finite for arbitrarily harsh gates. Float32 inputs use IEEE products throughout; float16/bfloat16
+feed the tensor cores in their own dtype with float32 accumulation. ``o`` has ``v``'s dtype, the
+final state is float32.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.runtime.errors import OutOfResources
+
+from .. import reference
+from ..backend import resolve_backend
+from ..validate import check_head_size, check_linear
+from .backward import chunk_grads, chunk_grads_torch, state_grads
+from .march import inference_forward, state_forward
+from .plan import CHUNK, HEAD_SIZES, plan_for
+from .solve import chunk_cumsum, solve_chunks
+from .wy import wy_factors
+
+__all__ = ["chunk_delta_rule", "chunk_gated_delta_rule", "delta_rule_triton"]
+
+
+class ChunkDeltaFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state, train, plan):
+        B, T, H, K = q.shape
+        NT = triton.cdiv(T, CHUNK)
+        infer = not train and plan.t_form
+        b, bt = chunk_cumsum(g, beta, B, T, H, NT, with_beta=infer)
+        if infer:
+            o, ht = inference_forward(q, k, v, b, beta, bt, scale, h0, output_final_state, plan)
+            return o.to(v.dtype), ht
+        tm = solve_chunks(k, b, beta, plan)
+        w, u, a = wy_factors(q, k, v, b, beta, tm, scale, plan)
+        o, ht, hs, vp = state_forward(q, k, w, u, b, a, scale, h0, output_final_state, train, plan)
+        if train:
+            ctx.save_for_backward(q, k, v, g, beta, b, w, tm, a, hs, vp)
+            ctx.scale, ctx.plan = scale, plan
+            ctx.h0_dtype = h0.dtype if h0 is not None else None
+        return o.to(v.dtype), ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, b, w, tm, a, hs, vp = ctx.saved_tensors
+        scale, plan = ctx.scale, ctx.plan
+        do = do.to(q.dtype).contiguous()
+        dh, dh0, dvp = state_grads(q, k, w, b, a, do, dht, scale, hs.shape[1], plan)
+        try:
+            dq, dk, dv, dbeta, dg = chunk_grads(q, k, v, g, beta, b, tm, a, hs, dh, do, vp, dvp, scale, plan)
+        except OutOfResources:
+            # float32 inputs at K = V = 128 need more shared memory than a GPU block has for the
+            # per-chunk kernels; the batched-PyTorch path computes the same gradients
+            dq, dk, dv, dbeta, dg = chunk_grads_torch(q, k, v, g, beta, scale, hs, dh, do)
+        dh0_out = dh0.to(ctx.h0_dtype) if ctx.h0_dtype is not None else None
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype) if g is not None else None,
+                dbeta.to(beta.dtype), None, dh0_out, None, None, None)
+
+
+def delta_rule_triton(q, k, v, g, beta, scale, initial_state=None, output_final_state=False, plan=None):
+    """The Triton path of both ops (``g=None``: ``chunk_delta_rule``), inputs already validated except
+    the head sizes. ``plan``: a :class:`~kernels.delta.plan.DeltaPlan`, or a dict of overrides of the
+    measured plan (the tests and the lab's sweeps try other launch values this way)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    check_head_size("the key head size K (last axis of q and k)", K, HEAD_SIZES, "delta-rule")
+    check_head_size("the value head size V (last axis of v)", V, HEAD_SIZES, "delta-rule")
+    if B * H > 65535:
+        raise ValueError(f"batch × heads must be at most 65535 for the Triton delta-rule kernels "
+                         f"(a CUDA grid dimension); got {B} × {H}")
+    if plan is None or isinstance(plan, dict):
+        plan = plan_for(B, T, H, K, V, q.dtype, q.device, **(plan or {}))
+    q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
+    g = g.contiguous() if g is not None else None
+    # float32 copy; the cast is differentiable, so the gradient reaches the caller's tensor
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
+    # keep T and the chunk states for the backward only when a gradient can be asked for
+    train = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, h0))
+    return ChunkDeltaFunction.apply(q, k, v, g, beta, float(scale), h0, bool(output_final_state), train, plan)
+
+
+def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False, backend=None):
+    """DeltaNet ``S_t = S_{t-1} + β_t k_t (v_t − S_{t-1}ᵀ k_t)ᵀ`` (``beta``: ``[B, T, H]``).
+
+    As in fla, ``k`` is used as given: L2-normalise it first for a contractive update.
+    """
+    scale = check_linear(q, k, v, scale, initial_state, beta=beta)
+    if resolve_backend(backend, q) == "torch":
+        return reference.chunk_scalar_ref(q, k, v, None, beta, scale, initial_state, output_final_state)
+    return delta_rule_triton(q, k, v, None, beta, scale, initial_state, output_final_state)
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                           backend=None):
+    """Gated DeltaNet ``S_t = exp(g_t) S_{t-1}``, then the delta update with ``β_t`` (``g, beta``: ``[B, T, H]``)."""
+    scale = check_linear(q, k, v, scale, initial_state, g, "scalar", beta=beta)
+    if resolve_backend(backend, q) == "torch":
+        return reference.chunk_scalar_ref(q, k, v, g, beta, scale, initial_state, output_final_state)
+    return delta_rule_triton(q, k, v, g, beta, scale, initial_state, output_final_state)

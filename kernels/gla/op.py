@@ -1,0 +1,95 @@
+"""``chunk_linear_attn``, ``chunk_simple_gla``, ``chunk_gla``: validated, dispatched, and on the GPU
+one autograd op made of the family's stages.
+
+Forward (:class:`ChunkGLAFunction`): plan the launch (:func:`kernels.gla.plan.plan_for`); for the
+vector gate, prepare every chunk in parallel (:func:`kernels.gla.prep.prepare_vector_gate`); march
+over the chunks with the state on chip (:func:`kernels.gla.march.march_forward`). Backward: recompute
+the state entering every chunk (:func:`kernels.gla.march.chunk_states`), march the state gradients
+backwards (:func:`kernels.gla.backward.state_grads`), then the per-chunk gradients
+(:func:`kernels.gla.backward.chunk_grads`) and the gate's (:func:`kernels.gla.backward.gate_grads`).
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import reference
+from ..backend import resolve_backend
+from ..validate import check_head_size, check_linear
+from .backward import chunk_grads, gate_grads, state_grads
+from .march import chunk_states, march_forward
+from .plan import gate_code, plan_for
+from .prep import prepare_vector_gate
+
+__all__ = ["chunk_linear_attn", "chunk_simple_gla", "chunk_gla", "chunk_gla_triton", "HEAD_SIZES"]
+
+HEAD_SIZES = (16, 32, 64, 128, 256)
+
+
+class ChunkGLAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, h0, scale, output_final_state, plan):
+        As = None
+        qm, km, gm = q, k, g
+        if plan.gate == 2:
+            qm, km, gm, As = prepare_vector_gate(q, k, g, scale, plan)
+        o, ht, inits = march_forward(qm, km, v, gm, As, h0, scale, plan, output_final_state)
+        ctx.save_for_backward(q, k, v, g, inits, As)
+        ctx.scale, ctx.plan = scale, plan
+        ctx.h0_dtype = h0.dtype if h0 is not None else None
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, inits, As = ctx.saved_tensors
+        plan, scale = ctx.plan, ctx.scale
+        do = do.contiguous()
+        dht = dht.contiguous().float() if dht is not None else None
+        hs, dec = chunk_states(q, k, v, g, inits, scale, plan)
+        dhs, dh0 = state_grads(q, g, do, dht, dec, scale, plan, ctx.h0_dtype is not None)
+        dq, dk, dv, terms = chunk_grads(q, k, v, g, do, hs, dhs, As, scale, plan)
+        dg = gate_grads(g, terms, plan) if terms is not None else None
+        if dh0 is not None:
+            dh0 = dh0.to(ctx.h0_dtype)
+        return dq, dk, dv, dg, dh0, None, None, None
+
+
+def chunk_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=False, *, num_segments=None):
+    """The Triton path of all three ops (``g``: ``None``, ``[B, T, H]`` or ``[B, T, H, K]``), inputs
+    already validated. ``num_segments`` forces the forward's sequence split (tests, sweeps)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    check_head_size("K (head size of q and k)", K, HEAD_SIZES, "GLA")
+    check_head_size("V (head size of v)", V, HEAD_SIZES, "GLA")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g = g.contiguous() if g is not None else None
+    h0 = initial_state.contiguous().float() if initial_state is not None else None
+    plan = plan_for(gate_code(g), B, T, H, K, V, q.dtype, q.device, num_segments=num_segments)
+    o, ht = ChunkGLAFunction.apply(q, k, v, g, h0, float(scale), bool(output_final_state), plan)
+    return o, (ht if output_final_state else None)
+
+
+def chunk_linear_attn(q, k, v, scale=None, initial_state=None, output_final_state=False, backend=None):
+    """Causal linear attention ``S_t = S_{t-1} + k_t v_tᵀ``, ``o_t = scale · S_tᵀ q_t``.
+
+    As ``fla.ops.linear_attn.chunk_linear_attn(..., normalize=False)``. Returns ``(o, final_state)``.
+    """
+    scale = check_linear(q, k, v, scale, initial_state)
+    if resolve_backend(backend, q) == "torch":
+        return reference.chunk_scalar_ref(q, k, v, None, None, scale, initial_state, output_final_state)
+    return chunk_gla_triton(q, k, v, None, scale, initial_state, output_final_state)
+
+
+def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, backend=None):
+    """Scalar-gated linear attention ``S_t = exp(g_t) S_{t-1} + k_t v_tᵀ`` (``g``: ``[B, T, H]``, ≤ 0)."""
+    scale = check_linear(q, k, v, scale, initial_state, g, "scalar")
+    if resolve_backend(backend, q) == "torch":
+        return reference.chunk_scalar_ref(q, k, v, g, None, scale, initial_state, output_final_state)
+    return chunk_gla_triton(q, k, v, g, scale, initial_state, output_final_state)
+
+
+def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, backend=None):
+    """Gated linear attention ``S_t = Diag(exp(g_t)) S_{t-1} + k_t v_tᵀ`` (``g``: ``[B, T, H, K]``, ≤ 0)."""
+    scale = check_linear(q, k, v, scale, initial_state, g, "vector")
+    if resolve_backend(backend, q) == "torch":
+        return reference.chunk_gla_ref(q, k, v, g, scale, initial_state, output_final_state)
+    return chunk_gla_triton(q, k, v, g, scale, initial_state, output_final_state)

@@ -1,0 +1,222 @@
+"""The benchmark harness every family's ``bench.py`` runs on: timing, errors, records, results files.
+
+A family's benchmark of record is ``python -m kernels.<family>.bench [--quick] [--write]``. It
+describes *what* to time (cases, input makers, implementations, a float64 reference) and hands it
+to :func:`run_benchmark`, which does the rest the same way for every family:
+
+* for every case, the accuracy of every implementation against the float64 reference on a slice of
+  the inputs (fla's RMS error ratio, :func:`err_ratio`, for the output and each gradient);
+* the median time of the forward (without gradients) and of forward + backward
+  (``torch.autograd.grad`` of the output against a fixed upstream gradient), CUDA events through
+  ``triton.testing.do_bench``;
+* a failing implementation (fla refuses some backward passes on Triton 3.6 / Hopper) is recorded as
+  ``{"ms": null, "note": <error>}``, never worked around;
+* a wall-clock budget, checked before every timing, so that one run stays bounded;
+* the results file ``kernels/<family>/results.json``::
+
+      {"name": ..., "env": {device, date, torch, triton, fla, cuda, python}, "config": {...},
+       "records": [{"impl", "op", "B", "T", <case fields>, "pass", "ms", "err", "note"}, ...]}
+
+  rewritten after every case, so a killed run keeps what it measured.
+
+The book reads those files through :mod:`kernels.report`; no measured number is typed by hand.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+__all__ = ["environment", "bench_ms", "err_ratio", "results_path", "write_results", "load_results",
+           "run_benchmark", "short_error"]
+
+
+def environment() -> dict:
+    """Device name, date and library versions, recorded next to every measurement."""
+    import torch
+    env = {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+    }
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except Exception:
+        env["triton"] = None
+    try:
+        from importlib.metadata import version
+        env["fla"] = version("fla-core")
+    except Exception:
+        env["fla"] = None
+    return env
+
+
+def bench_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
+    """Median time of ``fn()`` in milliseconds, with CUDA events (``triton.testing.do_bench``)."""
+    from triton.testing import do_bench
+    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def err_ratio(x, ref) -> float:
+    """fla's error measure: RMS(x − ref) / RMS(ref), computed in float64."""
+    import torch
+    x = x.detach().to(torch.float64)
+    ref = ref.detach().to(torch.float64)
+    if not torch.isfinite(x).all():
+        return float("inf")
+    num = torch.sqrt(torch.mean((x - ref) ** 2)).item()
+    den = torch.sqrt(torch.mean(ref ** 2)).item()
+    return num / den if den > 0 else num
+
+
+def results_path(family: str) -> Path:
+    """``kernels/<family>/results.json``: the benchmark of record of one kernel family."""
+    return PACKAGE_DIR / family / "results.json"
+
+
+def write_results(path, name: str, config: dict, records: list, env: dict | None = None) -> Path:
+    """Write one results file (``path`` may be a family name or a file path)."""
+    path = results_path(path) if isinstance(path, str) and os.sep not in path and not path.endswith(".json") \
+        else Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"name": name, "env": env or environment(), "config": config, "records": records}
+    path.write_text(json.dumps(payload, indent=1, sort_keys=False, default=float) + "\n")
+    return path
+
+
+def load_results(family_or_path) -> dict:
+    """Load a family's results file (``"flash"``, ``"gla"``, ``"delta"``) or any results file by path;
+    ``FileNotFoundError`` names the benchmark that creates it."""
+    if isinstance(family_or_path, str) and os.sep not in family_or_path and not family_or_path.endswith(".json"):
+        path = results_path(family_or_path)
+        hint = f"run `python -m kernels.{family_or_path}.bench --write` on a GPU to create them"
+    else:
+        path, hint = Path(family_or_path), "no such results file"
+    if not path.exists():
+        raise FileNotFoundError(f"no stored results at {path}; {hint}")
+    return json.loads(path.read_text())
+
+
+def short_error(e: BaseException, n: int = 300) -> str:
+    """``Type: first line of the message``, at most ``n`` characters (for a record's note)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:n]
+
+
+def _slice(x: dict, err_T: int, heads) -> dict:
+    """Batch element 0, the first ``err_T`` tokens and ``heads`` of every ``[B, T, ...]`` input."""
+    out = {}
+    for n, t in x.items():
+        t = t[:1, :err_T]
+        if heads is not None and t.dim() >= 3:
+            t = t[:, :, :heads]
+        out[n] = t.contiguous()
+    return out
+
+
+def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names, passes=("fwd", "fwdbwd"),
+                  path=None, config=None, quick=False, budget_s=400.0, err_T_max=8192, err_heads=None,
+                  extra_err=None):
+    """Time and check every implementation on every case; returns the records (see the module doc).
+
+    ``cases``: dicts with at least ``op``, ``B`` and ``T`` (every other key is recorded with the
+    measurement, e.g. ``gates="float32"``). ``make_inputs(case)`` returns a dict of ``[B, T, ...]``
+    tensors, the keyword arguments of every implementation. ``impls(case)`` returns
+    ``{impl_name: fn}`` with ``fn(**inputs) -> o`` (``[B, T, H, V]``); a name whose value is an
+    exception (an import that failed) is recorded as refused. ``reference(case, inputs64)`` returns
+    the float64 output on a slice (batch 0, the first ``err_T_max`` tokens, the first
+    ``err_heads`` heads), differentiable; ``grad_names(case)`` names the inputs whose gradients
+    are checked and timed. ``extra_err(case, fn, inputs_slice, o_ref)`` may add error entries.
+    ``path``: write the results file there after every case.
+    """
+    import torch
+    warmup, rep = (5, 20) if quick else (10, 50)
+    records, t_start = [], time.perf_counter()
+    skipped = f"skipped: the run's time budget ({budget_s:g} s) was spent"
+
+    def over_budget():
+        return time.perf_counter() - t_start > budget_s
+
+    def write():
+        cfg = dict(config or {}, warmup_ms=warmup, rep_ms=rep, err_T_max=err_T_max, err_heads=err_heads,
+                   budget_s=budget_s, elapsed_s=round(time.perf_counter() - t_start, 1), quick=quick,
+                   fla_env={"FLA_DISABLE_BACKEND_DISPATCH": os.environ.get("FLA_DISABLE_BACKEND_DISPATCH")})
+        return write_results(path, name, cfg, records)
+
+    for case in cases:
+        x = make_inputs(case)
+        err_T = min(case["T"], err_T_max)
+        names = grad_names(case)
+        xs = _slice(x, err_T, err_heads)
+        x64 = {n: t.detach().double().requires_grad_(n in names) for n, t in xs.items()}
+        gen = torch.Generator(device=next(iter(x.values())).device).manual_seed(1234)
+        o_ref = reference(case, x64)
+        do_ref = torch.randn(o_ref.shape, device=o_ref.device, dtype=torch.float64, generator=gen)
+        g_ref = dict(zip(names, torch.autograd.grad(o_ref, [x64[n] for n in names], do_ref))) if names else {}
+        o_ref = o_ref.detach()
+        do_full = torch.randn(x["v"].shape if "v" in x else o_ref.shape, device=o_ref.device,
+                              dtype=next(iter(x.values())).dtype, generator=gen)
+        for impl, fn in impls(case).items():
+            base = dict(impl=impl, **case, err_T=err_T)
+            if isinstance(fn, BaseException):
+                records += [dict(base, **{"pass": p, "ms": None, "err": None, "note": short_error(fn)})
+                            for p in passes]
+                continue
+            t_impl = time.perf_counter()
+            err, note = {}, ""
+            try:   # accuracy on the slice: the inference forward, then the training forward + gradients
+                with torch.no_grad():
+                    err["o"] = err_ratio(fn(**xs), o_ref)
+                if extra_err is not None:
+                    err.update(extra_err(case, fn, xs, o_ref))
+                if "fwdbwd" in passes and names:
+                    leaves = {n: t.detach().clone().requires_grad_(n in names) for n, t in xs.items()}
+                    o = fn(**leaves)
+                    err["o_train"] = err_ratio(o, o_ref)   # the forward that saves for the backward
+                    grads = torch.autograd.grad(o, [leaves[n] for n in names], do_ref.to(o.dtype))
+                    err.update({"d" + n: err_ratio(gr, g_ref[n]) for n, gr in zip(names, grads)})
+            except Exception as e:   # e.g. fla refusing its backward: keep what was measured
+                note = "accuracy check: " + short_error(e)
+            for p in passes:
+                rec = dict(base, **{"pass": p, "ms": None, "err": err or None, "note": note})
+                try:
+                    if over_budget():
+                        raise RuntimeError(skipped)
+                    if p == "fwd":
+                        with torch.no_grad():
+                            rec["ms"] = bench_ms(lambda: fn(**x), warmup=warmup, rep=rep)
+                    else:
+                        leaves = {n: t.detach().clone().requires_grad_(n in names) for n, t in x.items()}
+                        ins = [leaves[n] for n in names]
+
+                        def step():
+                            return torch.autograd.grad(fn(**leaves), ins, do_full)
+                        rec["ms"] = bench_ms(step, warmup=warmup, rep=rep)
+                        del leaves, ins
+                except Exception as e:
+                    rec["note"] = short_error(e)
+                rec["wall_s"] = round(time.perf_counter() - t_impl, 1)
+                records.append(rec)
+                torch.cuda.empty_cache()
+            shown = {k: round(v, 5) for k, v in err.items() if isinstance(v, float)}
+            print(f"{impl:5s} {case}  " + "  ".join(
+                f"{r['pass']} {r['ms']:.3f} ms" if r["ms"] is not None else f"{r['pass']} -" for r in records[-len(passes):])
+                + f"  err {shown} {note} [{time.perf_counter() - t_impl:.1f} s; "
+                  f"{time.perf_counter() - t_start:.0f} s total]", flush=True)
+        del x, xs, x64
+        torch.cuda.empty_cache()
+        if path is not None:
+            write()
+    if path is not None:
+        print(f"wrote {write()}")
+    from .report import ratio_table
+    print("\n" + ratio_table({"name": name, "records": records}))
+    return records

@@ -1,0 +1,161 @@
+"""Showing a benchmark of record in the book: one call per chapter, nothing typed by hand.
+
+:func:`show_benchmark` reads a family's results file (``kernels/<family>/results.json``, written by
+``python -m kernels.<family>.bench --write``) and shows, in this order: the line naming the device,
+date and library versions; the median times against ``T`` (one figure per pass); the ratio of our
+time to the peer's per shape, with the family's goals marked met or not; the largest error of each
+implementation against the float64 reference; and the peer's recorded refusals. Chapters, the
+benchmarks appendix and the README's numbers all come through here.
+"""
+from __future__ import annotations
+
+import math
+
+from .harness import load_results
+
+__all__ = ["show_benchmark", "ratio_table", "ratio_rows", "plot_results", "env_line"]
+
+# Record fields that are measurements or bookkeeping, not part of what was measured.
+_NOT_KEY = {"impl", "ms", "err", "note", "wall_s", "err_T", "tflops", "max_abs_err", "ok"}
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def env_line(data: dict) -> str:
+    """``measured on <device>, <date>; torch ..., triton ..., fla ...`` for a results dict."""
+    env = data.get("env", {})
+    return (f"measured on {env.get('device')}, {env.get('date')}; torch {env.get('torch')}, "
+            f"triton {env.get('triton')}, fla {env.get('fla')}")
+
+
+def _key(r: dict) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in r.items() if k not in _NOT_KEY))
+
+
+def ratio_rows(data: dict, *, ours: str = "ours", peer: str = "fla") -> list:
+    """One dict per measured shape and pass: the shape's fields, ``ours`` and ``peer`` ms, ``ratio``
+    (``None`` where either time is missing), the goal for the pass (from the file's config) and the
+    peer's note where it has no time."""
+    goals = (data.get("config") or {}).get("goals") or {}
+    by: dict = {}
+    for r in data["records"]:
+        if r.get("impl") in (ours, peer):
+            by.setdefault(_key(r), {})[r["impl"]] = r
+    rows = []
+    for key, d in by.items():
+        a, b = d.get(ours, {}).get("ms"), d.get(peer, {}).get("ms")
+        row = dict(key)
+        row.update(ours=a, peer=b, ratio=a / b if _num(a) and _num(b) and b else None,
+                   goal=goals.get(row.get("pass")),
+                   note=(d.get(peer, {}).get("note") or "") if not _num(b) else "")
+        rows.append(row)
+    return rows
+
+
+def ratio_table(data: dict, *, ours: str = "ours", peer: str = "fla", goals: bool = True) -> str:
+    """A text table of our median time over the peer's, per shape and pass (columns that vary only)."""
+    rows = ratio_rows(data, ours=ours, peer=peer)
+    if not rows:
+        return "(no records)"
+    fixed = {"pass", "ours", "peer", "ratio", "goal", "note"}
+    cols = [c for c in ("op", "B", "T") if any(c in r for r in rows)]
+    cols += sorted(c for c in {k for r in rows for k in r} - fixed - set(cols)
+                   if len({r.get(c) for r in rows}) > 1)
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
+    head = "  ".join(f"{c:>{widths[c]}}" for c in cols) + f"  {'pass':<7}{ours + ' ms':>10}{peer + ' ms':>10}{'ratio':>7}"
+    show_goal = goals and any(r["goal"] is not None for r in rows)
+    if show_goal:
+        head += "  goal"
+    lines = [head]
+    fmt = lambda v: f"{v:.3f}" if _num(v) else "—"   # noqa: E731
+    for r in rows:
+        line = "  ".join(f"{str(r.get(c, '')):>{widths[c]}}" for c in cols)
+        line += f"  {str(r.get('pass')):<7}{fmt(r['ours']):>10}{fmt(r['peer']):>10}"
+        line += f"{r['ratio']:>7.2f}" if r["ratio"] is not None else f"{'n/a':>7}"
+        if show_goal and r["goal"] is not None:
+            line += (f"  ≤ {r['goal']:g} {'met' if r['ratio'] <= r['goal'] else 'NOT met'}"
+                     if r["ratio"] is not None else f"  ≤ {r['goal']:g} (no {peer} time)")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def plot_results(data: dict, *, x: str = "T", pass_: str | None = None, ax=None, title: str | None = None,
+                 select=None):
+    """Median ms against ``x`` (log-log), one line per implementation (and per op, per token count
+    ``B·T`` and per other varying field when a file mixes several), captioned with the device."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.2, 4))
+    recs = [r for r in data["records"] if (pass_ is None or r.get("pass") == pass_) and _num(r.get("ms"))
+            and (select is None or select(r))]
+    vary = [k for k in sorted({k for r in recs for k in r} - _NOT_KEY - {x, "pass", "B"})
+            if len({str(r.get(k)) for r in recs}) > 1]
+    many_tokens = len({(r.get("B") or 0) * (r.get("T") or 0) for r in recs}) > 1
+    series: dict = {}
+    for r in recs:
+        label = ", ".join([r["impl"]] + [str(r.get(k)) for k in vary])
+        if many_tokens and r.get("B") is not None and r.get("T") is not None:
+            label += f" (B·T = {r['B'] * r['T']})"
+        series.setdefault(label, []).append((r[x], r["ms"]))
+    for label, pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(x)
+    ax.set_ylabel("median time (ms)")
+    ax.set_title(title or data.get("name", ""))
+    ax.legend(fontsize=7)
+    ax.text(0.0, -0.2, env_line(data), transform=ax.transAxes, fontsize=7, va="top")
+    return ax
+
+
+def _refusals(data: dict, peer: str) -> list:
+    notes = {str(r.get("note")).split(" (see")[0] for r in data["records"]
+             if r.get("impl") == peer and not _num(r.get("ms")) and r.get("note")}
+    return sorted(notes)
+
+
+def show_benchmark(source, *, select=None, title: str | None = None, ours: str = "ours", peer: str = "fla",
+                   plot: bool = True):
+    """Show a family's benchmark of record (``"flash"``, ``"gla"``, ``"delta"``) or a results dict.
+
+    ``select(record) -> bool`` keeps a subset (say, one op). Prints a line and returns ``None``
+    when no results are stored (a copy of the book without them); otherwise returns the results.
+    """
+    try:
+        data = load_results(source) if isinstance(source, str) else source
+    except FileNotFoundError as exc:
+        print(exc)
+        return None
+    if select is not None:
+        data = dict(data, records=[r for r in data["records"] if select(r)])
+    print(env_line(data))
+    if not data["records"]:
+        print("(no stored record matches)")
+        return data
+    if plot:
+        import matplotlib.pyplot as plt
+        passes = [p for p in ("fwd", "fwdbwd") if any(r.get("pass") == p and _num(r.get("ms"))
+                                                       for r in data["records"])]
+        if passes:
+            fig, axes = plt.subplots(1, len(passes), figsize=(5.6 * len(passes), 4), squeeze=False)
+            names = {"fwd": "forward", "fwdbwd": "forward + backward"}
+            for ax, p in zip(axes[0], passes):
+                plot_results(data, pass_=p, ax=ax, title=f"{title or data.get('name', '')}: {names[p]}")
+            fig.tight_layout()
+            plt.show()
+    print(ratio_table(data, ours=ours, peer=peer))
+    errs = {}
+    for r in data["records"]:
+        for k, v in (r.get("err") or {}).items():
+            if _num(v):
+                errs.setdefault(r["impl"], {}).setdefault(k, 0.0)
+                errs[r["impl"]][k] = max(errs[r["impl"]][k], v)
+    for impl, e in errs.items():
+        print(f"largest RMS error ratio vs float64, {impl}: " + ", ".join(f"{k} {v:.2e}" for k, v in e.items()))
+    for note in _refusals(data, peer):
+        print(f"{peer} recorded no time: {note}")
+    return data

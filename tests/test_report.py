@@ -1,0 +1,69 @@
+"""The benchmark reporting of the book (kernels.report) and the harness's error measure, on a
+results dict built here: ratios, goals, refusals and plots are read from the records, not typed."""
+import math
+
+import matplotlib
+matplotlib.use("Agg")
+import pytest
+import torch
+
+from kernels import harness, report
+
+ENV = {"device": "test", "date": "today", "torch": "x", "triton": "y", "fla": "z"}
+
+
+def _data():
+    recs = []
+    for T, B in ((2048, 32), (8192, 8), (32768, 1)):
+        for gates in ("float32", "input dtype"):
+            for p, ours, peer in (("fwd", 1.0, 2.0), ("fwdbwd", 3.0, None)):
+                recs.append({"impl": "ours", "op": "op_a", "B": B, "T": T, "gates": gates, "pass": p, "ms": ours,
+                             "err": {"o": 1e-3}})
+                recs.append({"impl": "fla", "op": "op_a", "B": B, "T": T, "gates": gates, "pass": p, "ms": peer,
+                             "note": None if peer else "RuntimeError: refused"})
+    return {"name": "bench_test", "env": ENV, "config": {"goals": {"fwd": 0.4, "fwdbwd": 1.0}}, "records": recs}
+
+
+def test_ratio_table_divides_marks_goals_and_reports_refusals():
+    lines = report.ratio_table(_data()).splitlines()
+    assert len(lines) == 1 + 12 and "gates" in lines[0]         # the varying field gets a column
+    fwd = [l for l in lines if " fwd " in l]
+    assert len(fwd) == 6 and all("0.50" in l and "NOT met" in l for l in fwd)   # 1.0 / 2.0 > 0.4
+    bwd = [l for l in lines if "fwdbwd" in l]
+    assert all("n/a" in l and "no fla time" in l for l in bwd)
+    rows = report.ratio_rows(_data())
+    assert {r["ratio"] for r in rows if r["pass"] == "fwd"} == {0.5}
+    assert all(r["note"] == "RuntimeError: refused" for r in rows if r["pass"] == "fwdbwd")
+
+
+def test_plot_results_separates_token_counts_and_fields():
+    ax = report.plot_results(_data(), pass_="fwd")
+    labels = sorted(l.get_label() for l in ax.get_lines())
+    # B·T = 65536 for the first two shapes and 32768 for the B = 1 point, two gate dtypes, two impls
+    assert len(labels) == 8 and any("32768" in l for l in labels) and any("float32" in l for l in labels)
+
+
+def test_show_benchmark_prints_env_table_errors_refusals(capsys):
+    data = report.show_benchmark(_data(), plot=False)
+    out = capsys.readouterr().out
+    assert data is not None and "measured on test, today" in out and "NOT met" in out
+    assert "largest RMS error ratio vs float64, ours: o 1.00e-03" in out
+    assert "fla recorded no time: RuntimeError: refused" in out
+    assert report.show_benchmark("no_such_family") is None
+
+
+def test_err_ratio_is_rms_relative():
+    ref = torch.ones(100, dtype=torch.float64)
+    assert harness.err_ratio(ref * 1.01, ref) == pytest.approx(0.01)
+    assert harness.err_ratio(torch.full((3,), float("nan")), torch.ones(3)) == math.inf
+
+
+@pytest.mark.parametrize("family", ["flash", "gla", "delta"])
+def test_stored_results_have_env_goals_and_fla(family):
+    """Every family's benchmark of record is in the repository, with its device and versions, its
+    goals, and fla side by side (a time or a recorded refusal for every fla record)."""
+    data = harness.load_results(family)
+    assert {"device", "date", "torch", "triton", "fla"} <= set(data["env"])
+    assert data["config"]["goals"]
+    fla = [r for r in data["records"] if r["impl"] == "fla"]
+    assert fla and all(isinstance(r.get("ms"), float) or r.get("note") for r in fla)
