@@ -33,7 +33,7 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 __all__ = ["environment", "bench_ms", "err_ratio", "results_path", "write_results", "load_results",
-           "run_benchmark", "short_error"]
+           "run_benchmark", "bench_main", "short_error"]
 
 
 def environment() -> dict:
@@ -124,7 +124,7 @@ def _slice(x: dict, err_T: int, heads) -> dict:
 
 def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names, passes=("fwd", "fwdbwd"),
                   path=None, config=None, quick=False, budget_s=400.0, err_T_max=8192, err_heads=None,
-                  extra_err=None):
+                  extra_err=None, keep=None):
     """Time and check every implementation on every case; returns the records (see the module doc).
 
     ``cases``: dicts with at least ``op``, ``B`` and ``T`` (every other key is recorded with the
@@ -135,11 +135,20 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
     the float64 output on a slice (batch 0, the first ``err_T_max`` tokens, the first
     ``err_heads`` heads), differentiable; ``grad_names(case)`` names the inputs whose gradients
     are checked and timed. ``extra_err(case, fn, inputs_slice, o_ref)`` may add error entries.
-    ``path``: write the results file there after every case.
+    ``path``: write the results file there after every case; ``keep(record) -> bool`` keeps those
+    records of the file already there (a run of some ops of a family leaves the others' records; the
+    file's env then names the latest run, and each kept record carries its own ``env``).
     """
     import torch
     warmup, rep = (5, 20) if quick else (10, 50)
     records, t_start = [], time.perf_counter()
+    kept = []
+    if path is not None and keep is not None:
+        try:
+            old = load_results(path)
+            kept = [dict(r, env=r.get("env", old["env"])) for r in old["records"] if keep(r)]
+        except FileNotFoundError:
+            pass
     skipped = f"skipped: the run's time budget ({budget_s:g} s) was spent"
 
     def over_budget():
@@ -149,7 +158,7 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
         cfg = dict(config or {}, warmup_ms=warmup, rep_ms=rep, err_T_max=err_T_max, err_heads=err_heads,
                    budget_s=budget_s, elapsed_s=round(time.perf_counter() - t_start, 1), quick=quick,
                    fla_env={"FLA_DISABLE_BACKEND_DISPATCH": os.environ.get("FLA_DISABLE_BACKEND_DISPATCH")})
-        return write_results(path, name, cfg, records)
+        return write_results(path, name, cfg, kept + records)
 
     for case in cases:
         x = make_inputs(case)
@@ -220,3 +229,32 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
     from .report import ratio_table
     print("\n" + ratio_table({"name": name, "records": records}))
     return records
+
+
+def bench_main(argv, module, *, ops=None, budget_s=500.0, **kw):
+    """The command line of a family's ``bench.py`` (``module``): ``--quick``, ``--write``, ``--budget-s``
+    and, when the family has several ``ops``, ``--ops`` (a run of some ops keeps the others' records in
+    the results file). ``module`` provides ``cases(ops, quick)`` (or ``cases(quick)``), ``make_inputs``,
+    ``impls``, ``reference``, ``grad_names`` and ``CONFIG``; ``kw`` goes to :func:`run_benchmark`."""
+    import argparse
+    family = Path(module.__file__).resolve().parent.name
+    p = argparse.ArgumentParser(prog=f"python -m kernels.{family}.bench", description=module.__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
+    p.add_argument("--write", action="store_true", help=f"write kernels/{family}/results.json")
+    if ops:
+        p.add_argument("--ops", default=",".join(ops), help="comma-separated subset of " + ",".join(ops))
+    p.add_argument("--budget-s", type=float, default=budget_s, help="wall-clock budget of the timings")
+    args = p.parse_args(argv)
+    chosen = [o for o in args.ops.split(",") if o] if ops else None
+    if ops and any(o not in ops for o in chosen):
+        raise SystemExit(f"--ops: choose from {tuple(ops)}; got {chosen}")
+    import torch
+    if not torch.cuda.is_available():
+        print(f"the benchmark needs a CUDA GPU; the stored results: kernels.report.show_benchmark({family!r})")
+        return 2
+    run_benchmark(family, cases=module.cases(chosen, args.quick) if ops else module.cases(args.quick),
+                  make_inputs=module.make_inputs, impls=module.impls, reference=module.reference,
+                  grad_names=module.grad_names, path=family if args.write else None, quick=args.quick,
+                  keep=(lambda r: r.get("op") not in chosen) if ops else None, budget_s=args.budget_s,
+                  config=dict(module.CONFIG, **({"ops": chosen} if ops else {})), **kw)
+    return 0

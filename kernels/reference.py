@@ -7,13 +7,20 @@ references); ``o`` is returned in ``v``'s dtype, the final state in float32 (flo
 
 The chunkwise forms work only with *differences* of cumulative log gates inside a chunk, so they
 never divide by a product of gates and stay finite for gates near 0 over long sequences.
+
+:func:`delta_chunk` is one delta-rule chunk in closed form (Chapter 6's WY factors, pseudo-values,
+outputs and leaving state) and :func:`delta_chunk_adjoint` its closed-form gradients: the chapter,
+its tests and the delta family's PyTorch backward share them.
 """
 from __future__ import annotations
+
+from collections import namedtuple
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["attention_ref", "chunk_scalar_ref", "chunk_gla_ref", "recurrent_ref"]
+__all__ = ["attention_ref", "chunk_scalar_ref", "chunk_gla_ref", "recurrent_ref", "DeltaChunk", "delta_chunk",
+           "delta_chunk_adjoint"]
 
 
 def _acc_dtype(t: torch.Tensor) -> torch.dtype:
@@ -164,3 +171,70 @@ def recurrent_ref(q, k, v, g=None, beta=None, scale: float = 1.0, initial_state=
         outs.append(torch.einsum("bhkv,bhk->bhv", S, qt * scale))
     o = torch.stack(outs, dim=1)
     return o.to(v.dtype), (S if output_final_state else None)
+
+
+DeltaChunk = namedtuple("DeltaChunk", "gamma A T W Ut U P Kd O S_next")
+DeltaChunk.__doc__ = """The quantities of one (gated) delta-rule chunk, Chapter 6's (ch6-d-wy) and (ch6-d-chunk).
+
+States are in fla's orientation, ``[K, V]`` (the book's ``S₀ᵀ``, ``S_nextᵀ``). ``gamma``: ``Γ ⊙ M``
+(``Γ_ij = e^{b_i − b_j}`` on and below the diagonal, 0 above); ``A``: ``(Diag(β) K Kᵀ ⊙ Γ) ⊙ M⁻``;
+``T``: ``(I + A)⁻¹``; ``W``: ``T Diag(β ⊙ e^b) K``; ``Ut``: ``Ũ = T Diag(β) V``; ``U``: the
+pseudo-values ``Ũ − W S₀ᵀ``; ``P``: the scores ``Q Kᵀ ⊙ Γ ⊙ M``; ``Kd``: ``Diag(e^{b_C − b}) K``, the
+keys decayed to the chunk's end; ``O``: ``Diag(e^b) Q S₀ᵀ + P U``; ``S_next``: ``e^{b_C} S₀ᵀ + Kdᵀ U``
+(``None`` when not asked for)."""
+
+
+def delta_chunk(q, k, v, b, beta, S0, *, state: bool = True) -> DeltaChunk:
+    """One chunk of the gated delta rule in closed form (Chapter 6, (ch6-d-wy) and (ch6-d-chunk)).
+
+    ``q``, ``k``: ``[..., C, K]``; ``v``: ``[..., C, V]``; ``b``: ``[..., C]``, the cumulative log
+    gate *inside* the chunk (``b_i = Σ_{s ≤ i} log α_s``; ``None`` for DeltaNet, all zeros);
+    ``beta``: ``[..., C]``; ``S0``: ``[..., K, V]``, the state entering the chunk in fla's orientation
+    (the book's ``S₀ᵀ``). Leading dimensions (batch, heads, chunks) broadcast. No scale: the caller
+    scales ``q``. Every exponent is ``b_i − b_j`` (``j ≤ i``), ``b_i`` or ``b_C − b_i``, never
+    positive. ``T = (I + A)⁻¹`` comes from a unit-triangular solve, not a general inverse.
+    Differentiable; ``state=False`` skips the leaving state (``S_next`` is then ``None``).
+
+    One function for the chunk algebra: the chapter's derivation, its tests and the delta family's
+    PyTorch backward (:func:`kernels.delta.backward.chunk_grads_torch`) all call it.
+    """
+    C = k.shape[-2]
+    if b is None:
+        b = torch.zeros(k.shape[:-1], dtype=k.dtype, device=k.device)
+    causal = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()
+    strict = causal.tril(-1)
+    diff = b.unsqueeze(-1) - b.unsqueeze(-2)                                   # b_i − b_j
+    gamma = torch.where(causal, diff, torch.zeros_like(diff)).exp() * causal   # Γ ⊙ M, no e^{positive}
+    A = (k @ k.transpose(-1, -2)) * gamma * beta.unsqueeze(-1) * strict
+    eye = torch.eye(C, dtype=A.dtype, device=A.device)
+    T = torch.linalg.solve_triangular(eye + A, eye.expand(A.shape), upper=False, unitriangular=True)
+    W = T @ (k * (beta * b.exp()).unsqueeze(-1))
+    Ut = T @ (v * beta.unsqueeze(-1))
+    U = Ut - W @ S0
+    P = (q @ k.transpose(-1, -2)) * gamma
+    Kd = k * (b[..., -1:] - b).exp().unsqueeze(-1)
+    O = (q * b.exp().unsqueeze(-1)) @ S0 + P @ U
+    S_next = b[..., -1:].exp().unsqueeze(-1) * S0 + Kd.transpose(-1, -2) @ U if state else None
+    return DeltaChunk(gamma, A, T, W, Ut, U, P, Kd, O, S_next)
+
+
+def delta_chunk_adjoint(q, b, chunk: DeltaChunk, S0, dO, dS_next) -> dict:
+    """The closed-form chunk gradients of Chapter 6, (ch6-d-adjoint) and (ch6-d-dA), for the loss
+    ``<O, dO> + <S_next, dS_next>`` of one :func:`delta_chunk` (same arguments and orientation).
+
+    Returns ``dU``, ``dS0`` (the entering state's gradient, ``[..., K, V]``), and, with
+    ``Y = Diag(β) V`` and ``X = Diag(β ⊙ e^b) K`` (so ``Ũ = T Y``, ``W = T X``), ``dY``, ``dX`` and
+    ``dA`` (strictly lower). Written from the formulas, not by autograd: the tests compare the two.
+    """
+    if b is None:
+        b = torch.zeros(q.shape[:-1], dtype=q.dtype, device=q.device)
+    C = q.shape[-2]
+    strict = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
+    mT = lambda x: x.transpose(-1, -2)   # noqa: E731
+    dU = mT(chunk.P) @ dO + chunk.Kd @ dS_next
+    dS0 = (b[..., -1:].exp().unsqueeze(-1) * dS_next + mT(q * b.exp().unsqueeze(-1)) @ dO
+           - mT(chunk.W) @ dU)
+    dY = mT(chunk.T) @ dU
+    dX = -dY @ mT(S0)
+    dA = -(dY @ mT(chunk.Ut) + dX @ mT(chunk.W)) * strict
+    return {"dU": dU, "dS0": dS0, "dY": dY, "dX": dX, "dA": dA}

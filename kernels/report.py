@@ -4,8 +4,12 @@
 ``python -m kernels.<family>.bench --write``) and shows, in this order: the line naming the device,
 date and library versions; the median times against ``T`` (one figure per pass); the ratio of our
 time to the peer's per shape, with the family's goals marked met or not; the largest error of each
-implementation against the float64 reference; and the peer's recorded refusals. Chapters, the
+implementation (of each op, when the records hold several) against the float64 reference; and the
+peer's recorded refusals. Chapters, the
 benchmarks appendix and the README's numbers all come through here.
+
+The goals in a results file's ``config["goals"]`` are our time over fla's, per pass: they are marked
+only in a comparison with fla (``peer="fla"``), never against another peer such as ``"sdpa"``.
 """
 from __future__ import annotations
 
@@ -14,6 +18,9 @@ import math
 from .harness import load_results
 
 __all__ = ["show_benchmark", "ratio_table", "ratio_rows", "plot_results", "env_line"]
+
+# The implementation the stored goals compare us with (config["goals"]: our time / this one's).
+GOALS_PEER = "fla"
 
 # Record fields that are measurements or bookkeeping, not part of what was measured.
 _NOT_KEY = {"impl", "ms", "err", "note", "wall_s", "err_T", "tflops", "max_abs_err", "ok"}
@@ -36,9 +43,9 @@ def _key(r: dict) -> tuple:
 
 def ratio_rows(data: dict, *, ours: str = "ours", peer: str = "fla") -> list:
     """One dict per measured shape and pass: the shape's fields, ``ours`` and ``peer`` ms, ``ratio``
-    (``None`` where either time is missing), the goal for the pass (from the file's config) and the
-    peer's note where it has no time."""
-    goals = (data.get("config") or {}).get("goals") or {}
+    (``None`` where either time is missing), the goal for the pass (from the file's config, and only
+    when ``peer`` is fla, whom the goals are set against) and the peer's note where it has no time."""
+    goals = ((data.get("config") or {}).get("goals") or {}) if peer == GOALS_PEER else {}
     by: dict = {}
     for r in data["records"]:
         if r.get("impl") in (ours, peer):
@@ -118,12 +125,14 @@ def _refusals(data: dict, peer: str) -> list:
     return sorted(notes)
 
 
-def show_benchmark(source, *, select=None, title: str | None = None, ours: str = "ours", peer: str = "fla",
+def show_benchmark(source, *, select=None, title: str | None = None, ours: str = "ours", peer="fla",
                    plot: bool = True):
     """Show a family's benchmark of record (``"flash"``, ``"gla"``, ``"delta"``) or a results dict.
 
-    ``select(record) -> bool`` keeps a subset (say, one op). Prints a line and returns ``None``
-    when no results are stored (a copy of the book without them); otherwise returns the results.
+    ``select(record) -> bool`` keeps a subset (say, one op). ``peer``: the implementation our time
+    is divided by, or a sequence of them (``("sdpa", "fla")``: one ratio table per peer, the goals
+    marked in fla's). Prints a line and returns ``None`` when no results are stored (a copy of the
+    book without them); otherwise returns the results (the selected subset).
     """
     try:
         data = load_results(source) if isinstance(source, str) else source
@@ -147,15 +156,22 @@ def show_benchmark(source, *, select=None, title: str | None = None, ours: str =
                 plot_results(data, pass_=p, ax=ax, title=f"{title or data.get('name', '')}: {names[p]}")
             fig.tight_layout()
             plt.show()
-    print(ratio_table(data, ours=ours, peer=peer))
+    peers = (peer,) if isinstance(peer, str) else tuple(peer)
+    for p in peers:
+        if len(peers) > 1:
+            print(f"\nour time over {p}'s:")
+        print(ratio_table(data, ours=ours, peer=p))
     errs = {}
+    per_op = len({r.get("op") for r in data["records"]}) > 1      # one line per implementation and op
     for r in data["records"]:
+        who = f"{r['impl']}, {r.get('op')}" if per_op else r["impl"]
         for k, v in (r.get("err") or {}).items():
             if _num(v):
-                errs.setdefault(r["impl"], {}).setdefault(k, 0.0)
-                errs[r["impl"]][k] = max(errs[r["impl"]][k], v)
-    for impl, e in errs.items():
-        print(f"largest RMS error ratio vs float64, {impl}: " + ", ".join(f"{k} {v:.2e}" for k, v in e.items()))
-    for note in _refusals(data, peer):
-        print(f"{peer} recorded no time: {note}")
+                errs.setdefault(who, {}).setdefault(k, 0.0)
+                errs[who][k] = max(errs[who][k], v)
+    for who, e in errs.items():
+        print(f"largest RMS error ratio vs float64, {who}: " + ", ".join(f"{k} {v:.2e}" for k, v in e.items()))
+    for p in peers:
+        for note in _refusals(data, p):
+            print(f"{p} recorded no time: {note}")
     return data

@@ -22,7 +22,7 @@ rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   tests=""
   for f in $families; do tests="$tests tests/test_kernel_$f.py"; done
-  python3 -m pytest -q $tests -p no:cacheprovider --durations=10 2>&1 | tee "$out/gpu_tests.log" | tail -25
+  python3 -m pytest -q $tests -p no:cacheprovider --durations=10 ${PYTEST_XDIST:-} 2>&1 | tee "$out/gpu_tests.log" | tail -25
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

@@ -176,36 +176,51 @@ def test_blockwise_inverse_equals_forward_substitution(n, block):
         lc.blockwise_unit_lower_inverse(A + np.eye(n), block)
 
 
+def test_delta_chunk_is_one_chunk_of_the_recurrence():
+    """(ch6-d-wy), (ch6-d-chunk) as written once in kernels.reference.delta_chunk: from a nonzero
+    entering state, its outputs and leaving state are the token-by-token gated delta rule's, and its
+    A is the strictly lower matrix built here in NumPy."""
+    from kernels import reference
+    r, Q, K, V, beta, b, Gam, A = _gated_chunk(5)
+    f64 = lambda x: torch.tensor(x, dtype=torch.float64)
+    S0T = f64(r.normal(size=(K.shape[1], V.shape[1])))
+    ch = reference.delta_chunk(f64(Q), f64(K), f64(V), f64(b), f64(beta), S0T)
+    log_alpha = np.diff(b, prepend=0.0)                          # b = cumsum(log alpha)
+    one = lambda x: f64(x)[None, :, None]                        # [1, C, 1, ...]: one sequence, one head
+    o, ST = reference.recurrent_ref(one(Q), one(K), one(V), one(log_alpha), one(beta), 1.0,
+                                    S0T[None, None], output_final_state=True)
+    # float64, 64 tokens, O(1) entries: round-off ~1e-13 (chunk) against ~1e-13 (loop); a slip is O(1)
+    lc.check_close("delta_chunk's A = (Diag(beta) K K^T ⊙ Γ) ⊙ M⁻", ch.A.numpy(), A, 1e-12)
+    lc.check_close("delta_chunk's O = the recurrence's outputs", ch.O.numpy(), o[0, :, 0].numpy(), 1e-10)
+    lc.check_close("delta_chunk's S_next = the recurrence's state", ch.S_next.numpy(), ST[0, 0].numpy(), 1e-10)
+
+
 def test_chunk_backward_closed_forms_match_autograd():
     """(ch6-d-adjoint), (ch6-d-dA): the kernels' closed-form chunk gradients equal autograd."""
+    from kernels import reference
     r, Q, K, V, beta, b, Gam, A = _gated_chunk(6)
     C, d_k, d_v = K.shape[0], K.shape[1], V.shape[1]
     f64 = lambda x: torch.tensor(x, dtype=torch.float64)
-    Qt, Kt, Vt, bt, bet, Gt = map(f64, (Q, K, V, b, beta, Gam))
-    At = f64(A).requires_grad_()
+    Qt, Kt, Vt, bt, bet = map(f64, (Q, K, V, b, beta))
+    bet.requires_grad_()                                         # puts A (built from beta) on the graph
     S0T = f64(r.normal(size=(d_k, d_v))).requires_grad_()
     dO, dSn = f64(r.normal(size=(C, d_v))), f64(r.normal(size=(d_k, d_v)))
-    T = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + At)
-    W, Ut = T @ ((bet * bt.exp())[:, None] * Kt), T @ (bet[:, None] * Vt)
-    U = Ut - W @ S0T
-    U.retain_grad()
-    O = bt.exp()[:, None] * (Qt @ S0T) + ((Qt @ Kt.T) * Gt) @ U
-    SnT = bt[-1].exp() * S0T + ((bt[-1] - bt).exp()[:, None] * Kt).T @ U
-    ((O * dO).sum() + (SnT * dSn).sum()).backward()
+    ch = reference.delta_chunk(Qt, Kt, Vt, bt, bet, S0T)        # (ch6-d-wy), (ch6-d-chunk)
+    ch.A.retain_grad()                                           # A enters O and S_next only through T
+    ch.U.retain_grad()
+    ((ch.O * dO).sum() + (ch.S_next * dSn).sum()).backward()
     with torch.no_grad():
-        dU = ((Qt @ Kt.T) * Gt).T @ dO + ((bt[-1] - bt).exp()[:, None] * Kt) @ dSn
-        dS0T = bt[-1].exp() * dSn + (bt.exp()[:, None] * Qt).T @ dO - W.T @ dU
-        dY, dX = T.T @ dU, -(T.T @ dU) @ S0T.T
-        dA = -(dY @ Ut.T + dX @ W.T) * f64(np.tril(np.ones((C, C)), k=-1))
+        adj = reference.delta_chunk_adjoint(Qt, bt, ch, S0T, dO, dSn)
     # float64 autograd vs closed forms on O(10) entries: round-off ~1e-13
-    lc.check_close("dU = autograd", dU.numpy(), U.grad.numpy(), 1e-9)
-    lc.check_close("dS0^T = autograd", dS0T.numpy(), S0T.grad.numpy(), 1e-9)
-    lc.check_close("dA = autograd (strictly lower)", dA.numpy(), np.tril(At.grad.numpy(), k=-1), 1e-9)
+    lc.check_close("dU = autograd", adj["dU"].numpy(), ch.U.grad.numpy(), 1e-9)
+    lc.check_close("dS0^T = autograd", adj["dS0"].numpy(), S0T.grad.numpy(), 1e-9)
+    lc.check_close("dA = autograd (strictly lower)", adj["dA"].numpy(), np.tril(ch.A.grad.numpy(), k=-1), 1e-9)
 
 
 def test_log_gate_gradient_is_a_reverse_cumulative_sum_in_the_chunk():
     """(ch6-d-dg): with b = cumsum(log alpha) inside a chunk, dL/dlog(alpha_s) = sum_{i >= s} dL/db_i,
     for the whole gated chunk (WY factors, outputs, leaving state) as the loss."""
+    from kernels import reference
     r, Q, K, V, beta, _, _, _ = _gated_chunk(8)
     C, d_k, d_v = K.shape[0], K.shape[1], V.shape[1]
     f64 = lambda x: torch.tensor(x, dtype=torch.float64)
@@ -214,13 +229,8 @@ def test_log_gate_gradient_is_a_reverse_cumulative_sum_in_the_chunk():
     b = torch.cumsum(la, 0)
     b.retain_grad()
     S0T, dO, dSn = f64(r.normal(size=(d_k, d_v))), f64(r.normal(size=(C, d_v))), f64(r.normal(size=(d_k, d_v)))
-    G = torch.exp(torch.tril(b[:, None] - b[None, :])) * f64(np.tril(np.ones((C, C))))
-    A = torch.tril(bet[:, None] * (Kt @ Kt.T) * G, diagonal=-1)
-    T = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + A)
-    U = T @ (bet[:, None] * Vt) - (T @ ((bet * b.exp())[:, None] * Kt)) @ S0T
-    O = b.exp()[:, None] * (Qt @ S0T) + ((Qt @ Kt.T) * G) @ U
-    SnT = b[-1].exp() * S0T + ((b[-1] - b).exp()[:, None] * Kt).T @ U
-    ((O * dO).sum() + (SnT * dSn).sum()).backward()
+    ch = reference.delta_chunk(Qt, Kt, Vt, b, bet, S0T)
+    ((ch.O * dO).sum() + (ch.S_next * dSn).sum()).backward()
     reverse = torch.flip(torch.cumsum(torch.flip(b.grad, [0]), 0), [0])
     # float64 autograd: round-off ~1e-13
     lc.check_close("dL/dlog(alpha) = reverse cumsum of dL/db", la.grad.numpy(), reverse.numpy(), 1e-9)

@@ -52,6 +52,27 @@ def test_show_benchmark_prints_env_table_errors_refusals(capsys):
     assert report.show_benchmark("no_such_family") is None
 
 
+def test_show_benchmark_several_peers_marks_goals_only_against_fla(capsys):
+    """Chapter 1 divides our time by SDPA's and by fla's: one table per peer; the stored goals (our
+    time over fla's) are marked in fla's table only, and the errors are reported per op."""
+    data = _data()
+    extra = [dict(r, impl="sdpa", ms=0.5 if r["pass"] == "fwd" else None, err={"o": 2e-3},
+                  note=None if r["pass"] == "fwd" else "skipped")
+             for r in data["records"] if r["impl"] == "ours"]
+    # the longest shape is another op, so that the errors are reported per implementation and op
+    data = dict(data, records=[dict(r, op="op_b") if r["T"] == 32768 else r for r in data["records"] + extra])
+    assert all(r["goal"] is None for r in report.ratio_rows(data, peer="sdpa"))
+    assert {r["goal"] for r in report.ratio_rows(data, peer="fla")} == {0.4, 1.0}
+    report.show_benchmark(data, peer=("sdpa", "fla"), plot=False)
+    out = capsys.readouterr().out
+    sdpa_part, fla_part = out.split("our time over sdpa's:")[1].split("our time over fla's:")
+    assert "goal" not in sdpa_part.split("largest")[0] and "2.00" in sdpa_part      # 1.0 / 0.5, no goal
+    assert "NOT met" in fla_part and "0.50" in fla_part
+    assert "largest RMS error ratio vs float64, ours, op_a: o 1.00e-03" in out       # several ops: per op
+    assert "largest RMS error ratio vs float64, sdpa, op_b: o 2.00e-03" in out
+    assert "sdpa recorded no time: skipped" in out and "fla recorded no time: RuntimeError: refused" in out
+
+
 def test_err_ratio_is_rms_relative():
     ref = torch.ones(100, dtype=torch.float64)
     assert harness.err_ratio(ref * 1.01, ref) == pytest.approx(0.01)
@@ -67,3 +88,19 @@ def test_stored_results_have_env_goals_and_fla(family):
     assert data["config"]["goals"]
     fla = [r for r in data["records"] if r["impl"] == "fla"]
     assert fla and all(isinstance(r.get("ms"), float) or r.get("note") for r in fla)
+
+
+@pytest.mark.parametrize("family", ["flash", "gla", "delta"])
+def test_bench_command_line(family, capsys, monkeypatch):
+    """Each family's benchmark of record parses its command line, refuses unknown ops, and on a machine
+    without a GPU says where the stored results are instead of timing anything."""
+    import importlib
+    bench = importlib.import_module(f"kernels.{family}.bench")
+    if family != "flash":
+        with pytest.raises(SystemExit, match="--ops"):
+            bench.main(["--ops", "no_such_op"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--quick"]) == 2
+    assert f"show_benchmark('{family}')" in capsys.readouterr().out
+    cases = bench.cases(quick=True)
+    assert cases and all({"op", "B", "T"} <= set(c) for c in cases)

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ..backend import launch
+from ..reference import delta_chunk
 from .march import _NO_SPEC, _load_state
 from .plan import CHUNK
 
@@ -270,6 +271,7 @@ def chunk_grads_torch(q, k, v, g, beta, scale, hs, dh, do):
     Local objective per chunk ``n``: ``<o_n, do_n> + <S_{n+1}, dS_{n+1}>`` with
     ``S_{n+1} = e^{b_C} S_n + (k ⊙ e^{b_C − b})ᵀ v'`` and ``v' = U − W S_n``; the state terms are
     written without forming ``[K, V]`` products: ``e^{b_C} <S_n, dS_{n+1}> + <v', (k ⊙ e^{b_C−b}) dS_{n+1}>``.
+    The chunk's algebra is :func:`kernels.reference.delta_chunk` (the one the book derives and tests).
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -297,21 +299,10 @@ def chunk_grads_torch(q, k, v, g, beta, scale, hs, dh, do):
             bc = torch.zeros(B, H, NT, C, dtype=torch.float32, device=q.device)
         Sn = hs.view(B, H, NT, K, V).float()
         dSn = dh.view(B, H, NT, K, V).float()
-        causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-        strict = causal.tril(-1)
-        diff = bc.unsqueeze(-1) - bc.unsqueeze(-2)
-        decay = torch.where(causal, diff, torch.zeros_like(diff)).exp() * causal
-        A = ((kc @ kc.transpose(-1, -2)) * decay * betac.unsqueeze(-1)) * strict
-        eye = torch.eye(C, dtype=torch.float32, device=q.device)
-        U = torch.linalg.solve_triangular(eye + A, vc * betac.unsqueeze(-1), upper=False, unitriangular=True)
-        W = torch.linalg.solve_triangular(eye + A, kc * (betac * bc.exp()).unsqueeze(-1), upper=False,
-                                          unitriangular=True)
-        vp = U - W @ Sn
-        o = (qc * bc.exp().unsqueeze(-1)) @ Sn + ((qc @ kc.transpose(-1, -2)) * decay) @ vp
+        ch = delta_chunk(qc, kc, vc, bc, betac, Sn, state=False)        # (ch6-d-wy), (ch6-d-chunk)
         last = bc[..., -1]
-        kd = kc * (last.unsqueeze(-1) - bc).exp().unsqueeze(-1)
         c_n = (Sn * dSn).sum((-1, -2))
-        loss = (o * doc).sum() + (last.exp() * c_n).sum() + (vp * (kd @ dSn)).sum()
+        loss = (ch.O * doc).sum() + (last.exp() * c_n).sum() + (ch.U * (ch.Kd @ dSn)).sum()
         grads = torch.autograd.grad(loss, leaves)
     dq, dk, dv, dbeta = grads[:4]
     dg = grads[4] if g is not None else None

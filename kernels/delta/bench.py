@@ -15,7 +15,6 @@ gradient (fla's RMS ratio). fla runs its pure Triton path; its refusals are reco
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -82,28 +81,14 @@ def grad_names(case):
     return ["q", "k", "v", "beta"] + (["g"] if case["op"] == "gated_delta_rule" else [])
 
 
+CONFIG = dict(H=H, K=K, V=V, dtype="bfloat16", tokens=TOKENS, goals=GOALS,
+              inputs="q,v ~ N(0,1); k = l2norm(N(0,1)); beta = sigmoid(N) in bf16; g = logsigmoid(N), "
+                     "float32 or bf16 (the gates field)")
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="two small shapes, fewer repetitions")
-    p.add_argument("--write", action="store_true", help="write kernels/delta/results.json")
-    p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
-    p.add_argument("--budget-s", type=float, default=500.0, help="wall-clock budget of the timings")
-    args = p.parse_args(argv)
-    ops = [o for o in args.ops.split(",") if o]
-    if any(o not in OPS for o in ops):
-        raise SystemExit(f"--ops: choose from {OPS}; got {ops}")
-    import torch
-    if not torch.cuda.is_available():
-        print("the benchmark needs a CUDA GPU; the stored results: kernels.report.show_benchmark('delta')")
-        return 2
-    from kernels.harness import run_benchmark
-    run_benchmark("delta", cases=cases(ops, args.quick), make_inputs=make_inputs, impls=impls, reference=reference,
-                  grad_names=grad_names, path="delta" if args.write else None, quick=args.quick,
-                  budget_s=args.budget_s, err_T_max=8192,
-                  config=dict(H=H, K=K, V=V, dtype="bfloat16", tokens=TOKENS, goals=GOALS, ops=ops,
-                              inputs="q,v ~ N(0,1); k = l2norm(N(0,1)); beta = sigmoid(N) in bf16; "
-                                     "g = logsigmoid(N), float32 or bf16 (the gates field)"))
-    return 0
+    from kernels.harness import bench_main
+    return bench_main(argv, sys.modules[__name__], ops=OPS, err_T_max=8192)
 
 
 if __name__ == "__main__":

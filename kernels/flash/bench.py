@@ -11,7 +11,6 @@ Accuracy: batch 0, heads 0-1, against the float64 reference (:func:`kernels.refe
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -54,23 +53,17 @@ def reference(case, x):
     return attention_ref(x["q"], x["k"], x["v"], D ** -0.5, True)
 
 
+def grad_names(case):
+    return []                 # forward only
+
+
+CONFIG = dict(H=H, D=D, tokens=TOKENS, dtype="bfloat16", causal=True, goals=GOALS,
+              inputs="q, k, v ~ N(0, 1); scale D^-0.5")
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="two shapes, fewer repetitions")
-    p.add_argument("--write", action="store_true", help="write kernels/flash/results.json")
-    p.add_argument("--budget-s", type=float, default=300.0, help="wall-clock budget of the timings")
-    args = p.parse_args(argv)
-    import torch
-    if not torch.cuda.is_available():
-        print("the benchmark needs a CUDA GPU; the stored results: kernels.report.show_benchmark('flash')")
-        return 2
-    from kernels.harness import run_benchmark
-    run_benchmark("flash", cases=cases(args.quick), make_inputs=make_inputs, impls=impls, reference=reference,
-                  grad_names=lambda case: [], passes=("fwd",), path="flash" if args.write else None,
-                  quick=args.quick, budget_s=args.budget_s, err_T_max=16384, err_heads=2,
-                  config=dict(H=H, D=D, tokens=TOKENS, dtype="bfloat16", causal=True, goals=GOALS,
-                              inputs="q, k, v ~ N(0, 1); scale D^-0.5"))
-    return 0
+    from kernels.harness import bench_main
+    return bench_main(argv, sys.modules[__name__], budget_s=300.0, passes=("fwd",), err_T_max=16384, err_heads=2)
 
 
 if __name__ == "__main__":

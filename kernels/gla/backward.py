@@ -358,7 +358,7 @@ def chunk_grads(q, k, v, g, do, hs, dhs, As, scale: float, plan):
         dgl = cpart = dummy
     _bwd_dqdk_kernel[(NK, NT, BH)](q, k, v, gg, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, NT, H=H, K=K, V=V,
                                    BT=plan.BT, BK=plan.BK_dq, BV=plan.BV_dq, GATE=gate, IP=plan.IP,
-                                   EMU=plan.EMU, num_warps=8 if plan.BK_dq >= 64 else 4)
+                                   EMU=plan.EMU, num_warps=plan.warps_dq)
     return dq, dk, dv, ((dgl, cpart) if gate else None)
 
 

@@ -53,9 +53,11 @@ class ChunkGLAFunction(torch.autograd.Function):
         return dq, dk, dv, dg, dh0, None, None, None
 
 
-def chunk_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=False, *, num_segments=None):
+def chunk_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=False, *, num_segments=None,
+                     plan=None):
     """The Triton path of all three ops (``g``: ``None``, ``[B, T, H]`` or ``[B, T, H, K]``), inputs
-    already validated. ``num_segments`` forces the forward's sequence split (tests, sweeps)."""
+    already validated. ``num_segments`` forces the forward's sequence split; ``plan``: overrides of
+    the measured plan (a dict; the tests and the lab's sweeps try other launch values this way)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     check_head_size("K (head size of q and k)", K, HEAD_SIZES, "GLA")
@@ -63,7 +65,7 @@ def chunk_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=F
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g = g.contiguous() if g is not None else None
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    plan = plan_for(gate_code(g), B, T, H, K, V, q.dtype, q.device, num_segments=num_segments)
+    plan = plan_for(gate_code(g), B, T, H, K, V, q.dtype, q.device, num_segments=num_segments, **(plan or {}))
     o, ht = ChunkGLAFunction.apply(q, k, v, g, h0, float(scale), bool(output_final_state), plan)
     return o, (ht if output_final_state else None)
 

@@ -10,7 +10,7 @@ sequence is split into segments when the march would not fill one wave of the GP
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 import triton
@@ -38,8 +38,10 @@ class GlaPlan:
     BV_dv: int
     BK_dq: int
     BV_dq: int
+    warps_dq: int
     BK_p: int
     warps_p: int
+    gate_pieces: int          # bfloat16 pieces of a float32 gate in the prep kernel's sums (prep.py)
     IP: str                   # tl.dot input precision: "ieee" for float32 inputs, else tensor cores
     EMU: bool                 # under the interpreter: 16-bit operand roundings emulated in float32
     state_dtype: torch.dtype  # per-chunk states kept for the backward
@@ -52,8 +54,9 @@ def gate_code(g) -> int:
 
 
 def plan_for(gate: int, B: int, T: int, H: int, K: int, V: int, dtype, device, *, num_segments=None,
-             interpret: bool = INTERPRET) -> GlaPlan:
-    """The plan for one call; ``num_segments`` forces the forward's sequence split (tests, sweeps)."""
+             interpret: bool = INTERPRET, **overrides) -> GlaPlan:
+    """The plan for one call; ``num_segments`` forces the forward's sequence split, ``overrides``
+    replace measured fields (tests and the lab's sweeps)."""
     BT = 64
     NT = triton.cdiv(T, BT)
     BV_f = min(V, 64 if K <= 128 else 32)
@@ -77,8 +80,14 @@ def plan_for(gate: int, B: int, T: int, H: int, K: int, V: int, dtype, device, *
         num_segments = max(1, ns)
     num_segments = max(1, min(int(num_segments), NT))
     SEG = triton.cdiv(NT, num_segments)
-    return GlaPlan(gate=gate, BT=BT, NT=NT, SEG=SEG, NS=triton.cdiv(NT, SEG), BV_f=BV_f, warps_f=warps_f,
+    plan = GlaPlan(gate=gate, BT=BT, NT=NT, SEG=SEG, NS=triton.cdiv(NT, SEG), BV_f=BV_f, warps_f=warps_f,
                    stages_f=stages_f, BK_s=min(K, 64), BV_s=min(V, 64), BV_dv=min(V, 64), BK_dq=min(K, 64),
-                   BV_dq=min(V, 64), BK_p=128 if wide else min(K, 64), warps_p=8 if wide else 4,
+                   BV_dq=min(V, 64), warps_dq=8 if min(K, 64) >= 64 else 4, BK_p=128 if wide else min(K, 64), warps_p=8 if wide else 4,
+                   gate_pieces={torch.bfloat16: 1, torch.float16: 2}.get(dtype, 3),
                    IP="ieee" if dtype == torch.float32 else "tf32", EMU=bool(interpret),
                    state_dtype=torch.float32 if dtype == torch.float32 else dtype)
+    tunable = {f.name for f in fields(GlaPlan)} - {"gate", "NT", "SEG", "NS"}
+    bad = sorted(set(overrides) - tunable)
+    if bad:
+        raise ValueError(f"plan overrides: unknown or derived field(s) {bad}")
+    return replace(plan, **overrides) if overrides else plan

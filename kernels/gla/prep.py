@@ -4,7 +4,7 @@ Everything of a chunk that does not need the state, once per chunk and head: the
 ``qg = scale·q·e^{b}``, the gated keys ``kg = k·e^{b_C − b}``, the chunk decays ``b_C`` and the
 intra-chunk scores ``scale·A`` of (K5). After it the forward march is the ungated one plus a decay
 (``kernels/gla/march.py``). Every segmented sum of gates is a product ``M @ g`` with a 0/1 matrix
-``M`` (:func:`_gate_mm`), exact in float32 for gates of any dtype.
+``M`` (``_gate_mm`` of ``kernels/gla/tiles.py``).
 """
 from __future__ import annotations
 
@@ -12,36 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .tiles import _gla_level, _r16, _st  # noqa: F401
+from .tiles import _gate_mm, _r16, _st
 
 __all__ = ["prepare_vector_gate"]
-
-
-@triton.jit
-def _gate_mm(mask, g, GT: tl.constexpr, EMU: tl.constexpr):
-    """``M @ g`` for the 0/1 matrix ``M = mask`` ``[BT, BT]`` and gates ``g`` ``[BT, BK]``: segmented
-    sums of gates, exact up to float32 accumulation for every gate dtype, on the tensor cores.
-
-    16-bit gates enter the product as they are (``M`` is exact in any dtype). Float32 gates are cut
-    into three bfloat16 pieces, ``g = hi + mid + lo`` (each the rounding of what the previous ones
-    left; together they hold all 24 bits of the significand, and bfloat16 has float32's exponent
-    range), and ``M @ g`` is three bfloat16 products into one float32 accumulator. An IEEE float32
-    product (``input_precision="ieee"``) would run on the CUDA cores: that was a 10-15x slower
-    forward for float32 gates, the dtype fla's layers pass. Under the interpreter (``EMU``) 16-bit
-    gates are widened to float32 (it mis-computes 16-bit products)."""
-    if GT == tl.float32:
-        m = tl.where(mask, 1.0, 0.0).to(tl.bfloat16)
-        hi = g.to(tl.bfloat16)
-        r = g - hi.to(tl.float32)
-        mid = r.to(tl.bfloat16)
-        lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
-        acc = tl.dot(m, hi)
-        acc = tl.dot(m, mid, acc)
-        return tl.dot(m, lo, acc)
-    elif EMU:
-        return tl.dot(tl.where(mask, 1.0, 0.0), g.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(tl.where(mask, 1.0, 0.0).to(GT), g)
 
 
 @triton.jit
@@ -69,7 +42,8 @@ def _mul16(x, e, DT: tl.constexpr, EMU: tl.constexpr):
 
 @triton.jit
 def _gla_level_mm(q, k, g, base, mask_t, ii, jj, HB: tl.constexpr, BT: tl.constexpr, K: tl.constexpr,
-                  BK: tl.constexpr, DT: tl.constexpr, GT: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
+                  BK: tl.constexpr, DT: tl.constexpr, GT: tl.constexpr, PIECES: tl.constexpr, IP: tl.constexpr,
+                  EMU: tl.constexpr):
     """One level of K5 (half-blocks of HB rows) by matrix products only (round 3). The level's
     exponent rows ``X = M g`` are ``b_i - E`` on the rows i of second halves (the gates from the half's
     start to i) and ``E - b_j`` on the rows j of first halves (the gates after j up to the half's end),
@@ -82,7 +56,9 @@ def _gla_level_mm(q, k, g, base, mask_t, ii, jj, HB: tl.constexpr, BT: tl.conste
     for kb in tl.static_range(K // BK):
         offs = base + (kb * BK + tl.arange(0, BK))[None, :]
         g_t = tl.load(g + offs, mask=mask_t[:, None], other=0.)
-        e = tl.exp(_gate_mm(Mx, g_t, GT, EMU))
+        if GT == tl.float32 and PIECES == 1:   # only the bfloat16 piece is live across the levels
+            g_t = g_t.to(tl.bfloat16)
+        e = tl.exp(_gate_mm(Mx, g_t, GT, PIECES, EMU))
         ql = _mul16(tl.load(q + offs, mask=mask_t[:, None], other=0.), e, DT, EMU)
         kl = _mul16(tl.load(k + offs, mask=mask_t[:, None], other=0.), e, DT, EMU)
         Al = tl.dot(ql, tl.trans(kl), Al, input_precision=IP)
@@ -93,7 +69,7 @@ def _gla_level_mm(q, k, g, base, mask_t, ii, jj, HB: tl.constexpr, BT: tl.conste
 @triton.jit
 def _gla_prep_kernel(q, k, g, qg, kg, dch, As, scale, T, NT,
                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                     IP: tl.constexpr, EMU: tl.constexpr):
+                     PIECES: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
     """Vector gate, round 3: everything of a chunk that does not need the state, in parallel over
     chunks; grid (NT, B*H). Writes
 
@@ -130,11 +106,13 @@ def _gla_prep_kernel(q, k, g, qg, kg, dch, As, scale, T, NT,
         k_t = tl.load(k + offs, mask=mask_t[:, None], other=0.)
         g_t = tl.load(g + offs, mask=mask_t[:, None], other=0.)
         tl.store(dch + (i_bh * NT + c).to(tl.int64) * K + o_k, tl.sum(g_t.to(tl.float32), axis=0))
+        if GT == tl.float32 and PIECES == 1:   # as in the levels: only the bfloat16 piece stays live
+            g_t = g_t.to(tl.bfloat16)
         # b = L g (inclusive prefix sums), b_C - b = U g (strict suffix sums, <= 0 and exact)
-        b = _gate_mm(jj <= ii, g_t, GT, EMU)
+        b = _gate_mm(jj <= ii, g_t, GT, PIECES, EMU)
         tl.store(qg + offs, _st(q_t.to(tl.float32) * (tl.exp(b) * scale), qg.dtype.element_ty, EMU),
                  mask=mask_t[:, None])
-        bu = _gate_mm(jj > ii, g_t, GT, EMU)
+        bu = _gate_mm(jj > ii, g_t, GT, PIECES, EMU)
         tl.store(kg + offs, _st(k_t.to(tl.float32) * tl.exp(bu), kg.dtype.element_ty, EMU), mask=mask_t[:, None])
         # the diagonal (exponent 0)
         A += tl.where(ii == jj, tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP), 0.)
@@ -142,7 +120,7 @@ def _gla_prep_kernel(q, k, g, qg, kg, dch, As, scale, T, NT,
     # exponent tile is [BT, BK]; the slices are reloaded from L1/L2 or kept by the compiler)
     for LV in tl.static_range(8):              # BT <= 256: half-blocks of BT/2, ..., 1 rows
         if (BT >> (LV + 1)) > 0:
-            A += _gla_level_mm(q, k, g, base, mask_t, ii, jj, BT >> (LV + 1), BT, K, BK, DT, GT, IP, EMU)
+            A += _gla_level_mm(q, k, g, base, mask_t, ii, jj, BT >> (LV + 1), BT, K, BK, DT, GT, PIECES, IP, EMU)
     tl.store(As + (i_bh * NT + c).to(tl.int64) * BT * BT + ii * BT + jj, _st(A * scale, As.dtype.element_ty, EMU))
 
 
@@ -155,5 +133,6 @@ def prepare_vector_gate(q, k, g, scale: float, plan):
     dch = torch.empty(B * H, plan.NT, K, dtype=torch.float32, device=q.device)
     As = torch.empty(B * H, plan.NT * plan.BT, plan.BT, dtype=q.dtype, device=q.device)
     _gla_prep_kernel[(plan.NT, B * H)](q, k, g, qg, kg, dch, As, scale, T, plan.NT, H=H, K=K, BT=plan.BT,
-                                       BK=plan.BK_p, IP=plan.IP, EMU=plan.EMU, num_warps=plan.warps_p)
+                                       BK=plan.BK_p, PIECES=plan.gate_pieces, IP=plan.IP, EMU=plan.EMU,
+                                       num_warps=plan.warps_p)
     return qg, kg, dch, As

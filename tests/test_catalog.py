@@ -1,0 +1,40 @@
+"""The model map (kernels.catalog): every name it lists exists in the code, and a bogus one is caught."""
+import dataclasses
+
+import pytest
+
+from kernels import catalog
+
+
+def test_model_map_validates_and_covers_the_books_models():
+    rows = catalog.model_map()
+    by = {r["model"]: r for r in rows}
+    assert len(rows) == len(catalog.MODELS) == 8
+    assert by["softmax attention"]["family"] == "flash" and by["softmax attention"]["chapters"] == (1,)
+    assert by["GLA (vector gate)"]["bench"] == "python -m kernels.gla.bench --write"
+    assert by["Gated DeltaNet"]["results"] == "kernels/delta/results.json"
+    # the two models without a kernel say so (no op, no family, no benchmark)
+    for name in ("Comba", "DeltaProduct"):
+        assert by[name]["op"] is None and by[name]["bench"] is None and by[name]["recurrent"]
+
+
+@pytest.mark.parametrize("change", [dict(recurrent="deltanet_recurent"), dict(chunkwise="no_such_form"),
+                                    dict(op="chunk_delta_rul"), dict(family="gla"), dict(family=None),
+                                    dict(notebooks=("05_no_such_chapter", "06_inverse_trick")),
+                                    dict(chapters=(4, 6))],
+                         ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+def test_model_map_raises_for_a_bogus_name(change):
+    deltanet = next(m for m in catalog.MODELS if m.name == "DeltaNet")
+    with pytest.raises(LookupError):
+        catalog.model_map((dataclasses.replace(deltanet, **change),))
+
+
+def test_missing_family_file_is_caught(tmp_path, monkeypatch):
+    """A family folder without its results file (say, a benchmark never written) is reported."""
+    for family in ("flash", "gla", "delta"):
+        (tmp_path / family).mkdir()
+        for name in ("op.py", "bench.py"):
+            (tmp_path / family / name).write_text("")
+    monkeypatch.setattr(catalog, "PACKAGE_DIR", tmp_path)
+    with pytest.raises(LookupError, match="results.json"):
+        catalog.model_map()
