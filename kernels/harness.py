@@ -231,12 +231,15 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
     return records
 
 
-def bench_main(argv, module, *, ops=None, budget_s=500.0, **kw):
+def bench_main(argv, module):
     """The command line of a family's ``bench.py`` (``module``): ``--quick``, ``--write``, ``--budget-s``
-    and, when the family has several ``ops``, ``--ops`` (a run of some ops keeps the others' records in
-    the results file). ``module`` provides ``cases(ops, quick)`` (or ``cases(quick)``), ``make_inputs``,
-    ``impls``, ``reference``, ``grad_names`` and ``CONFIG``; ``kw`` goes to :func:`run_benchmark`."""
+    and, when the family has several ops (``RUN["ops"]``), ``--ops`` (a run of some ops keeps the
+    others' records in the results file). ``module`` provides ``cases(ops, quick)`` (or
+    ``cases(quick)``), ``make_inputs``, ``impls``, ``reference``, ``grad_names``, ``CONFIG`` (recorded
+    with the results) and ``RUN`` (``ops``, ``budget_s`` and keywords of :func:`run_benchmark`)."""
     import argparse
+    kw = dict(module.RUN)
+    ops, budget_s = kw.pop("ops", None), kw.pop("budget_s", 500.0)
     family = Path(module.__file__).resolve().parent.name
     p = argparse.ArgumentParser(prog=f"python -m kernels.{family}.bench", description=module.__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")

@@ -98,9 +98,9 @@ def test_bench_command_line(family, capsys, monkeypatch):
     bench = importlib.import_module(f"kernels.{family}.bench")
     if family != "flash":
         with pytest.raises(SystemExit, match="--ops"):
-            bench.main(["--ops", "no_such_op"])
+            harness.bench_main(["--ops", "no_such_op"], bench)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert bench.main(["--quick"]) == 2
+    assert harness.bench_main(["--quick"], bench) == 2
     assert f"show_benchmark('{family}')" in capsys.readouterr().out
     cases = bench.cases(quick=True)
     assert cases and all({"op", "B", "T"} <= set(c) for c in cases)

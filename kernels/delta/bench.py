@@ -26,6 +26,10 @@ SHAPES_FULL = [(TOKENS // 2048, 2048), (TOKENS // 8192, 8192), (TOKENS // 32768,
 SHAPES_QUICK = [(8, 2048), (1, 8192)]
 OPS = ("delta_rule", "gated_delta_rule")
 GOALS = {"fwd": 0.5, "fwdbwd": 1.0}          # ours / fla, median times
+CONFIG = dict(H=H, K=K, V=V, dtype="bfloat16", tokens=TOKENS, goals=GOALS,
+              inputs="q,v ~ N(0,1); k = l2norm(N(0,1)); beta = sigmoid(N) in bf16; g = logsigmoid(N), "
+                     "float32 or bf16 (the gates field)")
+RUN = dict(ops=OPS, err_T_max=8192)   # for harness.bench_main
 
 
 def cases(ops=OPS, quick=False):
@@ -81,15 +85,6 @@ def grad_names(case):
     return ["q", "k", "v", "beta"] + (["g"] if case["op"] == "gated_delta_rule" else [])
 
 
-CONFIG = dict(H=H, K=K, V=V, dtype="bfloat16", tokens=TOKENS, goals=GOALS,
-              inputs="q,v ~ N(0,1); k = l2norm(N(0,1)); beta = sigmoid(N) in bf16; g = logsigmoid(N), "
-                     "float32 or bf16 (the gates field)")
-
-
-def main(argv=None):
-    from kernels.harness import bench_main
-    return bench_main(argv, sys.modules[__name__], ops=OPS, err_T_max=8192)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from kernels.harness import bench_main
+    sys.exit(bench_main(sys.argv[1:], sys.modules[__name__]))

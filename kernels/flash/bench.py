@@ -19,6 +19,9 @@ os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imp
 H, D, TOKENS = 16, 128, 65536
 T_FULL, T_QUICK = (1024, 2048, 4096, 8192, 16384), (1024, 2048)
 GOALS = {"fwd": 1.0}          # ours / fla, median times
+CONFIG = dict(H=H, D=D, tokens=TOKENS, dtype="bfloat16", causal=True, goals=GOALS,
+              inputs="q, k, v ~ N(0, 1); scale D^-0.5")
+RUN = dict(budget_s=300.0, passes=("fwd",), err_T_max=16384, err_heads=2)   # for harness.bench_main
 
 
 def cases(quick=False):
@@ -57,14 +60,6 @@ def grad_names(case):
     return []                 # forward only
 
 
-CONFIG = dict(H=H, D=D, tokens=TOKENS, dtype="bfloat16", causal=True, goals=GOALS,
-              inputs="q, k, v ~ N(0, 1); scale D^-0.5")
-
-
-def main(argv=None):
-    from kernels.harness import bench_main
-    return bench_main(argv, sys.modules[__name__], budget_s=300.0, passes=("fwd",), err_T_max=16384, err_heads=2)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from kernels.harness import bench_main
+    sys.exit(bench_main(sys.argv[1:], sys.modules[__name__]))

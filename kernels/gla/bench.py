@@ -25,6 +25,10 @@ SHAPES_FULL = [(32, 2048), (8, 8192), (2, 32768), (1, 32768)]     # (B, T)
 SHAPES_QUICK = [(32, 2048)]
 OPS = ("linear_attn", "simple_gla", "gla")
 GOALS = {"fwd": 1.0, "fwdbwd": 1.0}          # ours / fla, median times
+CONFIG = dict(H=H, K=K, V=V, dtype="bfloat16", goals=GOALS,
+              inputs="q,k,v ~ N(0,1) (keys not normalised); g = logsigmoid(N(0,1)), float32 or bfloat16 "
+                     "(the gates field); scale K^-0.5; no initial/final state")
+RUN = dict(ops=OPS, err_T_max=8192)   # for harness.bench_main
 
 
 def cases(ops=OPS, quick=False):
@@ -80,15 +84,6 @@ def grad_names(case):
     return ["q", "k", "v"] + ([] if case["op"] == "linear_attn" else ["g"])
 
 
-CONFIG = dict(H=H, K=K, V=V, dtype="bfloat16", goals=GOALS,
-              inputs="q,k,v ~ N(0,1) (keys not normalised); g = logsigmoid(N(0,1)), float32 or bfloat16 "
-                     "(the gates field); scale K^-0.5; no initial/final state")
-
-
-def main(argv=None):
-    from kernels.harness import bench_main
-    return bench_main(argv, sys.modules[__name__], ops=OPS, err_T_max=8192)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from kernels.harness import bench_main
+    sys.exit(bench_main(sys.argv[1:], sys.modules[__name__]))
