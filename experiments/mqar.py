@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 __all__ = ["MIXERS", "MQARConfig", "make_mqar", "MQARModel", "TokenMixer", "state_size",
            "train_mqar", "evaluate_mqar", "run_mqar_sweep", "cpu_config", "gpu_config", "sweep_records",
-           "run_mqar_seeds", "seed_summary", "STORED_LARGE", "load_stored_large"]
+           "run_mqar_seeds", "seed_summary", "plot_seed_summary", "STORED_LARGE", "load_stored_large"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 STORED_LARGE = "mqar_large"   # experiments/results/mqar_large.json: the GPU sweep the chapter shows on a CPU
@@ -409,17 +409,27 @@ def run_mqar_sweep(config: MQARConfig | None = None, *, large: bool = False, pro
             "seconds": time.perf_counter() - t0}
 
 
+def _window_means(x: list, w: int) -> list:
+    return [float(sum(x[i:i + w]) / len(x[i:i + w])) for i in range(0, len(x), w)]
+
+
 def sweep_records(sweep: dict, loss_every: int = 10) -> list[dict]:
     """The JSON records of a sweep (one per mixer), as stored by ``python -m experiments.mqar
-    --write``: accuracy per number of pairs, state size, training seconds, final loss and the loss
-    curve at every ``loss_every``-th step (the first step included)."""
+    --write``: accuracy per number of pairs, state size, training seconds, final loss, and the
+    training-loss curves: ``losses``, the mean over each window of ``loss_every`` consecutive steps
+    (training cycles through the ``N`` of ``kv_pairs``, one per step, so with a window that is a
+    multiple of that cycle every point averages every ``N`` alike), and ``losses_by_n``, for each ``N``
+    the curve of its own steps, averaged over windows of ``loss_every`` of them."""
     _check_int(loss_every, "loss_every", 1)
     out = []
     for r in sweep["results"]:
-        out.append({"mixer": r["mixer"], "kv_pairs": list(r["kv_pairs"]), "accuracy": list(r["accuracy"]),
+        kv = list(r["kv_pairs"])
+        out.append({"mixer": r["mixer"], "kv_pairs": kv, "accuracy": list(r["accuracy"]),
                     "state_size": r["state_size"], "train_seconds": r["train_seconds"],
                     "final_loss": r["final_loss"], "loss_every": loss_every,
-                    "losses": r["losses"][::loss_every]})
+                    "losses": _window_means(r["losses"], loss_every),
+                    "losses_by_n": {str(N): _window_means(r["losses"][i::len(kv)], loss_every)
+                                    for i, N in enumerate(kv)}})
     return out
 
 
@@ -492,6 +502,24 @@ def seed_summary(records: list[dict]) -> dict:
                 if acc[m][s][i] == best:
                     out["first"][m][i] += 1
     return out
+
+
+def plot_seed_summary(summary: dict, ax=None, title: str | None = None):
+    """Accuracy against the number of pairs ``N``, one line per mixer: the mean over the seeds, with
+    the band between the smallest and largest seed (``summary`` from :func:`seed_summary`)."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.6, 3.8))
+    for mx in summary["mean"]:
+        line, = ax.plot(summary["kv_pairs"], summary["mean"][mx], "o-", label=mx)
+        ax.fill_between(summary["kv_pairs"], summary["min"][mx], summary["max"][mx], color=line.get_color(),
+                        alpha=0.2)
+    ax.set_xlabel("number of key-value pairs N")
+    ax.set_ylabel("accuracy at query positions")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title or f"MQAR, {len(summary['seeds'])} seeds (band: smallest to largest)")
+    ax.legend(fontsize=8)
+    return ax
 
 
 def load_stored_large() -> dict:

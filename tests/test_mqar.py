@@ -159,7 +159,11 @@ def test_sweep_records_are_json_and_subsample_the_loss():
     out = run_mqar_sweep(cfg, progress=False)
     recs = json.loads(json.dumps(sweep_records(out, loss_every=2)))
     assert [r["mixer"] for r in recs] == list(MIXERS)
-    assert all(r["losses"] == out["results"][i]["losses"][::2] and len(r["losses"]) == 3 for i, r in enumerate(recs))
+    for r, res in zip(recs, out["results"]):
+        L = res["losses"]                                   # 5 steps, N cycling 2, 4, 2, 4, 2
+        assert r["losses"] == pytest.approx([(L[0] + L[1]) / 2, (L[2] + L[3]) / 2, L[4]])
+        assert r["losses_by_n"] == {"2": pytest.approx([(L[0] + L[2]) / 2, L[4]]),
+                                    "4": pytest.approx([(L[1] + L[3]) / 2])}
     with pytest.raises(ValueError, match="loss_every must be an integer >= 1"):
         sweep_records(out, loss_every=0)
 
