@@ -17,7 +17,7 @@ import math
 
 from .harness import load_results
 
-__all__ = ["show_benchmark", "ratio_table", "ratio_rows", "plot_results", "env_line"]
+__all__ = ["show_benchmark", "ratio_table", "ratio_rows", "plot_results", "series_colors", "env_line"]
 
 # The implementation the stored goals compare us with (config["goals"]: our time / this one's).
 GOALS_PEER = "fla"
@@ -88,32 +88,64 @@ def ratio_table(data: dict, *, ours: str = "ours", peer: str = "fla", goals: boo
     return "\n".join(lines)
 
 
-def plot_results(data: dict, *, x: str = "T", pass_: str | None = None, ax=None, title: str | None = None,
-                 select=None):
-    """Median ms against ``x`` (log-log), one line per implementation (and per op, per token count
-    ``B·T`` and per other varying field when a file mixes several), captioned with the device."""
-    import matplotlib.pyplot as plt
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6.2, 4))
+def _series(data: dict, *, x: str, pass_, select) -> dict:
+    """``{label: [(x, ms, main_tokens)]}``: one series per implementation (and per op and other
+    varying field when a file mixes several); ``main_tokens`` is False for points at another token
+    count ``B·T`` than the file's most common one (the single long sequence, ``B = 1``)."""
     recs = [r for r in data["records"] if (pass_ is None or r.get("pass") == pass_) and _num(r.get("ms"))
             and (select is None or select(r))]
-    vary = [k for k in sorted({k for r in recs for k in r} - _NOT_KEY - {x, "pass", "B"})
-            if len({str(r.get(k)) for r in recs}) > 1]
-    many_tokens = len({(r.get("B") or 0) * (r.get("T") or 0) for r in recs}) > 1
+    allr = [r for r in data["records"] if select is None or select(r)]
+    vary = [k for k in sorted({k for r in allr for k in r} - _NOT_KEY - {x, "pass", "B"})
+            if len({str(r.get(k)) for r in allr}) > 1]
+    tokens = [(r.get("B") or 0) * (r.get("T") or 0) for r in allr]
+    main = max(set(tokens), key=tokens.count) if tokens else 0
     series: dict = {}
     for r in recs:
         label = ", ".join([r["impl"]] + [str(r.get(k)) for k in vary])
-        if many_tokens and r.get("B") is not None and r.get("T") is not None:
-            label += f" (B·T = {r['B'] * r['T']})"
-        series.setdefault(label, []).append((r[x], r["ms"]))
+        series.setdefault(label, []).append((r[x], r["ms"], (r.get("B") or 0) * (r.get("T") or 0) == main))
+    return series
+
+
+def series_colors(data: dict, *, x: str = "T", select=None) -> dict:
+    """One colour per series label, the same in every pass's figure (matplotlib's default cycle, in
+    the sorted order of the labels)."""
+    import matplotlib.pyplot as plt
+    labels = sorted({lab for p in (None, "fwd", "fwdbwd") for lab in _series(data, x=x, pass_=p, select=select)})
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {lab: cycle[i % len(cycle)] for i, lab in enumerate(labels)}
+
+
+def plot_results(data: dict, *, x: str = "T", pass_: str | None = None, ax=None, title: str | None = None,
+                 select=None, colors: dict | None = None):
+    """Median ms against ``x`` (log-log), one line per implementation (and per op and per other
+    varying field when a file mixes several), captioned with the device. Points at another token
+    count than the file's usual one (the single long sequence) are drawn as hollow markers of the same
+    colour, not joined to the line. ``colors`` (from :func:`series_colors`) keeps a series' colour the
+    same across figures."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.2, 4))
+    series = _series(data, x=x, pass_=pass_, select=select)
+    colors = colors or series_colors(data, x=x, select=select)
+    odd = False
     for label, pts in sorted(series.items()):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        line = [(a, b) for a, b, m in pts if m]
+        c = colors.get(label)
+        ax.plot([p[0] for p in line], [p[1] for p in line], marker="o", label=label, color=c)
+        other = [(a, b) for a, b, m in pts if not m]
+        if other:
+            odd = True
+            ax.plot([p[0] for p in other], [p[1] for p in other], linestyle="none", marker="o",
+                    markerfacecolor="none", color=c)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(x)
     ax.set_ylabel("median time (ms)")
     ax.set_title(title or data.get("name", ""))
+    if odd:
+        ax.plot([], [], linestyle="none", marker="o", markerfacecolor="none", color="#555555",
+                label="hollow: one long sequence (B = 1)")
     ax.legend(fontsize=7)
     ax.text(0.0, -0.2, env_line(data), transform=ax.transAxes, fontsize=7, va="top")
     return ax
@@ -152,8 +184,10 @@ def show_benchmark(source, *, select=None, title: str | None = None, ours: str =
         if passes:
             fig, axes = plt.subplots(1, len(passes), figsize=(5.6 * len(passes), 4), squeeze=False)
             names = {"fwd": "forward", "fwdbwd": "forward + backward"}
+            colors = series_colors(data)
             for ax, p in zip(axes[0], passes):
-                plot_results(data, pass_=p, ax=ax, title=f"{title or data.get('name', '')}: {names[p]}")
+                plot_results(data, pass_=p, ax=ax, title=f"{title or data.get('name', '')}: {names[p]}",
+                             colors=colors)
             fig.tight_layout()
             plt.show()
     peers = (peer,) if isinstance(peer, str) else tuple(peer)

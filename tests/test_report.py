@@ -36,11 +36,23 @@ def test_ratio_table_divides_marks_goals_and_reports_refusals():
     assert all(r["note"] == "RuntimeError: refused" for r in rows if r["pass"] == "fwdbwd")
 
 
-def test_plot_results_separates_token_counts_and_fields():
-    ax = report.plot_results(_data(), pass_="fwd")
-    labels = sorted(l.get_label() for l in ax.get_lines())
-    # B·T = 65536 for the first two shapes and 32768 for the B = 1 point, two gate dtypes, two impls
-    assert len(labels) == 8 and any("32768" in l for l in labels) and any("float32" in l for l in labels)
+def test_plot_results_keeps_colours_and_marks_the_long_sequence():
+    """One line per implementation and gate dtype in both passes, in the same colour in both figures
+    (the fwdbwd figure lacks fla's series: a colour must not shift); the B = 1 point (another token
+    count) is a hollow marker of its series, not a series of its own."""
+    data = _data()
+    colors = report.series_colors(data)
+    lines = {}
+    for p in ("fwd", "fwdbwd"):
+        ax = report.plot_results(data, pass_=p, colors=colors)
+        drawn = {l.get_label(): l for l in ax.get_lines() if not l.get_label().startswith("_")}
+        lines[p] = {k: v.get_color() for k, v in drawn.items() if not k.startswith("hollow")}
+        assert "hollow: one long sequence (B = 1)" in drawn
+        full = [l for l in ax.get_lines() if l.get_label() == "ours, float32"][0]
+        assert len(full.get_xdata()) == 2          # the two shapes with B·T = 65536 joined; B = 1 apart
+    assert set(lines["fwd"]) == {"ours, float32", "ours, input dtype", "fla, float32", "fla, input dtype"}
+    assert set(lines["fwdbwd"]) == {"ours, float32", "ours, input dtype"}
+    assert all(lines["fwdbwd"][k] == lines["fwd"][k] for k in lines["fwdbwd"])
 
 
 def test_show_benchmark_prints_env_table_errors_refusals(capsys):
