@@ -16,16 +16,27 @@ Every family chooses its tile sizes, warps and pipeline stages in one function o
 first-fit list: :func:`launch` takes the first one the GPU compiler accepts (a configuration that
 needs more shared memory or registers than the GPU has raises ``OutOfResources`` and is skipped).
 Nothing here reads the environment to choose a launch.
+
+Device classes
+--------------
+Every ``plan_for`` also takes the GPU's class, :class:`Caps` (compute capability and the shared
+memory one block may use), from the inputs' device (:func:`device_caps`) or given explicitly
+(``caps=``), which is how the compile check and the tests ask for any class on a CPU. The classes
+the plans know are :data:`GPU_CLASSES`: Colab's T4 (sm_75), A100 (sm_80), L4 (sm_89) and the Hopper
+H100/H200 (sm_90), where every plan was measured. Off the GPU :func:`device_caps` answers Hopper
+(as :func:`num_sms` answers 132). :func:`check_dtypes` rejects inputs a class cannot run (bfloat16
+below sm_80) with a ``ValueError`` before anything is compiled.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["HAS_TRITON", "INTERPRET", "resolve_backend", "Launch", "launch", "num_sms",
-           "apply_interpreter_fixes"]
+__all__ = ["HAS_TRITON", "INTERPRET", "resolve_backend", "Launch", "launch", "num_sms", "Caps", "GPU_CLASSES",
+           "HOPPER", "device_caps", "gpu_class", "check_dtypes", "apply_interpreter_fixes"]
 
 try:  # Triton is optional: on a machine without it every op still runs through PyTorch.
     import triton  # noqa: F401
@@ -107,6 +118,85 @@ def num_sms(device) -> int:
     if idx not in _SMS:
         _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SMS[idx]
+
+
+class Caps(NamedTuple):
+    """A GPU class as the plans see it: compute capability ``major.minor`` and ``smem``, the bytes of
+    shared memory one block may use (the opt-in maximum, ``cudaDevAttrMaxSharedMemoryPerBlockOptin``)."""
+    major: int
+    minor: int
+    smem: int
+
+    @property
+    def arch(self) -> int:
+        """``10·major + minor``: 75, 80, 89, 90 (the ``sm_`` number)."""
+        return 10 * self.major + self.minor
+
+
+#: The classes the plans know, by ``sm_`` number (CUDA's per-block opt-in shared-memory limits):
+#: T4 (Colab's free GPU: Turing, Triton runs its products on CUDA cores, no bfloat16), A100 (Colab's
+#: paid GPU), L4 (Colab's paid GPU; sm_86 boards have the same limit), H100/H200 (Hopper: where every
+#: plan was measured).
+GPU_CLASSES = {75: Caps(7, 5, 64 * 1024), 80: Caps(8, 0, 163 * 1024), 89: Caps(8, 9, 99 * 1024),
+               90: Caps(9, 0, 227 * 1024)}
+HOPPER = GPU_CLASSES[90]
+
+_CAPS: dict = {}
+
+
+def gpu_class(arch: int) -> Caps:
+    """The known class of an ``sm_`` number: the nearest one at or below it (sm_86 is sm_80's
+    architecture with sm_89's shared memory, so it takes the smaller limit), Hopper for newer GPUs;
+    ``ValueError`` below sm_75 (Triton has no code path for older GPUs)."""
+    if arch < 75:
+        raise ValueError(f"compute capability must be 7.5 or newer for the Triton kernels; got "
+                         f"{arch // 10}.{arch % 10} (use backend='torch')")
+    if 86 <= arch < 90:
+        return GPU_CLASSES[89]
+    return GPU_CLASSES[max(a for a in GPU_CLASSES if a <= arch)]
+
+
+def device_caps(device) -> Caps:
+    """The :class:`Caps` of ``device`` (cached per CUDA device). A CUDA device reports its compute
+    capability and its per-block shared-memory limit; anything else (a CPU, where the interpreter
+    runs and the compile check asks for the GPU's decision) answers :data:`HOPPER`."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return HOPPER
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _CAPS:
+        major, minor = torch.cuda.get_device_capability(idx)
+        known = gpu_class(10 * major + minor)
+        smem = getattr(torch.cuda.get_device_properties(idx), "shared_memory_per_block_optin", 0) or known.smem
+        _CAPS[idx] = Caps(major, minor, int(smem))
+    return _CAPS[idx]
+
+
+def _device_name(device, caps: Caps) -> str:
+    """``"<GPU name>, compute capability 7.5"``; the name only when ``caps`` are the device's own
+    (the tests and the compile check ask for classes that are not the machine's)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            if device_caps(device) == caps:
+                return f"{torch.cuda.get_device_name(device)}, compute capability {caps.major}.{caps.minor}"
+        except Exception:  # pragma: no cover - the name is a courtesy
+            pass
+    return f"compute capability {caps.major}.{caps.minor}"
+
+
+def check_dtypes(caps: Caps, device=None, **tensors):
+    """``ValueError`` when a tensor's dtype cannot run on the class ``caps``: bfloat16 needs
+    compute capability 8.0 (a T4 has no bfloat16 arithmetic; Triton would emulate every
+    conversion on its CUDA cores, untested). Called by every op's Triton path before it plans or
+    compiles anything; ``tensors`` are named as the op names its arguments (``None`` skipped)."""
+    if caps.major >= 8:
+        return
+    for name, t in tensors.items():
+        if t is not None and t.dtype == torch.bfloat16:
+            raise ValueError(f"{name} is bfloat16, which needs compute capability 8.0 or newer (this GPU: "
+                             f"{_device_name(device if device is not None else t.device, caps)}); pass "
+                             f"float16 or float32 inputs, or backend='torch'")
 
 
 def apply_interpreter_fixes():

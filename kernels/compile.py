@@ -1,32 +1,39 @@
-"""Compile every kernel launch of a family for a Hopper GPU, without a GPU.
+"""Compile every kernel launch of a family for a GPU class, without a GPU.
 
-    TRITON_INTERPRET=0 python -m kernels.compile flash|gla|delta [--quick] [--arch 90]
+    TRITON_INTERPRET=0 python -m kernels.compile flash|gla|delta [--quick] [--arch 75|80|89|90]
+                                                 [--smem BYTES] [--dtype bf16|fp16]
 
-The family's host code runs on CPU tensors with every kernel launch *captured* instead of executed
-(:func:`capture`); each distinct launch (kernel, constexprs, argument dtypes, warps, stages) is
-compiled with ``triton.compile`` for ``sm_<arch>a`` and its PTX assembled by the ``ptxas`` bundled
-with Triton (:func:`compile_launch`). One JSON line per launch: shared memory, registers, spilled
-bytes, whether the products are Hopper ``wgmma`` instructions and whether TMA is used, or the
-error. This catches what the interpreter accepts but the GPU compiler rejects (dot shapes, dtypes,
+The family's Triton path (validation, the class's plan, the stages) runs on CPU tensors with every
+kernel launch *captured* instead of executed (:func:`capture`); each distinct launch (kernel,
+constexprs, argument dtypes, warps, stages) is compiled with ``triton.compile`` for ``sm_<arch>``
+(``sm_90a`` on Hopper) and its PTX assembled by the ``ptxas`` bundled with Triton
+(:func:`compile_launch`). The plans are asked for that class's decision (``caps=``, see
+:data:`kernels.backend.GPU_CLASSES`: T4 sm_75, A100 sm_80, L4 sm_89, H100/H200 sm_90). One JSON
+line per launch: shared memory against the class's per-block limit (``smem_limit``, ``fits``;
+``--smem`` checks against another limit, e.g. to see the check fail), registers, spilled bytes,
+which products the compiler emitted (Hopper ``wgmma``, Ampere-style ``mma.sync``, else CUDA-core
+FMAs) and whether TMA is used, or the error. The cases' 16-bit dtype is bfloat16 from sm_80 and
+float16 below (``--dtype`` forces one: bfloat16 on sm_75 must stop with the ops' ``ValueError``).
+This catches what the interpreter accepts but the GPU compiler rejects (dot shapes, dtypes,
 layouts, shared memory beyond what a block may use) on a CPU-only machine; ``tests/test_compile.py``
-runs it. The interpreter must be off (``kernels`` turns it on when no GPU is present), so it runs
-in a fresh process; the launch plans are asked for the GPU's decision (``interpret=False``).
+runs it for every family and class. The interpreter must be off (``kernels`` turns it on when no
+GPU is present), so it runs in a fresh process.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 __all__ = ["capture", "compile_launch", "family_launches", "main"]
-
-SMEM_LIMIT = 227 * 1024       # bytes of shared memory one block may use on an H100/H200
 
 
 class _Capture:
@@ -70,8 +77,9 @@ _TY = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16
        "torch.int32": "i32", "torch.int8": "i8"}
 
 
-def compile_launch(kernel, args, kw, arch: int = 90) -> dict:
-    """Compile one captured launch; returns the resource report (or the error)."""
+def compile_launch(kernel, args, kw, arch: int = 90, smem_limit: int | None = None) -> dict:
+    """Compile one captured launch for ``sm_<arch>``; returns the resource report (or the error).
+    ``fits``: the shared memory is within ``smem_limit`` (default: the class's per-block limit)."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -100,6 +108,7 @@ def compile_launch(kernel, args, kw, arch: int = 90) -> dict:
     rec = {"kernel": fn.__name__, "dtype": dts[0] if dts else None,
            "constexprs": {k: (v if isinstance(v, (int, float, bool, str)) else str(v)) for k, v in kw.items()},
            **opts}
+    t0 = time.perf_counter()
     try:
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=kw, attrs=attrs),
                            target=GPUTarget("cuda", arch, 32), options=opts)
@@ -107,19 +116,44 @@ def compile_launch(kernel, args, kw, arch: int = 90) -> dict:
         lines = str(e).strip().splitlines()
         rec["error"] = f"{type(e).__name__}: {lines[-1] if lines else ''}"[:400]
         return rec
+    from triton.backends.nvidia.compiler import sm_arch_from_capability
+    from .backend import gpu_class
+    ptx = k.asm["ptx"]
+    rc, log = _ptxas_report(ptx, sm_arch_from_capability(arch))
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
+    limit = smem_limit if smem_limit is not None else gpu_class(arch).smem
+    rec.update(compile_s=round(time.perf_counter() - t0, 2), ptxas_rc=rc, shared=k.metadata.shared, smem_limit=limit, fits=k.metadata.shared <= limit,
+               regs=int(regs.group(1)) if regs else None, spill_bytes=max(spill) if spill else 0,
+               wgmma="wgmma.mma_async" in ptx, mma_sync="mma.sync" in ptx, tma="cp.async.bulk.tensor" in ptx)
+    return rec
+
+
+def _ptxas_report(ptx: str, sm: str):
+    """``(returncode, ptxas -v log)`` of assembling ``ptx`` for ``sm``, kept beside Triton's cache
+    (keyed by the PTX's hash) so that a re-run costs nothing, as Triton's own cache makes the compile."""
+    import triton
+    key = hashlib.sha256((sm + ptx).encode()).hexdigest()
+    cache = Path(triton.knobs.cache.dir) / "lattn_ptxas"
+    hit = cache / f"{key}.json"
+    if hit.exists():
+        try:
+            return tuple(json.loads(hit.read_text()))
+        except ValueError:
+            pass
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(k.asm["ptx"])
-    r = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", f.name, "-o", os.devnull], capture_output=True,
-                       text=True)
+        f.write(ptx)
+    r = subprocess.run([str(ptxas), f"-arch={sm}", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
     os.unlink(f.name)
-    regs = re.search(r"Used (\d+) registers", r.stderr)
-    spill = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)]
-    ptx = k.asm["ptx"]
-    rec.update(ptxas_rc=r.returncode, shared=k.metadata.shared, regs=int(regs.group(1)) if regs else None,
-               spill_bytes=max(spill) if spill else 0, wgmma="wgmma.mma_async" in ptx,
-               tma="cp.async.bulk.tensor" in ptx)
-    return rec
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = hit.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([r.returncode, r.stderr]))
+        tmp.replace(hit)
+    except OSError:
+        pass
+    return r.returncode, r.stderr
 
 
 def _no_spec(fn):
@@ -138,34 +172,42 @@ def _dedup(launches):
     return out
 
 
-def family_launches(family: str, quick: bool = False):
-    """Run the family's host code on CPU tensors for a set of representative calls, every launch
-    captured (the benchmark's bf16 K = V = 128 shapes, and the other dtypes and head sizes)."""
+def family_launches(family: str, quick: bool = False, caps=None, half=None):
+    """Run the family's Triton path on CPU tensors for a set of representative calls with the plans
+    of the GPU class ``caps`` (default Hopper), every launch captured: the benchmark's K = V = 128
+    shapes in the class's 16-bit dtype ``half`` (bfloat16 from sm_80, float16 below), and with
+    ``quick=False`` the other dtypes and head sizes."""
     import torch
     import torch.nn.functional as F
-    from .backend import INTERPRET
+    from .backend import HOPPER, INTERPRET
     if INTERPRET:
         raise SystemExit("run with TRITON_INTERPRET=0: interpreted kernels cannot be compiled")
-    bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+    caps = caps if caps is not None else HOPPER
+    f16, f32 = torch.float16, torch.float32
+    bf = half if half is not None else (torch.bfloat16 if caps.major >= 8 else f16)
+    halves = tuple(dict.fromkeys((bf, torch.bfloat16 if caps.major >= 8 else f16, f16)))   # the class's 16-bit dtypes
     launches = []
     if family == "flash":
         from .flash import forward
-        from .flash.plan import plan_for
+        from .flash.op import flash_attention_triton
         cases = [(bf, 128, True, T) for T in (1024, 4096)] + [(f32, 128, True, 100), (f16, 16, False, 100),
                                                              (bf, 64, True, 1024)]
         if not quick:
-            cases += [(dt, D, c, T) for dt in (bf, f16, f32) for D in (16, 32, 64, 128) for c in (True, False)
+            cases += [(dt, D, c, T) for dt in halves + (f32,) for D in (16, 32, 64, 128) for c in (True, False)
                       for T in (100, 4096)]
         with capture([forward]) as sink:
             for dt, D, causal, T in cases:
                 q = torch.randn(1, T, 2, D, dtype=dt)
-                forward.flash_forward(q, q, q, 0.1, causal, plan_for(q, q, q, causal, interpret=False, hopper=True))
+                flash_attention_triton(q, q, q, 0.1, causal, caps=caps)
         launches = sink
     elif family == "gla":
         from .gla import backward, march, prep
         from .gla.op import chunk_gla_triton
         cases = [(g, bf, 128, 128, 300, ns, gd) for g in (0, 1, 2) for ns in (None, 3)
                  for gd in ((f32, bf) if g else (None,))]
+        if caps.major < 9:   # float32 takes other tiles off Hopper: the widest head size it runs in Triton
+            kf = 128 if caps.major >= 8 else 64
+            cases += [(1, f32, kf, kf, 300, None, f32)]
         if not quick:
             cases += [(1, f32, 64, 64, 100, None, f32), (2, f32, 64, 64, 100, 2, f32), (1, f16, 16, 16, 100, None, f16),
                       (2, f16, 16, 16, 100, None, f16), (2, bf, 256, 256, 100, None, bf), (2, bf, 32, 16, 100, 2, f32)]
@@ -176,7 +218,7 @@ def family_launches(family: str, quick: bool = False):
                 v = torch.randn(B, T, H, V, dtype=dt, requires_grad=True)
                 g = None if gate == 0 else (-torch.rand(B, T, H, *((K,) if gate == 2 else ()))).to(gdt).requires_grad_()
                 h0 = torch.randn(B, H, K, V, requires_grad=True)
-                o, ht = chunk_gla_triton(q, q, v, g, 0.1, h0, True, num_segments=ns)
+                o, ht = chunk_gla_triton(q, q, v, g, 0.1, h0, True, num_segments=ns, caps=caps)
                 torch.autograd.grad((o.float().sum() + ht.sum()), [q, v, h0] + ([g] if g is not None else []),
                                     allow_unused=True)
         launches = sink
@@ -187,6 +229,8 @@ def family_launches(family: str, quick: bool = False):
         # blocks of 16 with stored scores; two chunk ranges take the narrow scores configuration
         cases = [(bf, 128, 128, gated, (64, 4), {}) for gated in (False, True)]
         cases += [(bf, 128, 128, True, (1, 2), {"march_ranges": 2, "march_scores_bk": 64})]
+        if caps.major < 9:   # float32 off Hopper (per-chunk gradients by PyTorch at K = 128 there)
+            cases += [(f32, 128, 128, True, (1, 2), {})]
         if not quick:
             cases += [(dt, K, V, True, (1, 2), {}) for dt in (f16, f32) for K, V in ((16, 16), (64, 128), (128, 64))]
         with capture([solve, wy, march, backward]) as sink:
@@ -198,8 +242,8 @@ def family_launches(family: str, quick: bool = False):
                 beta = torch.rand(B, T, H, dtype=dt, requires_grad=True)
                 g = -torch.rand(B, T, H, requires_grad=True) if gated else None
                 with torch.no_grad():          # the inference forward (T form)
-                    delta_rule_triton(q, k, v, g, beta, 0.1, None, True, plan=dict(over))
-                o, ht = delta_rule_triton(q, k, v, g, beta, 0.1, None, True, plan=dict(over))
+                    delta_rule_triton(q, k, v, g, beta, 0.1, None, True, plan=dict(over), caps=caps)
+                o, ht = delta_rule_triton(q, k, v, g, beta, 0.1, None, True, plan=dict(over), caps=caps)
                 torch.autograd.grad(o.float().sum() + ht.sum(), [q, k, v, beta] + ([g] if gated else []))
         launches = sink
     else:
@@ -208,15 +252,30 @@ def family_launches(family: str, quick: bool = False):
 
 
 def main(argv=None):
+    import torch
+    from .backend import GPU_CLASSES
     p = argparse.ArgumentParser(prog="python -m kernels.compile", description=__doc__.split("\n\n")[0])
     p.add_argument("family", choices=("flash", "gla", "delta"))
     p.add_argument("--quick", action="store_true", help="the benchmark shapes and one of each other path")
-    p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100/H200")
+    p.add_argument("--arch", type=int, default=90, choices=sorted(GPU_CLASSES),
+                   help="the GPU class: 75 T4, 80 A100, 89 L4, 90 H100/H200")
+    p.add_argument("--smem", type=int, default=None, help="check shared memory against this many bytes per block "
+                   "instead of the class's limit")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default=None, help="the cases' 16-bit dtype "
+                   "(default: bf16 from sm_80, fp16 below)")
     args = p.parse_args(argv)
+    caps = GPU_CLASSES[args.arch]
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[args.dtype]
+    try:
+        launches = family_launches(args.family, args.quick, caps, half)
+    except ValueError as e:          # what the ops reject for this class (bfloat16 on sm_75)
+        print(json.dumps({"family": args.family, "arch": args.arch, "rejected": str(e)}), flush=True)
+        return 2
     failures = 0
-    for kernel, a, kw in family_launches(args.family, args.quick):
-        rec = compile_launch(kernel, a, kw, args.arch)
-        failures += "error" in rec or rec.get("ptxas_rc", 0) != 0
+    print(json.dumps({"family": args.family, "arch": args.arch, "launches": len(launches)}), flush=True)
+    for kernel, a, kw in launches:
+        rec = compile_launch(kernel, a, kw, args.arch, args.smem)
+        failures += "error" in rec or rec.get("ptxas_rc", 0) != 0 or not rec.get("fits", False)
         print(json.dumps(rec), flush=True)
     return 1 if failures else 0
 

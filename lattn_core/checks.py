@@ -2,15 +2,21 @@
 
 ``check_close`` compares two numbers/arrays and reports the measured maximum error against a stated
 tolerance; ``check_symbolic`` asks SymPy whether two expressions (or matrices) are identical. Both
-return an :class:`IdentityCheck` whose ``repr`` is a one-line, human-readable verdict (so a notebook
-cell that ends with a check shows it), and both raise ``AssertionError`` when the identity fails,
+return an :class:`IdentityCheck` whose ``repr`` is a short human-readable verdict, never wider than
+``LINE_WIDTH`` characters (so a notebook cell that ends with a check shows it, and it fits the
+book's text column), and both raise ``AssertionError`` when the identity fails,
 so a broken equation stops the notebook, the book build and the tests alike.
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
+
+# The longest line a check prints: 80 monospace characters fit the book's text column at 1280 px
+# (_static/lattn.css; tools/page_check.py checks the built pages).
+LINE_WIDTH = 79
 
 __all__ = ["IdentityCheck", "check_close", "check_symbolic", "max_abs_error", "max_rel_error"]
 
@@ -27,13 +33,22 @@ class IdentityCheck:
     passed: bool
 
     def __repr__(self) -> str:
+        """One line if it fits in ``LINE_WIDTH`` characters; else the name (wrapped at word
+        boundaries) and then the verdict with the measured error and tolerance on its own line."""
         mark = "✓" if self.passed else "✗"
         if self.kind == "symbolic":
             verdict = "holds symbolically (SymPy simplifies lhs - rhs to 0)" if self.passed \
                 else "does NOT hold symbolically"
-            return f"{mark} {self.name}: {verdict}"
-        rel = "≤" if self.passed else ">"
-        return f"{mark} {self.name}: {self.measure} = {self.error:.2e} {rel} tol {self.tol:.0e}"
+        else:
+            rel = "≤" if self.passed else ">"
+            verdict = f"{self.measure} = {self.error:.2e} {rel} tol {self.tol:.0e}"
+        line = f"{mark} {self.name}: {verdict}"
+        if len(line) <= LINE_WIDTH:
+            return line
+        name = textwrap.wrap(f"{mark} {self.name}:", LINE_WIDTH, subsequent_indent="  ",
+                             break_on_hyphens=False)
+        return "\n".join(name + textwrap.wrap(verdict, LINE_WIDTH, initial_indent="  ",
+                                               subsequent_indent="  "))
 
     __str__ = __repr__
 

@@ -1,8 +1,9 @@
 """Small conveniences shared by the chapter notebooks (so no notebook writes them again).
 
 ``setup()`` fixes plotting defaults and reports where the notebook runs; ``show_widget`` draws a
-figure at its default setting (what the rendered book shows, since it has no kernel) and then an
-ipywidgets control that redraws it; ``time_cpu`` measures a function on this machine, live.
+figure at its default setting (what the rendered book shows, since it has no kernel) and then
+ipywidgets controls that redraw that figure in place when the notebook runs (the rendered book shows
+one line saying so instead); ``time_cpu`` measures a function on this machine, live.
 """
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import time
 
 import numpy as np
 
-__all__ = ["setup", "on_gpu", "gpu_dtype", "show_widget", "time_cpu"]
+from .checks import LINE_WIDTH
+
+__all__ = ["setup", "on_gpu", "gpu_dtype", "show_widget", "live_control_note", "time_cpu"]
 
 
 def on_gpu() -> bool:
@@ -38,7 +41,8 @@ def setup(seed: int = 0, *, quiet: bool = False) -> dict:
     mpl.rcParams.update({"figure.figsize": (6.4, 3.6), "figure.dpi": 110, "axes.grid": True,
                          "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
                          "savefig.bbox": "tight"})
-    np.set_printoptions(precision=4, suppress=True, linewidth=110)
+    # printed arrays wrap at LINE_WIDTH, the widest text line that fits the book's column
+    np.set_printoptions(precision=4, suppress=True, linewidth=LINE_WIDTH)
     info = {"python": platform.python_version(), "numpy": np.__version__, "gpu": on_gpu(), "device": "cpu"}
     try:
         import torch
@@ -50,34 +54,91 @@ def setup(seed: int = 0, *, quiet: bool = False) -> dict:
         info["torch"] = None
     if not quiet:
         where = f"GPU: {info['device']}" if info["gpu"] else "CPU only (GPU sections show stored results)"
-        print(f"python {info['python']}, numpy {info['numpy']}, torch {info['torch']}; {where}")
+        versions = f"python {info['python']}, numpy {info['numpy']}, torch {info['torch']}"
+        line = f"{versions}; {where}"
+        print(line if len(line) <= LINE_WIDTH else f"{versions}\n{where}")
     return info
 
 
+WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+LIVE_PREFIX = "Live control ("   # how the book's line starts (tools/page_check.py looks for it)
+
+
+def live_control_note(controls) -> str:
+    """The one line the rendered book shows where a live notebook shows the controls.
+
+    At most ``LINE_WIDTH`` characters (the controls' names are left out if they make it longer).
+    """
+    names = ", ".join(getattr(c, "description", "") or name for name, c in controls.items())
+    line = f"{LIVE_PREFIX}{names}) when this notebook runs in Jupyter or Colab."
+    if len(line) > LINE_WIDTH:
+        line = f"{LIVE_PREFIX.rstrip(' (')} when this notebook runs in Jupyter or Colab."
+    return line
+
+
+def _new_figures(before):
+    import matplotlib.pyplot as plt
+    new = [plt.figure(num) for num in plt.get_fignums() if num not in before]
+    return new or ([plt.gcf()] if plt.get_fignums() else [])
+
+
 def show_widget(draw, **controls):
-    """Draw ``draw(**defaults)`` once as a static figure, then attach ipywidgets controls.
+    """Draw ``draw(**defaults)`` once, then show live controls that redraw that same figure.
 
     ``controls`` maps each keyword of ``draw`` to an ipywidgets control (its ``value`` is the
-    default). The static figure is what the rendered book shows; in a live notebook the control
-    below it redraws the figure. Returns the interactive widget (or ``None`` without ipywidgets).
+    default); ``draw`` makes its figure with pyplot and returns nothing. The figure is displayed
+    once, at the defaults, with a display id. The controls are displayed as one mime bundle: a
+    running notebook (Jupyter, Colab) shows the widget, and moving a control redraws the figure in
+    place (the display is updated, never a second figure); its ``text/plain`` is one line, from
+    :func:`live_control_note`, which is what the rendered book shows instead (``_config.yml`` takes
+    the widget mime type out of the HTML priority and does not embed widget state). Returns the
+    box of controls (or ``None`` without ipywidgets).
     """
     import matplotlib.pyplot as plt
+    from IPython.display import display
+
     defaults = {name: ctrl.value for name, ctrl in controls.items()}
+    before = set(plt.get_fignums())
     draw(**defaults)
-    plt.show()
+    figures = _new_figures(before)
+    handles = [display(fig, display_id=True) for fig in figures]
+    for fig in figures:
+        plt.close(fig)
     try:
         import ipywidgets as widgets
-        from IPython.display import display
     except Exception:  # pragma: no cover - ipywidgets is in requirements.txt
         return None
 
-    def _redraw(**kw):
-        draw(**kw)
-        plt.show()
+    note = live_control_note(controls)
 
-    w = widgets.interactive(_redraw, **controls)
-    display(w)
-    return w
+    class LiveControls(widgets.VBox):
+        """The controls; displayed, they are the widget plus the book's one-line note."""
+
+        def _repr_mimebundle_(self, **kwargs):
+            view = {"version_major": 2, "version_minor": 0, "model_id": self.model_id}
+            return {"text/plain": note, WIDGET_VIEW_MIME: view}
+
+        def _ipython_display_(self, **kwargs):  # ipywidgets 7 (Colab) displays through this
+            display(self._repr_mimebundle_(), raw=True)
+
+    box = LiveControls(list(controls.values()))
+
+    def _redraw(change=None):
+        kw = {name: ctrl.value for name, ctrl in controls.items()}
+        seen = set(plt.get_fignums())
+        draw(**kw)
+        new = _new_figures(seen)
+        for handle, fig in zip(handles, new):
+            if handle is not None:
+                handle.update(fig)
+        for fig in new:
+            plt.close(fig)
+
+    for ctrl in controls.values():
+        ctrl.observe(_redraw, names="value")
+    box.redraw = _redraw
+    display(box)
+    return box
 
 
 def time_cpu(fn, *args, repeats: int = 5, min_time: float = 0.02, **kwargs) -> float:

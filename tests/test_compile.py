@@ -1,61 +1,142 @@
-"""Every kernel launch of the three families compiles for a Hopper GPU (sm_90a), on a CPU.
+"""Every kernel launch of the three families compiles for every GPU class the book's readers use, on
+a CPU: T4 (sm_75, Colab's free GPU), A100 (sm_80), L4 (sm_89) and H100/H200 (sm_90a).
 
-``python -m kernels.compile <family> --quick`` (in a fresh process: the interpreter must be off to
-compile) runs each family's host code with the launches captured, compiles every distinct one
-with Triton and assembles it with ``ptxas``. This catches what the interpreter accepts but the GPU
-compiler rejects. What is checked, per launch: no compile error and ``ptxas`` accepts the PTX;
-shared memory within the 227 KiB a block may use on an H100/H200; 16-bit products on Hopper
-tensor cores (``wgmma``), except the delta rule's one-warp solve (16×16 blocks on one warp:
-``mma.sync``); the production flash-attention plans for long sequences use TMA.
+``python -m kernels.compile <family> --quick --arch <A>`` (in a fresh process: the interpreter must
+be off to compile) runs each family's Triton path with that class's launch plan and the launches
+captured, compiles every distinct one with Triton and assembles it with ``ptxas``. This catches what
+the interpreter accepts but the GPU compiler rejects. What is checked, per launch: no compile error
+and ``ptxas`` accepts the PTX; shared memory within the class's per-block limit
+(:data:`kernels.backend.GPU_CLASSES`: 64, 163, 99, 227 KiB); the products the class has: Hopper
+``wgmma`` for 16-bit inputs (except the delta rule's one-warp solve: 16×16 blocks on one warp,
+``mma.sync``), ``mma.sync`` and never ``wgmma`` or TMA on sm_80/sm_89, CUDA-core FMAs only and no
+bfloat16 on sm_75 (Triton 3.6 has no tensor-core path there); the production flash-attention plans
+for long sequences use TMA on Hopper. Where a class's plan routes an op to the PyTorch path (the
+vector gate and the delta rule on a T4), no launch is captured for it, and the plan says so.
+
+The checks can fail: a class given too little shared memory (``--smem``) fails the run, and
+bfloat16 on a T4 stops it with the ops' ``ValueError`` before anything is compiled.
+
+The twelve runs (and the two failure runs) start together, as many at a time as there are CPUs.
+Wall time on 2 cores: about 3 minutes with an empty Triton cache, about 15 s with a warm one.
 """
 import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+FAMILIES = ("flash", "gla", "delta")
+ARCHS = (90, 89, 80, 75)
+SMEM = {75: 64 * 1024, 80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}      # GPU_CLASSES, written out
+# the two runs that must fail: an L4 given 32 KiB of shared memory (flash's 64 x 64 tiles at D = 128
+# need 56 KiB), and bfloat16 inputs on a T4
+FAILING = {"small_smem": ("flash", "--arch", "89", "--smem", "32768"),
+           "bf16_on_t4": ("delta", "--arch", "75", "--dtype", "bf16")}
 
 
-def _compile(family):
+def _run(args):
+    res = subprocess.run([sys.executable, "-m", "kernels.compile", *args, "--quick"], capture_output=True,
+                         text=True, cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="0"), timeout=1500)
+    rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    return res.returncode, rows, res.stderr
+
+
+@pytest.fixture(scope="module")
+def runs():
     triton = pytest.importorskip("triton")
     if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
         pytest.skip("this triton build has no NVIDIA backend tools (ptxas)")
-    res = subprocess.run([sys.executable, "-m", "kernels.compile", family, "--quick"], capture_output=True,
-                         text=True, cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="0"), timeout=900)
-    rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    assert res.returncode == 0, (res.stderr[-3000:], [r for r in rows if "error" in r])
+    jobs = {(f, a): (f, "--arch", str(a)) for a in ARCHS for f in FAMILIES}
+    jobs.update(FAILING)
+    # the slowest first (GLA off Hopper), so that the pool ends together
+    order = sorted(jobs, key=lambda j: (j[0] != "gla", j[1] == 90) if isinstance(j, tuple) else (True, True))
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        futures = {j: pool.submit(_run, jobs[j]) for j in order}
+        return {j: f.result() for j, f in futures.items()}
+
+
+def _launches(runs, family, arch):
+    rc, rows, err = runs[(family, arch)]
+    assert rc == 0, (err[-3000:], [r for r in rows if "error" in r or not r.get("fits", True)])
+    head, rows = rows[0], rows[1:]
+    assert head == {"family": family, "arch": arch, "launches": len(rows)}, head
     for r in rows:
         assert "error" not in r and r["ptxas_rc"] == 0, r
-        assert r["shared"] <= 227 * 1024, r
-        if r["dtype"] in ("bf16", "fp16") and r["kernel"] not in ("_solve_kernel", "_gate_cumsum_kernel"):
-            assert r["wgmma"], r
+        assert r["fits"] and r["smem_limit"] == SMEM[arch] and r["shared"] <= SMEM[arch], r
+        half = r["dtype"] in ("bf16", "fp16")
+        if arch == 90:
+            if half and r["kernel"] not in ("_solve_kernel", "_gate_cumsum_kernel"):
+                assert r["wgmma"], r
+        elif arch in (80, 89):
+            assert not r["wgmma"] and not r["tma"], r
+            if half and r["kernel"] not in ("_gate_cumsum_kernel",):
+                assert r["mma_sync"], r
+        else:   # sm_75: products on the CUDA cores, no bfloat16 anywhere
+            assert not (r["wgmma"] or r["mma_sync"] or r["tma"]) and r["dtype"] != "bf16", r
     return rows
 
 
-def test_flash_compiles():
-    rows = _compile("flash")
-    kinds = {(r["constexprs"].get("BLOCK_M"), r["constexprs"].get("BLOCK_N"), r["constexprs"].get("TMA"))
-             for r in rows if r["dtype"] == "bf16" and r["constexprs"]["D"] == 128 and r["constexprs"]["CAUSAL"]}
-    assert {(64, 64, False), (128, 128, True)} <= kinds, kinds     # the short tiling and the TMA plan
-    tma = [r for r in rows if r["constexprs"].get("TMA")]
-    assert tma and all(r["tma"] and r["spill_bytes"] == 0 for r in tma), tma
+@pytest.mark.parametrize("arch", ARCHS)
+def test_flash_compiles(runs, arch):
+    from kernels.flash.plan import AMPERE, TURING
+    rows = _launches(runs, "flash", arch)
+    tiles = {(r["constexprs"]["BLOCK_M"], r["constexprs"]["BLOCK_N"], r["num_warps"], r["num_stages"])
+             for r in rows}
+    if arch == 90:
+        kinds = {(r["constexprs"].get("BLOCK_M"), r["constexprs"].get("BLOCK_N"), r["constexprs"].get("TMA"))
+                 for r in rows if r["dtype"] == "bf16" and r["constexprs"]["D"] == 128 and r["constexprs"]["CAUSAL"]}
+        assert {(64, 64, False), (128, 128, True)} <= kinds, kinds     # the short tiling and the TMA plan
+        tma = [r for r in rows if r["constexprs"].get("TMA")]
+        assert tma and all(r["tma"] and r["spill_bytes"] == 0 for r in tma), tma
+    elif arch in (80, 89):      # one fixed 16-bit tiling, float32 as on Hopper, nothing autotuned
+        assert AMPERE in tiles and (32, 16, 8, 2) in tiles and len(tiles) == 2, tiles
+        assert all(r["spill_bytes"] == 0 for r in rows), rows
+    else:                       # one tiling for every dtype and head size, no spills
+        assert tiles == {TURING} and all(r["spill_bytes"] == 0 for r in rows), rows
 
 
-def test_gla_compiles():
-    rows = _compile("gla")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gla_compiles(runs, arch):
+    rows = _launches(runs, "gla", arch)
     names = {r["kernel"] for r in rows}
-    assert {"_gla_prep_kernel", "_fwd_kernel", "_combine_kernel", "_bwd_dh_kernel", "_bwd_dv_kernel",
-            "_bwd_dqdk_kernel", "_dg_kernel"} <= names, names
-    # the prep stage with float32 gates (split into bfloat16 pieces) and with 16-bit gates
+    assert {"_fwd_kernel", "_combine_kernel", "_bwd_dh_kernel", "_bwd_dv_kernel", "_bwd_dqdk_kernel",
+            "_dg_kernel"} <= names, names
     preps = [r for r in rows if r["kernel"] == "_gla_prep_kernel"]
-    assert len(preps) >= 2 and all(r["wgmma"] for r in preps)
+    if arch == 75:      # the vector gate takes the PyTorch path on a T4 (kernels/gla/plan.py)
+        assert not preps
+        assert {r["dtype"] for r in rows} == {"fp16", "fp32"}
+    else:
+        # the prep stage with float32 gates (split into bfloat16 pieces) and with 16-bit gates
+        assert len(preps) >= 2 and all(r["wgmma" if arch == 90 else "mma_sync"] for r in preps)
 
 
-def test_delta_compiles():
-    rows = _compile("delta")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_delta_compiles(runs, arch):
+    rows = _launches(runs, "delta", arch)
     names = {r["kernel"] for r in rows}
+    if arch == 75:      # the delta rule takes the PyTorch path on a T4 (kernels/delta/plan.py)
+        assert rows == []
+        return
     assert {"_gate_cumsum_kernel", "_solve_kernel", "_wu_fwd_kernel", "_state_fwd_kernel", "_march_t_kernel",
             "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel"} <= names, names
+    if arch != 90:      # pipelines capped at 2 stages off Hopper
+        assert max(r["num_stages"] for r in rows if r["kernel"] != "_gate_cumsum_kernel") <= 2
+
+
+def test_compile_check_fails_on_too_little_shared_memory(runs):
+    """The shared-memory check bites: the L4's flash plan compiled against a 32 KiB limit fails."""
+    rc, rows, err = runs["small_smem"]
+    bad = [r for r in rows[1:] if not r["fits"]]
+    assert rc == 1 and bad and all(r["shared"] > 32768 and r["smem_limit"] == 32768 for r in bad), (rc, rows)
+
+
+def test_compile_check_rejects_bfloat16_on_t4(runs):
+    """bfloat16 cases on sm_75 stop at the ops' ValueError, before anything is compiled."""
+    rc, rows, err = runs["bf16_on_t4"]
+    assert rc == 2 and len(rows) == 1, (rc, rows, err[-2000:])
+    msg = rows[0]["rejected"]
+    assert "bfloat16" in msg and "8.0" in msg and "7.5" in msg, msg

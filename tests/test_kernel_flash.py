@@ -188,15 +188,16 @@ def test_other_tilings_and_launch_orders(device, causal, cfg, monkeypatch):
 
 # --- the launch plan (kernels.flash.plan.plan_for) ------------------------------------------------
 def test_launch_plan_choices():
-    """The GPU-side choice per input (decided with interpret=False, hopper=True, so it is checked on
-    a CPU)."""
-    from kernels.flash.plan import FlashPlan, _tma_compatible, plan_for
+    """The GPU-side choice per input (decided with interpret=False and the GPU class given, so it is
+    checked on a CPU): Hopper's measured plans, and one fixed tiling per dtype on the other classes."""
+    from kernels.backend import GPU_CLASSES, HOPPER
+    from kernels.flash.plan import AMPERE, TURING, FlashPlan, _tma_compatible, plan_for
 
-    def plan(B, T, H, D, dtype, causal=True, heads_packed=True, hopper=True):
+    def plan(B, T, H, D, dtype, causal=True, heads_packed=True, caps=HOPPER):
         shape = (B, T, H, D) if heads_packed else (B, H, T, D)
         x = torch.empty(shape, dtype=dtype)
         x = x if heads_packed else x.transpose(1, 2)          # [B, T, H, D] view, stride(2) = T·D
-        return plan_for(x, x, x, causal, interpret=False, hopper=hopper)
+        return plan_for(x, x, x, causal, interpret=False, caps=caps)
 
     short, tma, auto = FlashPlan("tiles", 64, 64, 4, 3), FlashPlan("tma", 128, 128, 8, 3), FlashPlan("autotune")
     bf, fp = torch.bfloat16, torch.float16
@@ -205,12 +206,20 @@ def test_launch_plan_choices():
     assert plan(1, 2049, 2, 128, bf) == auto                             # ragged tail: no TMA
     assert plan(1, 2176, 2, 128, bf) == tma                              # 17 whole 128-row tiles
     assert plan(1, 4096, 2, 128, fp) == tma
-    assert plan(1, 4096, 2, 128, fp, hopper=False) == auto               # short/TMA plans: Hopper only
     assert plan(1, 4096, 2, 128, bf, heads_packed=False) == auto         # TMA needs packed heads
     assert plan(1, 4096, 2, 128, bf, causal=False) == auto               # not in the sweep
     assert plan(1, 4096, 2, 64, bf) == auto
     assert plan(1, 4096, 2, 128, torch.float32) == FlashPlan("tiles", 32, 16, 8, 2)
     assert plan_for(*(torch.empty(1, 4096, 2, 128, dtype=bf),) * 3, True, interpret=True).kind == "tiles"
+    # other classes: no TMA, no autotuning, one tiling per dtype (not measured there)
+    for arch in (80, 89):
+        caps = GPU_CLASSES[arch]
+        for T, D, dt in ((4096, 128, fp), (1024, 128, bf), (100, 16, bf), (4096, 64, fp)):
+            assert plan(1, T, 2, D, dt, caps=caps) == FlashPlan("tiles", *AMPERE)
+        assert plan(1, 4096, 2, 128, torch.float32, caps=caps) == FlashPlan("tiles", 32, 16, 8, 2)
+        assert plan(1, 4096, 2, 64, torch.float32, caps=caps) == FlashPlan("tiles", 64, 32, 8, 2)
+    for T, D, dt in ((4096, 128, fp), (100, 16, torch.float32), (2048, 64, fp)):
+        assert plan(1, T, 2, D, dt, caps=GPU_CLASSES[75]) == FlashPlan("tiles", *TURING)
     # a view of the first 2 of 5 packed heads qualifies (rows 5·128·2 B apart); padded heads
     # (stride(2) = 130 != D) do not
     x = torch.empty(1, 8, 5, 128, dtype=bf)[:, :, :2]
@@ -223,11 +232,12 @@ def test_production_plans_are_correct(device, T, kind, monkeypatch):
     """The production GPU configurations (short tiling; TMA, BLOCK_N = 128) run through
     flash_attention with the plan the GPU would choose (SHORT_T_MAX lowered to 128 so that a
     small T reaches the TMA path; ragged lengths take the pointer path, tested above)."""
+    from kernels.backend import HOPPER
     from kernels.flash import op, plan
     seen = []
 
-    def gpu_plan(q, k, v, causal):
-        out = plan.plan_for(q, k, v, causal, interpret=False, hopper=True)
+    def gpu_plan(q, k, v, causal, **kw):
+        out = plan.plan_for(q, k, v, causal, interpret=False, caps=HOPPER)
         seen.append(out.kind if out.kind == "tma" else "short")
         return out
     monkeypatch.setattr(plan, "SHORT_T_MAX", 128)

@@ -19,6 +19,18 @@ REPO_URL = CONFIG["repository"]["url"].rstrip("/")
 BRANCH = CONFIG["repository"].get("branch", "main")
 
 
+def _tool(name):
+    """A module of tools/ (not a package), loaded from its file."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+install_cell = _tool("install_cell")  # the install cell's one source
+
+
 def _toc_files(node):
     if isinstance(node, dict):
         for key, val in node.items():
@@ -89,13 +101,54 @@ class TestNotebook:
         assert first.source.lstrip().startswith(badge), f"first cell must start with {badge}"
 
     def test_install_cell(self, path):
+        """Cell 2 is tools/install_cell.py's cell for _config.yml's URL, hidden, and stored empty."""
         nb = _load(path)
         cell = nb.cells[1]
         assert cell.cell_type == "code"
         assert "hide-input" in cell.metadata.get("tags", [])
-        assert '"google.colab" in sys.modules' in cell.source
-        urls = re.findall(r"git\+(https://[^\"'\s]+)", cell.source)
+        urls = re.findall(r"https?://[^\"'\s]+", cell.source)
         assert urls == [REPO_URL], f"install URL(s) {urls} must be exactly [{REPO_URL}]"
+        assert max(len(line) for line in cell.source.splitlines()) <= 79, \
+            "an install cell line is wider than the book's text column at 1280 px (79 characters)"
+        assert cell.source == install_cell.cell_source(REPO_URL), \
+            "install cell differs from tools/install_cell.py's (run: python tools/install_cell.py)"
+
+    @pytest.mark.parametrize("importable", [False, True], ids=["missing", "importable"])
+    @pytest.mark.parametrize("pip_ok", [False, True], ids=["pip-fails", "pip-ok"])
+    def test_install_cell_behaviour_on_colab(self, path, importable, pip_ok, monkeypatch, capsys):
+        """Run the cell as on Colab: it pip-installs the configured URL only when the packages are
+        missing, never raises, and prints what to do when pip fails."""
+        import importlib.util
+        import subprocess
+        import sys
+        import types
+
+        calls = []
+
+        def fake_run(cmd, **kwargs):
+            calls.append((cmd, kwargs))
+            return types.SimpleNamespace(returncode=0 if pip_ok else 1)
+
+        real_find_spec = importlib.util.find_spec
+        monkeypatch.setattr(subprocess, "run", fake_run)
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: real_find_spec(name, *a) if importable or
+                            name not in ("lattn_core", "kernels") else None)
+        monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+        exec(compile(_load(path).cells[1].source, path.name, "exec"), {})
+        out = capsys.readouterr().out
+        if importable:
+            assert calls == [] and out == "", "installs although the packages are importable"
+            return
+        assert len(calls) == 1, calls
+        cmd, kwargs = calls[0]
+        assert cmd[0] == sys.executable and cmd[1:4] == ["-m", "pip", "install"], cmd
+        assert cmd[-1] == f"git+{REPO_URL}", cmd
+        assert kwargs.get("check") is not True and kwargs["env"].get("GIT_TERMINAL_PROMPT") == "0"
+        if pip_ok:
+            assert out == ""
+        else:
+            assert REPO_URL in out and "git clone" in out and "pip install" in out, out
 
     def test_hidden_solution_and_widget(self, path):
         nb = _load(path)

@@ -27,7 +27,7 @@ import triton
 from triton.runtime.errors import OutOfResources
 
 from .. import reference
-from ..backend import resolve_backend
+from ..backend import check_dtypes, device_caps, resolve_backend
 from ..validate import check_head_size, check_linear
 from .backward import chunk_grads, chunk_grads_torch, state_grads
 from .march import inference_forward, state_forward
@@ -63,20 +63,28 @@ class ChunkDeltaFunction(torch.autograd.Function):
         scale, plan = ctx.scale, ctx.plan
         do = do.to(q.dtype).contiguous()
         dh, dh0, dvp = state_grads(q, k, w, b, a, do, dht, scale, hs.shape[1], plan)
-        try:
-            dq, dk, dv, dbeta, dg = chunk_grads(q, k, v, g, beta, b, tm, a, hs, dh, do, vp, dvp, scale, plan)
-        except OutOfResources:
-            # float32 inputs at K = V = 128 need more shared memory than a GPU block has for the
-            # per-chunk kernels; the batched-PyTorch path computes the same gradients
-            dq, dk, dv, dbeta, dg = chunk_grads_torch(q, k, v, g, beta, scale, hs, dh, do)
+        grads = None
+        if plan.grads == "triton":
+            try:
+                grads = chunk_grads(q, k, v, g, beta, b, tm, a, hs, dh, do, vp, dvp, scale, plan)
+            except OutOfResources:
+                # float32 inputs at K = V = 128 need more shared memory than a GPU block has for the
+                # per-chunk kernels; the batched-PyTorch path computes the same gradients
+                grads = None
+        if grads is None:     # the plan's choice on a class these kernels do not fit, or the fall-back
+            grads = chunk_grads_torch(q, k, v, g, beta, scale, hs, dh, do)
+        dq, dk, dv, dbeta, dg = grads
         dh0_out = dh0.to(ctx.h0_dtype) if ctx.h0_dtype is not None else None
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype) if g is not None else None,
                 dbeta.to(beta.dtype), None, dh0_out, None, None, None)
 
 
-def delta_rule_triton(q, k, v, g, beta, scale, initial_state=None, output_final_state=False, plan=None):
+def delta_rule_triton(q, k, v, g, beta, scale, initial_state=None, output_final_state=False, plan=None, *,
+                      caps=None):
     """The Triton path of both ops (``g=None``: ``chunk_delta_rule``), inputs already validated except
-    the head sizes. ``plan``: a :class:`~kernels.delta.plan.DeltaPlan`, or a dict of overrides of the
+    the head sizes and what the GPU class can run (``caps``: the class to plan for, default the
+    inputs' device's; the compile check and the tests give one), both checked here before anything
+    is compiled. ``plan``: a :class:`~kernels.delta.plan.DeltaPlan`, or a dict of overrides of the
     measured plan (the tests and the lab's sweeps try other launch values this way)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -85,8 +93,12 @@ def delta_rule_triton(q, k, v, g, beta, scale, initial_state=None, output_final_
     if B * H > 65535:
         raise ValueError(f"batch × heads must be at most 65535 for the Triton delta-rule kernels "
                          f"(a CUDA grid dimension); got {B} × {H}")
+    caps = caps if caps is not None else device_caps(q.device)
+    check_dtypes(caps, q.device, q=q, g=g, beta=beta)     # k and v share q's dtype (check_qkv)
     if plan is None or isinstance(plan, dict):
-        plan = plan_for(B, T, H, K, V, q.dtype, q.device, **(plan or {}))
+        plan = plan_for(B, T, H, K, V, q.dtype, q.device, caps=caps, **(plan or {}))
+    if plan.path == "torch":    # a class these kernels do not fit (kernels/delta/plan.py): PyTorch on the device
+        return reference.chunk_scalar_ref(q, k, v, g, beta, scale, initial_state, output_final_state)
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     g = g.contiguous() if g is not None else None
     # float32 copy; the cast is differentiable, so the gradient reaches the caller's tensor

@@ -6,6 +6,19 @@ entries is a first-fit list (:func:`kernels.backend.launch`): the measured defau
 fall-backs for GPUs or dtypes that need less shared memory. The sweeps behind every number are in
 ``kernels/delta/NOTES.md`` (H200, rounds 3-8); :func:`plan_for` accepts overrides
 (``plan_for(..., fwd_bv=32)``), which is how the tests and the lab's sweeps try other values.
+
+Other GPU classes (:data:`kernels.backend.GPU_CLASSES`), NOT measured on those GPUs: chosen to fit
+the class's shared memory, checked by ``python -m kernels.compile delta --arch 75|80|89`` (resources
+in ``kernels/delta/NOTES.md``, "Other GPUs"). An A100 or L4 (sm_80/sm_89, one plan for both, sized
+for the L4's 99 KiB) keeps Hopper's tiles with the sequential kernels' pipelines capped at 2 stages
+(3 stages of the V-block-16 march and of the V-block-64 backward march need 135 and 113 KiB), and
+float32 at K = 128 computes the per-chunk gradients with batched PyTorch (``grads = "torch"``: the
+WY backward's float32 ``[64, K]`` tiles need 112 KiB there; Hopper reaches the same path when that
+kernel raises ``OutOfResources``). A T4
+(sm_75) takes ``path = "torch"``: with Triton's products on the CUDA cores there (no tensor-core path
+below sm_80) the per-chunk kernels hold several ``[64, K]`` and ``[64, 64]`` operands at once and spill
+20-140 KB per thread, and the WY backward needs 80 KiB of shared memory at K = 128; the op runs the
+differentiable PyTorch implementation on that device instead.
 """
 from __future__ import annotations
 
@@ -13,7 +26,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from ..backend import Launch, num_sms
+from ..backend import Caps, Launch, device_caps, num_sms
 
 __all__ = ["DeltaPlan", "plan_for", "CHUNK", "HEAD_SIZES"]
 
@@ -52,6 +65,8 @@ class DeltaPlan:
     dwy_bv: int
     dwy: tuple
     t_form: bool = True
+    path: str = "triton"            # "torch": the class cannot run these kernels (the PyTorch implementation)
+    grads: str = "triton"           # "torch": the per-chunk gradients by batched PyTorch (chunk_grads_torch)
 
 
 def _bv(BH: int, V: int) -> int:
@@ -78,9 +93,12 @@ def _par(K: int, V: int, warps: int = 0) -> tuple:
     return (Launch(nw, 1), Launch(8, 1))
 
 
-def plan_for(B: int, T: int, H: int, K: int, V: int, dtype, device, **overrides) -> DeltaPlan:
-    """The plan for one call (``overrides``: field values to use instead of the measured ones; the
-    launch lists that depend on an overridden size follow it)."""
+def plan_for(B: int, T: int, H: int, K: int, V: int, dtype, device, *, caps: Caps | None = None,
+             **overrides) -> DeltaPlan:
+    """The plan for one call on the GPU class ``caps`` (default: ``device``'s,
+    :func:`kernels.backend.device_caps`; ``overrides``: field values to use instead of the measured
+    ones; the launch lists that depend on an overridden size follow it)."""
+    caps = caps if caps is not None else device_caps(device)
     known = {f.name for f in fields(DeltaPlan)}
     bad = sorted(set(overrides) - known)
     if bad:
@@ -94,6 +112,9 @@ def plan_for(B: int, T: int, H: int, K: int, V: int, dtype, device, **overrides)
     if overrides.get("march_ranges", 1) < 1:
         raise ValueError(f"plan overrides: march_ranges must be >= 1; got {overrides['march_ranges']}")
     o = overrides.get
+    # A100/L4: Hopper's choices with at most 2 pipeline stages in the sequential kernels (their
+    # pipelined [64, K] tiles need more than the L4's 99 KiB at 3); not measured there
+    smax = 2 if caps.major == 8 else 3
     BH = B * H
     half = dtype != torch.float32
     device = torch.device(device)
@@ -116,13 +137,16 @@ def plan_for(B: int, T: int, H: int, K: int, V: int, dtype, device, **overrides)
         wu_bk=wu_bk, wu=_par(K, V, 8 if wu_bk >= 128 else 4),
         # 4 warps; one stage with V-blocks of 64 (the pipelined loads' shared memory would leave one
         # program per SM), else 3 (round 4)
-        fwd_bv=fwd_bv, fwd=_seq(dtype, K, fwd_bv, 4, 1 if fwd_bv >= 64 else 3),
+        fwd_bv=fwd_bv, fwd=_seq(dtype, K, fwd_bv, 4, min(1 if fwd_bv >= 64 else 3, smax)),
         march_bv=march_bv,
-        march=_seq(dtype, K, march_bv, 8 if K * march_bv >= 128 * 128 else 4, 2 if march_bv >= 64 else 3),
+        march=_seq(dtype, K, march_bv, 8 if K * march_bv >= 128 * 128 else 4, min(2 if march_bv >= 64 else 3, smax)),
         march_scores_stored=V // march_bv > 2, march_scores_bk=scores_bk,
         march_scores=_par(K, V, 8 if scores_bk >= 128 else 4), march_ranges=ranges, march_even=True,
-        bwd_bv=bwd_bv, bwd=_seq(dtype, K, bwd_bv, 4, 3),
+        bwd_bv=bwd_bv, bwd=_seq(dtype, K, bwd_bv, 4, smax),
         # 4 warps for 16-bit inputs (round 3: 0.84x and 0.90x the time at 8 warps)
         dqk_bk=dqk_bk, dqk_bv=min(V, 64), dqk=_par(dqk_bk, V, 4 if half else 0),
-        dwy_bv=min(V, 64), dwy=_par(K, V, 4 if half else 0))
+        dwy_bv=min(V, 64), dwy=_par(K, V, 4 if half else 0),
+        # T4: the PyTorch implementation (module docstring)
+        path="torch" if caps.major < 8 else "triton",
+        grads="torch" if (caps.major == 8 and not half and K >= 128) else "triton")
     return replace(plan, **overrides) if overrides else plan

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import resolve_backend
+from ..backend import check_dtypes, device_caps, resolve_backend
 from ..reference import attention_ref
 from ..validate import check_head_size, check_qkv, default_scale
 from .forward import flash_forward
 from .plan import plan_for
 
-__all__ = ["flash_attention", "HEAD_SIZES"]
+__all__ = ["flash_attention", "flash_attention_triton", "HEAD_SIZES"]
 
 HEAD_SIZES = (16, 32, 64, 128)
 
@@ -24,10 +24,10 @@ class FlashAttentionFunction(torch.autograd.Function):
     """Forward: the Triton kernel. Backward: attention recomputed in float32 under autograd."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal):
+    def forward(ctx, q, k, v, scale, causal, plan):
         ctx.save_for_backward(q, k, v)
         ctx.scale, ctx.causal = scale, causal
-        return flash_forward(q, k, v, scale, causal, plan_for(q, k, v, causal))
+        return flash_forward(q, k, v, scale, causal, plan)
 
     @staticmethod
     def backward(ctx, do):
@@ -36,7 +36,17 @@ class FlashAttentionFunction(torch.autograd.Function):
             qd, kd, vd = (x.detach().requires_grad_(True) for x in (q, k, v))
             o = attention_ref(qd, kd, vd, ctx.scale, ctx.causal)
             dq, dk, dv = torch.autograd.grad(o, (qd, kd, vd), do)
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None
+
+
+def flash_attention_triton(q, k, v, scale: float, causal: bool, *, caps=None):
+    """The Triton path, inputs already validated except what the kernel adds: the head size and
+    the dtype the GPU class can run (``caps``: the class, default the inputs' device's; the compile
+    check and the tests give one), both before anything is compiled."""
+    check_head_size("the head size D (last axis of q, k, v)", q.shape[-1], HEAD_SIZES, "flash_attention")
+    caps = caps if caps is not None else device_caps(q.device)
+    check_dtypes(caps, q.device, q=q)            # k and v share q's dtype (check_qkv)
+    return FlashAttentionFunction.apply(q, k, v, float(scale), causal, plan_for(q, k, v, causal, caps=caps))
 
 
 def flash_attention(q, k, v, scale=None, causal: bool = True, backend=None):
@@ -54,5 +64,4 @@ def flash_attention(q, k, v, scale=None, causal: bool = True, backend=None):
         raise ValueError(f"causal must be True or False; got {causal!r}")
     if resolve_backend(backend, q) == "torch":
         return attention_ref(q, k, v, scale, causal)
-    check_head_size("the head size D (last axis of q, k, v)", K, HEAD_SIZES, "flash_attention")
-    return FlashAttentionFunction.apply(q, k, v, float(scale), causal)
+    return flash_attention_triton(q, k, v, scale, causal)

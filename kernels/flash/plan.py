@@ -11,6 +11,13 @@ nothing reads the environment. The numbers come from the H200 sweeps recorded in
 - other 16-bit inputs with ``D >= 64`` and ``T >= 512`` on a GPU: Triton's autotuner over
   :data:`AUTOTUNE`;
 - everything else (float32, small ``D``, short ``T``, the interpreter): one fixed tiling.
+
+Other GPU classes (:data:`kernels.backend.GPU_CLASSES`; NOT measured on those GPUs, chosen to fit
+and to compile without spills, checked by ``python -m kernels.compile flash --arch 75|80|89``): an
+A100 or L4 (sm_80/sm_89: ``mma.sync`` tensor cores, 163 or 99 KiB of shared memory per block)
+takes one fixed tiling per dtype, no TMA and no autotuning; a T4 (sm_75, 64 KiB) runs Triton's
+products on CUDA cores (Triton 3.6 has no tensor-core path below sm_80, and no software pipelining
+there) and takes small tiles that hold the accumulators in registers.
 """
 from __future__ import annotations
 
@@ -18,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backend import INTERPRET
+from ..backend import INTERPRET, Caps, device_caps
 
-__all__ = ["FlashPlan", "plan_for", "AUTOTUNE", "SHORT_T_MAX"]
+__all__ = ["FlashPlan", "plan_for", "AUTOTUNE", "SHORT_T_MAX", "AMPERE", "TURING"]
 
 #: Causal 16-bit D = 128 up to this length takes the short tiling; above it, the TMA kernel. The
 #: sweep measured 1024 (short wins) and 4096 (TMA wins); the threshold sits between them.
@@ -29,10 +36,22 @@ SHORT_T_MAX = 2048
 #: Autotuning candidates ``(BLOCK_M, BLOCK_N, warps, stages, HEADS_INNER)`` for 16-bit inputs with
 #: D in {64, 128} and T >= 512 on a GPU. Hopper, D = 128: the q tile plus 2·BN·D·2 B of (k, v) per
 #: stage fit 227 KiB of shared memory (BN = 128 with 3 stages: 32 + 192 KiB); BM = 128 on 8 warps keeps
-#: the float32 accumulator at 64 registers per thread. The last one (80 KiB) is for GPUs with about
-#: 100 KiB of shared memory (a Colab L4).
+#: the float32 accumulator at 64 registers per thread. The last one (80 KiB) was meant for GPUs with
+#: about 100 KiB of shared memory; those now take :data:`AMPERE` (autotuning runs on Hopper only),
+#: and it stays a candidate because Hopper's measured autotuning ran with it.
 AUTOTUNE = ((128, 64, 8, 3, False), (128, 64, 8, 3, True), (128, 128, 8, 3, False),
             (128, 128, 8, 3, True), (128, 64, 8, 4, False), (64, 64, 4, 2, False))
+
+
+#: sm_80/sm_89 (A100, L4), 16-bit inputs, every ``D`` and ``T``: 64 x 64 tiles on 4 warps, 2 stages
+#: (compile check, bf16, sm_89: 56 KiB of shared memory at D = 128, 239 registers, no spills; 3 stages
+#: would take 88 KiB, one program per SM of an L4). Float32 takes :func:`_fixed`'s tiling as on Hopper.
+AMPERE = (64, 64, 4, 2)
+#: sm_75 (T4), float16 and float32, every ``D``: 32 x 16 tiles on 4 warps. Triton multiplies on the
+#: CUDA cores there (no tensor-core path below sm_80, stages ignored); these tiles keep every
+#: accumulator in registers (compile check, sm_75, D = 128: float16 229 registers, float32 128, no
+#: spills, 24/32 KiB of shared memory; 64 x 32 tiles spill at D = 128).
+TURING = (32, 16, 4, 1)
 
 
 @dataclass(frozen=True)
@@ -66,18 +85,24 @@ def _fixed(T: int, D: int, dtype: torch.dtype, interpret: bool) -> FlashPlan:
     return FlashPlan("tiles", 128, 64, 8, 3)
 
 
-def plan_for(q, k, v, causal: bool, *, interpret: bool = INTERPRET, hopper: bool | None = None) -> FlashPlan:
-    """The plan for these inputs. ``interpret`` and ``hopper`` may be given to see the GPU decision
-    on a machine without a GPU (the compile check and the tests do)."""
+def plan_for(q, k, v, causal: bool, *, interpret: bool = INTERPRET, caps: Caps | None = None) -> FlashPlan:
+    """The plan for these inputs on the GPU class ``caps`` (default: the inputs' device's,
+    :func:`kernels.backend.device_caps`). ``interpret`` and ``caps`` may be given to see a GPU's
+    decision on a machine without a GPU (the compile check and the tests do)."""
     B, T, H, D = q.shape
-    if hopper is None:   # the short and TMA plans were measured on Hopper (TMA needs sm_90)
-        hopper = (not interpret and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9)
-    if not interpret and hopper and causal and q.dtype in (torch.float16, torch.bfloat16) and D == 128:
+    caps = caps if caps is not None else device_caps(q.device)
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    if not interpret and caps.major < 9:   # other classes: one fixed tiling (not measured there)
+        if caps.major < 8:
+            return FlashPlan("tiles", *TURING)
+        return FlashPlan("tiles", *AMPERE) if half else _fixed(T, D, q.dtype, False)
+    # Hopper (the short and TMA plans were measured there; TMA needs sm_90)
+    if not interpret and causal and half and D == 128:
         if T <= SHORT_T_MAX:
             return FlashPlan("tiles", 64, 64, 4, 3)
         # whole query tiles only: those lengths were measured on the H200
         if T % 128 == 0 and all(_tma_compatible(x) for x in (q, k, v)):
             return FlashPlan("tma", 128, 128, 8, 3)
-    if not interpret and q.dtype in (torch.float16, torch.bfloat16) and D >= 64 and T >= 512:
+    if not interpret and half and D >= 64 and T >= 512:
         return FlashPlan("autotune")
     return _fixed(T, D, q.dtype, interpret)

@@ -313,7 +313,7 @@ def state_grads(q, g, do, dht, dec, scale: float, plan, need_dh0: bool):
     NKV = (K // plan.BK_s) * (V // plan.BV_s)
     dhs = torch.empty(BH, plan.NT, K, V, dtype=plan.state_dtype, device=dev)
     common = dict(H=H, K=K, V=V, BT=plan.BT, BK=plan.BK_s, BV=plan.BV_s, GATE=plan.gate, IP=plan.IP,
-                  EMU=plan.EMU, num_warps=4)
+                  EMU=plan.EMU, num_warps=plan.warps_s, num_stages=plan.stages_s)
     if plan.NS == 1:
         dh0 = torch.empty(B, H, K, V, dtype=f32, device=dev) if need_dh0 else None
         _bwd_dh_kernel[(NKV, BH)](q, gg, do, dht if dht is not None else dummy, dhs,
@@ -345,7 +345,7 @@ def chunk_grads(q, k, v, g, do, hs, dhs, As, scale: float, plan):
     dv = torch.empty_like(v)
     _bwd_dv_kernel[(V // plan.BV_dv, NT, BH)](q, k, gg, do, dhs, dv, As if As is not None else dummy, scale, T, NT,
                                               H=H, K=K, V=V, BT=plan.BT, BV=plan.BV_dv, GATE=gate, IP=plan.IP,
-                                              EMU=plan.EMU, num_warps=4 if K <= 64 else 8)
+                                              EMU=plan.EMU, num_warps=plan.warps_dv)
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     NK = K // plan.BK_dq
     if gate == 2:

@@ -239,7 +239,7 @@ def march_forward(q, k, v, g, As, h0, scale: float, plan, output_final_state: bo
     _fwd_kernel[((K // plan.BK_s) * (V // plan.BV_s), BH * NS)](
         q, k, v, gg, dummy, dummy, contrib, dec, dummy, dummy, scale, T, plan.NT, plan.SEG, NS,
         BK=plan.BK_s, BV=plan.BV_s, HAS_H0=False, COMPUTE_O=False, STORE_FINAL=True, STORE_DEC=plan.gate != 0,
-        STORE_H=False, num_warps=4, **common)
+        STORE_H=False, num_warps=plan.warps_s, num_stages=plan.stages_s, **common)
     inits, ht = combine_segments(contrib, dec, h0, plan, B, H, K, V, output_final_state)
     _fwd_kernel[(V // plan.BV_f, BH * NS)](
         q, k, v, gg, o, inits, dummy, dummy, dummy, As, scale, T, plan.NT, plan.SEG, NS, BK=K, BV=plan.BV_f,
@@ -266,5 +266,5 @@ def chunk_states(q, k, v, g, inits, scale: float, plan):
         q, k, v, g if g is not None else q, dummy, inits if inits is not None else dummy, dummy, dec, hs, dummy,
         scale, T, plan.NT, plan.SEG, plan.NS, H=H, K=K, V=V, BT=plan.BT, BK=plan.BK_s, BV=plan.BV_s,
         GATE=plan.gate, HAS_H0=inits is not None, COMPUTE_O=False, STORE_FINAL=False,
-        STORE_DEC=split and plan.gate != 0, STORE_H=True, IP=plan.IP, EMU=plan.EMU, num_warps=4)
+        STORE_DEC=split and plan.gate != 0, STORE_H=True, IP=plan.IP, EMU=plan.EMU, num_warps=plan.warps_s, num_stages=plan.stages_s)
     return hs, dec

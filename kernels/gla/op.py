@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .. import reference
-from ..backend import resolve_backend
+from ..backend import check_dtypes, device_caps, resolve_backend
 from ..validate import check_head_size, check_linear
 from .backward import chunk_grads, gate_grads, state_grads
 from .march import chunk_states, march_forward
@@ -54,18 +54,28 @@ class ChunkGLAFunction(torch.autograd.Function):
 
 
 def chunk_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=False, *, num_segments=None,
-                     plan=None):
+                     plan=None, caps=None):
     """The Triton path of all three ops (``g``: ``None``, ``[B, T, H]`` or ``[B, T, H, K]``), inputs
     already validated. ``num_segments`` forces the forward's sequence split; ``plan``: overrides of
-    the measured plan (a dict; the tests and the lab's sweeps try other launch values this way)."""
+    the measured plan (a dict; the tests and the lab's sweeps try other launch values this way);
+    ``caps``: the GPU class to plan for (default: the inputs' device's; the compile check and the
+    tests give one). Head sizes and dtypes the class cannot run raise ``ValueError`` here, before
+    anything is compiled."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     check_head_size("K (head size of q and k)", K, HEAD_SIZES, "GLA")
     check_head_size("V (head size of v)", V, HEAD_SIZES, "GLA")
+    caps = caps if caps is not None else device_caps(q.device)
+    check_dtypes(caps, q.device, q=q, g=g)       # k and v share q's dtype (check_qkv)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g = g.contiguous() if g is not None else None
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    plan = plan_for(gate_code(g), B, T, H, K, V, q.dtype, q.device, num_segments=num_segments, **(plan or {}))
+    plan = plan_for(gate_code(g), B, T, H, K, V, q.dtype, q.device, num_segments=num_segments, caps=caps,
+                    **(plan or {}))
+    if plan.path == "torch":    # a class these kernels do not fit (kernels/gla/plan.py): PyTorch on the device
+        if g is not None and g.dim() == 4:
+            return reference.chunk_gla_ref(q, k, v, g, scale, initial_state, output_final_state)
+        return reference.chunk_scalar_ref(q, k, v, g, None, scale, initial_state, output_final_state)
     o, ht = ChunkGLAFunction.apply(q, k, v, g, h0, float(scale), bool(output_final_state), plan)
     return o, (ht if output_final_state else None)
 

@@ -7,6 +7,19 @@ holds ``S[K, BV]`` with ``BV = 64`` (32 at ``K = 256``), 8 warps at ``K·BV >= 6
 ungated and scalar-gated march, 4 warps and 2 stages for the vector gate's lean march (round 3); the
 vector gate's prep kernel takes the whole ``K = 128`` on 8 warps for 16-bit inputs (round 4); the
 sequence is split into segments when the march would not fill one wave of the GPU.
+
+Other GPU classes (:data:`kernels.backend.GPU_CLASSES`), NOT measured on those GPUs: chosen to fit
+the class's shared memory, checked by ``python -m kernels.compile gla --arch 75|80|89`` (resources
+in ``kernels/gla/NOTES.md``, "Other GPUs"). An A100 or L4 (sm_80/sm_89, one plan for both, sized for
+the L4's 99 KiB) keeps Hopper's tiles for 16-bit inputs except the vector gate's prep kernel (32
+columns on 4 warps: 6-9 KB of spills on sm_80 and sm_89, against 14-57 KB for Hopper's whole K
+on 8 warps and for 64 columns) and the dv kernel's V-block at K = 256 (32: 64 needs 104 KiB); float32 (IEEE products on the CUDA cores, twice the bytes) takes
+:func:`_fma_tiles`, one pipeline stage. A T4 (sm_75, 64 KiB) multiplies on the CUDA cores for every
+dtype (Triton 3.6 has no tensor-core path below sm_80) and takes :func:`_fma_tiles` where the chunk's
+``[64, K]`` q and k tiles fit (``K`` x element size <= 256 bytes: float16 up to K = 128, float32 up to
+64); elsewhere, and for the vector gate (the prep kernel's unrolled levels need over 500 KB of
+spilled registers per thread there, beyond CUDA's 512 KiB of local memory), the plan's ``path`` is
+``"torch"``: the op runs the differentiable PyTorch implementation on that device.
 """
 from __future__ import annotations
 
@@ -15,7 +28,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 import triton
 
-from ..backend import INTERPRET, num_sms
+from ..backend import INTERPRET, Caps, device_caps, num_sms
 
 __all__ = ["GlaPlan", "plan_for", "gate_code"]
 
@@ -35,7 +48,10 @@ class GlaPlan:
     stages_f: int
     BK_s: int
     BV_s: int
+    warps_s: int              # the state-only marches (segment contributions, chunk states, dh)
+    stages_s: int
     BV_dv: int
+    warps_dv: int
     BK_dq: int
     BV_dq: int
     warps_dq: int
@@ -45,6 +61,7 @@ class GlaPlan:
     IP: str                   # tl.dot input precision: "ieee" for float32 inputs, else tensor cores
     EMU: bool                 # under the interpreter: 16-bit operand roundings emulated in float32
     state_dtype: torch.dtype  # per-chunk states kept for the backward
+    path: str = "triton"      # "torch": the class cannot run these kernels (the PyTorch implementation)
 
 
 def gate_code(g) -> int:
@@ -53,10 +70,37 @@ def gate_code(g) -> int:
     return 1 if g.dim() == 3 else 2
 
 
+def _fma_tiles(K: int, V: int) -> dict:
+    """Tiles for products on the CUDA cores (float32 off Hopper; everything on a T4): narrow blocks,
+    8 warps for the wide ones, one stage (compile check, sm_75, float16, K = V = 128: the state-only
+    marches 164-202 registers without spills, dq/dk 600-1300 bytes of spills; the forward march and
+    dv, whose ``[64, K] x [K, 64]`` scores no tiling of V shrinks, spill 12-15 KB per thread, the
+    least among the tilings tried; the vector gate's float32 prep kernel, 32 columns on 8 warps,
+    spills 32 KB on sm_89, the least of 16-128 columns on 4-8 warps, as Hopper's spills 66 KB)."""
+    w = 8 if K >= 64 else 4
+    return dict(BV_f=min(V, 32), warps_f=w, stages_f=1, BK_s=min(K, 32), BV_s=min(V, 16), warps_s=4, stages_s=1,
+                BV_dv=min(V, 32), warps_dv=w, BK_dq=min(K, 32), BV_dq=min(V, 32), warps_dq=w, BK_p=min(K, 32),
+                warps_p=w)
+
+
+def _other_class(caps: Caps, gate: int, K: int, V: int, dtype, hopper: dict):
+    """``(tiles, path)`` for a class other than Hopper (module docstring; not measured there)."""
+    if caps.major >= 8:      # A100, L4: one plan, sized for the L4's 99 KiB
+        if dtype == torch.float32:
+            return _fma_tiles(K, V), "triton"
+        return dict(hopper, BK_p=min(K, 32), warps_p=4, BV_dv=min(V, 32) if K >= 256 else hopper["BV_dv"]), "triton"
+    # T4: CUDA-core products; the [64, K] q and k tiles must leave room in 64 KiB
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    path = "torch" if gate == 2 or K * itemsize > 256 else "triton"
+    return _fma_tiles(K, V), path
+
+
 def plan_for(gate: int, B: int, T: int, H: int, K: int, V: int, dtype, device, *, num_segments=None,
-             interpret: bool = INTERPRET, **overrides) -> GlaPlan:
-    """The plan for one call; ``num_segments`` forces the forward's sequence split, ``overrides``
-    replace measured fields (tests and the lab's sweeps)."""
+             interpret: bool = INTERPRET, caps: Caps | None = None, **overrides) -> GlaPlan:
+    """The plan for one call on the GPU class ``caps`` (default: ``device``'s,
+    :func:`kernels.backend.device_caps`); ``num_segments`` forces the forward's sequence split,
+    ``overrides`` replace measured fields (tests and the lab's sweeps)."""
+    caps = caps if caps is not None else device_caps(device)
     BT = 64
     NT = triton.cdiv(T, BT)
     BV_f = min(V, 64 if K <= 128 else 32)
@@ -69,23 +113,27 @@ def plan_for(gate: int, B: int, T: int, H: int, K: int, V: int, dtype, device, *
     # prep kernel: the whole K = 128 in one step on 8 warps for 16-bit inputs (round-3 sweep: about
     # 0.8x the time of 64 columns on 4 warps); elsewhere unmeasured
     wide = K == 128 and dtype != torch.float32
+    tiles = dict(BV_f=BV_f, warps_f=warps_f, stages_f=stages_f, BK_s=min(K, 64), BV_s=min(V, 64), warps_s=4,
+                 stages_s=3, BV_dv=min(V, 64), warps_dv=4 if K <= 64 else 8, BK_dq=min(K, 64), BV_dq=min(V, 64),
+                 warps_dq=8 if min(K, 64) >= 64 else 4, BK_p=128 if wide else min(K, 64), warps_p=8 if wide else 4)
+    path = "triton"
+    if caps.major < 9:      # other classes (module docstring): not measured there
+        tiles, path = _other_class(caps, gate, K, V, dtype, tiles)
     if num_segments is None:
         # split the sequence only when the marches would not fill one wave of the GPU (the forward
         # programs run one per SM); then aim at about two waves, with segments of >= 4 chunks.
         # Each split costs one extra read of k, v (and g).
         sms = num_sms(device)
-        ns, progs = 1, B * H * (V // BV_f)
+        ns, progs = 1, B * H * (V // tiles["BV_f"])
         if progs < sms and NT >= 8:
             ns = min((2 * sms) // progs, NT // 4)
         num_segments = max(1, ns)
     num_segments = max(1, min(int(num_segments), NT))
     SEG = triton.cdiv(NT, num_segments)
-    plan = GlaPlan(gate=gate, BT=BT, NT=NT, SEG=SEG, NS=triton.cdiv(NT, SEG), BV_f=BV_f, warps_f=warps_f,
-                   stages_f=stages_f, BK_s=min(K, 64), BV_s=min(V, 64), BV_dv=min(V, 64), BK_dq=min(K, 64),
-                   BV_dq=min(V, 64), warps_dq=8 if min(K, 64) >= 64 else 4, BK_p=128 if wide else min(K, 64), warps_p=8 if wide else 4,
+    plan = GlaPlan(gate=gate, BT=BT, NT=NT, SEG=SEG, NS=triton.cdiv(NT, SEG), **tiles,
                    gate_pieces={torch.bfloat16: 1, torch.float16: 2}.get(dtype, 3),
                    IP="ieee" if dtype == torch.float32 else "tf32", EMU=bool(interpret),
-                   state_dtype=torch.float32 if dtype == torch.float32 else dtype)
+                   state_dtype=torch.float32 if dtype == torch.float32 else dtype, path=path)
     tunable = {f.name for f in fields(GlaPlan)} - {"gate", "NT", "SEG", "NS"}
     bad = sorted(set(overrides) - tunable)
     if bad:
