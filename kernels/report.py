@@ -23,7 +23,7 @@ __all__ = ["show_benchmark", "ratio_table", "ratio_rows", "plot_results", "serie
 GOALS_PEER = "fla"
 
 # Record fields that are measurements or bookkeeping, not part of what was measured.
-_NOT_KEY = {"impl", "ms", "err", "note", "wall_s", "err_T", "tflops", "max_abs_err", "ok"}
+_NOT_KEY = {"impl", "ms", "err", "note", "wall_s", "err_T", "tflops", "max_abs_err", "ok", "env"}
 
 
 def _num(v) -> bool:
@@ -31,9 +31,13 @@ def _num(v) -> bool:
 
 
 def env_line(data: dict) -> str:
-    """``measured on <device>, <date>; torch ..., triton ..., fla ...`` for a results dict."""
+    """``measured on <device>, <date>; torch ..., triton ..., fla ...`` for a results dict (with the
+    range of dates when its records come from several runs, each record then carrying its ``env``)."""
     env = data.get("env", {})
-    return (f"measured on {env.get('device')}, {env.get('date')}; torch {env.get('torch')}, "
+    dates = sorted({r["env"].get("date") for r in data.get("records", []) if isinstance(r.get("env"), dict)}
+                   | ({env.get("date")} if any("env" in r for r in data.get("records", [])) else set()))
+    when = f"{dates[0]} to {dates[-1]}" if len(dates) > 1 else env.get("date")
+    return (f"measured on {env.get('device')}, {when}; torch {env.get('torch')}, "
             f"triton {env.get('triton')}, fla {env.get('fla')}")
 
 
@@ -61,30 +65,46 @@ def ratio_rows(data: dict, *, ours: str = "ours", peer: str = "fla") -> list:
     return rows
 
 
+WIDTH = 79          # the widest line a report prints (the book's text column holds 80 characters)
+
+
+def _wrap(text: str) -> str:
+    import textwrap
+    return "\n".join(textwrap.fill(line, WIDTH, subsequent_indent="  ") for line in text.splitlines())
+
+
 def ratio_table(data: dict, *, ours: str = "ours", peer: str = "fla", goals: bool = True) -> str:
-    """A text table of our median time over the peer's, per shape and pass (columns that vary only)."""
+    """A text table of our median time over the peer's, per shape and pass, one block per op (the
+    op and its goals in the block's heading; columns only for the fields that vary), at most
+    :data:`WIDTH` characters wide."""
     rows = ratio_rows(data, ours=ours, peer=peer)
     if not rows:
         return "(no records)"
-    fixed = {"pass", "ours", "peer", "ratio", "goal", "note"}
-    cols = [c for c in ("op", "B", "T") if any(c in r for r in rows)]
-    cols += sorted(c for c in {k for r in rows for k in r} - fixed - set(cols)
-                   if len({r.get(c) for r in rows}) > 1)
-    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
-    head = "  ".join(f"{c:>{widths[c]}}" for c in cols) + f"  {'pass':<7}{ours + ' ms':>10}{peer + ' ms':>10}{'ratio':>7}"
+    fixed = {"pass", "ours", "peer", "ratio", "goal", "note", "op"}
     show_goal = goals and any(r["goal"] is not None for r in rows)
-    if show_goal:
-        head += "  goal"
-    lines = [head]
     fmt = lambda v: f"{v:.3f}" if _num(v) else "—"   # noqa: E731
-    for r in rows:
-        line = "  ".join(f"{str(r.get(c, '')):>{widths[c]}}" for c in cols)
-        line += f"  {str(r.get('pass')):<7}{fmt(r['ours']):>10}{fmt(r['peer']):>10}"
-        line += f"{r['ratio']:>7.2f}" if r["ratio"] is not None else f"{'n/a':>7}"
-        if show_goal and r["goal"] is not None:
-            line += (f"  ≤ {r['goal']:g} {'met' if r['ratio'] <= r['goal'] else 'NOT met'}"
-                     if r["ratio"] is not None else f"  ≤ {r['goal']:g} (no {peer} time)")
-        lines.append(line)
+    lines = []
+    for op in dict.fromkeys(r.get("op") for r in rows):
+        block = [r for r in rows if r.get("op") == op]
+        cols = [c for c in ("B", "T") if any(c in r for r in block)]
+        cols += sorted(c for c in {k for r in block for k in r} - fixed - set(cols)
+                       if len({r.get(c) for r in block}) > 1)
+        widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in block)) for c in cols}
+        gl = {r["pass"]: r["goal"] for r in block if r["goal"] is not None}
+        head = f"{op or data.get('name', '')}: our time / {peer}'s"
+        if show_goal and gl:
+            head += " (goals: " + ", ".join(f"{p} <= {g:g}" for p, g in gl.items()) + ")"
+        lines += (["", head] if lines else [head])
+        lines.append("  ".join(f"{c:>{widths[c]}}" for c in cols)
+                     + f"  {'pass':<6}{ours:>8}{peer:>8}{'ratio':>7}" + ("  goal" if show_goal else ""))
+        for r in block:
+            line = "  ".join(f"{str(r.get(c, '')):>{widths[c]}}" for c in cols)
+            line += f"  {str(r.get('pass')):<6}{fmt(r['ours']):>8}{fmt(r['peer']):>8}"
+            line += f"{r['ratio']:>7.2f}" if r["ratio"] is not None else f"{'n/a':>7}"
+            if show_goal and r["goal"] is not None:
+                line += (f"  {'met' if r['ratio'] <= r['goal'] else 'NOT met'}" if r["ratio"] is not None
+                         else f"  no {peer} time")
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -173,7 +193,7 @@ def show_benchmark(source, *, select=None, title: str | None = None, ours: str =
         return None
     if select is not None:
         data = dict(data, records=[r for r in data["records"] if select(r)])
-    print(env_line(data))
+    print(_wrap(env_line(data)))
     if not data["records"]:
         print("(no stored record matches)")
         return data
@@ -182,13 +202,13 @@ def show_benchmark(source, *, select=None, title: str | None = None, ours: str =
         passes = [p for p in ("fwd", "fwdbwd") if any(r.get("pass") == p and _num(r.get("ms"))
                                                        for r in data["records"])]
         if passes:
-            fig, axes = plt.subplots(1, len(passes), figsize=(5.6 * len(passes), 4), squeeze=False)
+            fig, axes = plt.subplots(1, len(passes), figsize=(5.6 * len(passes), 4.4), squeeze=False,
+                                     layout="constrained")
             names = {"fwd": "forward", "fwdbwd": "forward + backward"}
             colors = series_colors(data)
             for ax, p in zip(axes[0], passes):
                 plot_results(data, pass_=p, ax=ax, title=f"{title or data.get('name', '')}: {names[p]}",
                              colors=colors)
-            fig.tight_layout()
             plt.show()
     peers = (peer,) if isinstance(peer, str) else tuple(peer)
     for p in peers:
@@ -204,8 +224,9 @@ def show_benchmark(source, *, select=None, title: str | None = None, ours: str =
                 errs.setdefault(who, {}).setdefault(k, 0.0)
                 errs[who][k] = max(errs[who][k], v)
     for who, e in errs.items():
-        print(f"largest RMS error ratio vs float64, {who}: " + ", ".join(f"{k} {v:.2e}" for k, v in e.items()))
+        print(_wrap(f"largest RMS error ratio vs float64, {who}: "
+                    + ", ".join(f"{k} {v:.2e}" for k, v in e.items())))
     for p in peers:
         for note in _refusals(data, p):
-            print(f"{p} recorded no time: {note}")
+            print(_wrap(f"{p} recorded no time: {note}"))
     return data

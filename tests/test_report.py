@@ -25,11 +25,14 @@ def _data():
 
 
 def test_ratio_table_divides_marks_goals_and_reports_refusals():
-    lines = report.ratio_table(_data()).splitlines()
-    assert len(lines) == 1 + 12 and "gates" in lines[0]         # the varying field gets a column
-    fwd = [l for l in lines if " fwd " in l]
+    table = report.ratio_table(_data())
+    lines = table.splitlines()
+    assert max(map(len, lines)) <= report.WIDTH              # fits the book's text column
+    assert lines[0] == "op_a: our time / fla's (goals: fwd <= 0.4, fwdbwd <= 1)"
+    assert "gates" in lines[1] and len(lines) == 2 + 12       # the varying field gets a column
+    fwd = [l for l in lines[2:] if " fwd " in l]
     assert len(fwd) == 6 and all("0.50" in l and "NOT met" in l for l in fwd)   # 1.0 / 2.0 > 0.4
-    bwd = [l for l in lines if "fwdbwd" in l]
+    bwd = [l for l in lines[2:] if "fwdbwd" in l]
     assert all("n/a" in l and "no fla time" in l for l in bwd)
     rows = report.ratio_rows(_data())
     assert {r["ratio"] for r in rows if r["pass"] == "fwd"} == {0.5}
