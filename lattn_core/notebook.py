@@ -13,7 +13,8 @@ import numpy as np
 
 from .checks import LINE_WIDTH
 
-__all__ = ["setup", "on_gpu", "gpu_dtype", "show_widget", "live_control_note", "time_cpu"]
+__all__ = ["setup", "on_gpu", "gpu_dtype", "show_widget", "live_control_note", "time_cpu", "source_lines",
+           "show_source"]
 
 
 def on_gpu() -> bool:
@@ -158,3 +159,35 @@ def time_cpu(fn, *args, repeats: int = 5, min_time: float = 0.02, **kwargs) -> f
                 break
         samples.append(elapsed / count)
     return float(np.median(samples))
+
+
+def source_lines(obj, start: str | None = None, stop: str | None = None) -> list[str]:
+    """The lines of ``obj``'s source (a function, a Triton kernel, a module) from the first line that
+    contains ``start`` through the first later line that contains ``stop`` (the whole source without
+    them), dedented. ``ValueError`` names a marker that is not in the source, so an excerpt shown in
+    the book cannot silently drift from the code."""
+    import inspect
+    import textwrap
+    fn = getattr(obj, "fn", obj)            # a triton.jit kernel keeps the Python function in .fn
+    lines = inspect.getsource(fn).splitlines()
+    i = 0
+    if start is not None:
+        hits = [n for n, line in enumerate(lines) if start in line]
+        if not hits:
+            raise ValueError(f"start marker {start!r} is not in the source of {fn.__qualname__}")
+        i = hits[0]
+    j = len(lines) - 1
+    if stop is not None:
+        hits = [n for n, line in enumerate(lines) if stop in line and n >= i]
+        if not hits:
+            raise ValueError(f"stop marker {stop!r} is not in the source of {fn.__qualname__} after {start!r}")
+        j = hits[0]
+    return textwrap.dedent("\n".join(lines[i:j + 1])).splitlines()
+
+
+def show_source(obj, start: str | None = None, stop: str | None = None) -> None:
+    """Print an excerpt of real source (:func:`source_lines`), headed by where it comes from."""
+    import inspect
+    fn = getattr(obj, "fn", obj)
+    print(f"# {fn.__module__}.{fn.__qualname__} ({inspect.getsourcefile(fn).split('/work/main/')[-1]})")
+    print("\n".join(source_lines(obj, start, stop)))

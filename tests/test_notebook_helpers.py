@@ -167,3 +167,17 @@ def test_setup_output_fits_the_text_column(capsys):
     printed = capsys.readouterr().out
     assert all(len(line) <= LINE_WIDTH for line in printed.splitlines()), printed
     assert all(len(line) <= LINE_WIDTH for line in str(np.random.default_rng(0).normal(size=(4, 30))).splitlines())
+
+
+def test_source_lines_cuts_real_source_between_markers():
+    """The excerpt helper the kernel sections use: the lines between two markers of a real kernel,
+    dedented, and a clear error when a marker is missing (an excerpt cannot drift from the code)."""
+    from kernels.delta.march import _march_t_kernel
+    from lattn_core.notebook import source_lines
+    lines = source_lines(_march_t_kernel, "for n in range(N0, N1)", "S = tl.dot(tl.trans(k)")
+    assert lines[0].startswith("for n in range(N0, N1)") and lines[-1].lstrip().startswith("S = tl.dot(")
+    assert all(not l.startswith(" " * 8) or l.startswith(" " * 4) for l in lines)
+    with pytest.raises(ValueError, match="start marker"):
+        source_lines(_march_t_kernel, "no such line")
+    with pytest.raises(ValueError, match="stop marker"):
+        source_lines(_march_t_kernel, "for n in range(N0, N1)", "no such line")
