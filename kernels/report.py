@@ -17,7 +17,8 @@ import math
 
 from .harness import load_results
 
-__all__ = ["show_benchmark", "ratio_table", "ratio_rows", "plot_results", "series_colors", "env_line"]
+__all__ = ["show_benchmark", "ratio_table", "ratio_rows", "goal_verdicts", "describe_verdicts", "plot_results",
+           "series_colors", "env_line"]
 
 # The implementation the stored goals compare us with (config["goals"]: our time / this one's).
 GOALS_PEER = "fla"
@@ -57,12 +58,64 @@ def ratio_rows(data: dict, *, ours: str = "ours", peer: str = "fla") -> list:
     rows = []
     for key, d in by.items():
         a, b = d.get(ours, {}).get("ms"), d.get(peer, {}).get("ms")
-        row = dict(key)
+        first = d.get(ours) or d.get(peer)
+        row = {k: v for k, v in first.items() if k not in _NOT_KEY}    # the fields, as stored
         row.update(ours=a, peer=b, ratio=a / b if _num(a) and _num(b) and b else None,
                    goal=goals.get(row.get("pass")),
                    note=(d.get(peer, {}).get("note") or "") if not _num(b) else "")
         rows.append(row)
     return rows
+
+
+def goal_verdicts(data: dict, *, select=None, ours: str = "ours", peer: str = "fla") -> list:
+    """Per op and pass (in the file's order), the stored goal and which shapes meet it: a dict with
+    ``op``, ``pass``, ``goal``, ``timed`` (the rows of :func:`ratio_rows` with both times), ``met`` and
+    ``missed`` (those with our time at most / above ``goal`` times the peer's; empty without a goal,
+    as against a peer the goals are not set for) and ``untimed`` (rows where the peer has no time,
+    its note saying why). The chapters state their kernels' goals from these, never from typed numbers."""
+    rows = [r for r in ratio_rows(data, ours=ours, peer=peer) if select is None or select(r)]
+    out = []
+    for key in dict.fromkeys((r.get("op"), r.get("pass")) for r in rows):
+        block = [r for r in rows if (r.get("op"), r.get("pass")) == key]
+        goal = next((r["goal"] for r in block if r["goal"] is not None), None)
+        timed = [r for r in block if r["ratio"] is not None]
+        out.append({"op": key[0], "pass": key[1], "goal": goal, "timed": timed,
+                    "met": [r for r in timed if goal is not None and r["ratio"] <= goal],
+                    "missed": [r for r in timed if goal is not None and r["ratio"] > goal],
+                    "untimed": [r for r in block if r["ratio"] is None]})
+    return out
+
+
+def _span(rows) -> str:
+    lo, hi = min(r["ratio"] for r in rows), max(r["ratio"] for r in rows)
+    return f"ratio {lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"ratios {lo:.2f} to {hi:.2f}"
+
+
+def _shapes(rows) -> str:
+    seen = dict.fromkeys((r.get("B"), r.get("T")) for r in rows)
+    return ", ".join(f"B = {b}, T = {t}" for b, t in seen)
+
+
+def describe_verdicts(verdicts: list, *, peer: str = "fla") -> list:
+    """One sentence per entry of :func:`goal_verdicts`: the goal, where it is met and where not (the
+    shapes and the span of our time over the peer's), and where the peer recorded no time."""
+    names = {"fwd": "forward", "fwdbwd": "forward + backward"}
+    out = []
+    for v in verdicts:
+        head = f"{v['op']}, {names.get(v['pass'], v['pass'])}"
+        if v["goal"] is not None:
+            head += f" (goal: our time at most {v['goal']:g} x {peer}'s)"
+        parts = []
+        if v["met"]:
+            parts.append(f"met at {_shapes(v['met'])} ({_span(v['met'])})")
+        if v["missed"]:
+            parts.append(f"not met at {_shapes(v['missed'])} ({_span(v['missed'])})")
+        if v["untimed"]:
+            note = (v["untimed"][0]["note"] or "no record").split(" (see")[0]
+            where = "any shape" if not (v["met"] or v["missed"]) else _shapes(v["untimed"])
+            parts.append(f"no {peer} time at {where} ({peer} recorded: {note})")
+        out.append(head + ": " + "; ".join(parts) + ".")
+    return out
 
 
 WIDTH = 79          # the widest line a report prints (the book's text column holds 80 characters)
@@ -121,7 +174,7 @@ def _series(data: dict, *, x: str, pass_, select) -> dict:
     main = max(set(tokens), key=tokens.count) if tokens else 0
     series: dict = {}
     for r in recs:
-        label = ", ".join([r["impl"]] + [str(r.get(k)) for k in vary])
+        label = ", ".join([r["impl"]] + [str(r[k]) for k in vary if r.get(k) is not None])
         series.setdefault(label, []).append((r[x], r["ms"], (r.get("B") or 0) * (r.get("T") or 0) == main))
     return series
 
@@ -167,7 +220,11 @@ def plot_results(data: dict, *, x: str = "T", pass_: str | None = None, ax=None,
         ax.plot([], [], linestyle="none", marker="o", markerfacecolor="none", color="#555555",
                 label="hollow: one long sequence (B = 1)")
     ax.legend(fontsize=7)
-    ax.text(0.0, -0.2, env_line(data), transform=ax.transAxes, fontsize=7, va="top")
+    # wrapped to the axes' width: a line wider than the axes would make a constrained layout
+    # shrink the axes to a sliver to leave room for it
+    import textwrap
+    ax.text(0.0, -0.2, textwrap.fill(env_line(data), 80), transform=ax.transAxes, fontsize=7,
+            va="top")
     return ax
 
 

@@ -55,7 +55,7 @@ from ._validate import as_array, check_chunk_size, check_gate, check_positive, c
 
 __all__ = [
     "forward_substitution", "blockwise_unit_lower_inverse",
-    "deltanet_recurrent", "deltanet_parallel", "deltanet_chunkwise",
+    "deltanet_recurrent", "deltanet_parallel", "deltanet_chunkwise", "deltanet_attention_matrix",
     "gated_deltanet_recurrent", "gated_deltanet_parallel", "gated_deltanet_chunkwise",
     "comba_recurrent", "comba_to_gated_deltanet", "gated_deltanet_to_comba",
     "deltaproduct_recurrent",
@@ -172,6 +172,18 @@ def deltanet_parallel(Q, K, V, beta=None) -> np.ndarray:
     A = np.tril(beta[:, None] * (K @ K.T), k=-1)
     U = forward_substitution(A, beta[:, None] * V)
     return np.tril(Q @ K.T) @ U
+
+
+def deltanet_attention_matrix(Q, K, beta=None) -> np.ndarray:
+    """DeltaNet's attention matrix ``P = (QK^T ⊙ M)(I + Diag(beta)KK^T ⊙ M^-)^{-1} Diag(beta)``,
+    ``(n, n)`` and lower triangular: :func:`deltanet_parallel` is ``P V``. The inverse is applied by
+    :func:`forward_substitution` to ``Diag(beta)`` (``O(n^3)``: for showing the matrix, not for
+    computing outputs). Chapter 6: Gated DeltaNet's attention matrix is ``P ⊙ Γ``.
+    """
+    Q, K, _ = check_qkv(Q, K, K)
+    beta = _beta(beta, K.shape[0])
+    B = np.tril(beta[:, None] * (K @ K.T), k=-1)          # the book's strictly lower B
+    return np.tril(Q @ K.T) @ forward_substitution(B, np.diag(beta))
 
 
 def deltanet_chunkwise(Q, K, V, beta=None, *, chunk_size: int = 64) -> np.ndarray:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import as_array, check_chunk_size, check_gate, check_qkv
+from .linear_attention import recall_experiment
 
 __all__ = [
     "decay_attention_recurrent", "decay_attention_parallel", "decay_attention_chunkwise",
@@ -21,6 +22,7 @@ __all__ = [
     "matrix_gate_attention_recurrent", "matrix_gate_attention_parallel", "pairwise_transitions",
     "elementwise_gate_attention_recurrent", "elementwise_gate_attention_parallel",
     "is_outer_product_gate", "outer_gate_attention_chunkwise",
+    "chunk_pair_levels", "gla_scores_by_levels", "topic_recall",
 ]
 
 
@@ -188,6 +190,48 @@ def gla_attention_chunkwise(Q, K, V, gamma, *, chunk_size: int = 16) -> np.ndarr
         O[s:s + C] = (q * np.exp(b)) @ S.T + _gla_scores(q, k, b) @ v
         S = S * np.exp(b[-1])[None, :] + v.T @ (k * np.exp(b[-1][None, :] - b))
     return O
+
+
+def chunk_pair_levels(chunk_size: int) -> np.ndarray:
+    """The level of every pair ``(i, j)`` of a chunk in the GLA kernel's factorisation of the scores.
+
+    Rows and columns count from 0. For ``i > j`` the level is ``l = 1 + `` the position of the highest
+    bit in which ``i`` and ``j`` differ: the pair lies in an aligned block of ``2h`` rows,
+    ``h = 2^(l-1)``, with ``i`` in the block's second half and ``j`` in its first, and the last row of
+    the first half, ``rho = (i // 2h) * 2h + h - 1``, satisfies ``j <= rho < i``. The diagonal is 0,
+    the entries above it -1. A chunk of ``C`` rows has ``ceil(log2 C)`` levels.
+    """
+    C = check_chunk_size(chunk_size)
+    i, j = np.arange(C)[:, None], np.arange(C)[None, :]
+    levels = np.frexp((i ^ j).astype(float))[1]          # bit length of i XOR j (0 for i = j)
+    return np.where(j > i, -1, levels).astype(int)
+
+
+def gla_scores_by_levels(Q, K, gamma) -> np.ndarray:
+    """The GLA scores of one chunk, ``P_ij = sum_κ q_iκ k_jκ prod_{τ=j+1..i} gamma_τκ`` (``j <= i``,
+    0 above), computed level by level as the kernels do (:func:`chunk_pair_levels`).
+
+    With ``b`` the chunk's cumulative log gates, ``e^{b_i - b_j} = e^{b_i - b_rho} e^{b_rho - b_j}`` for
+    the pair's reference row ``rho``; at one level ``rho`` depends on the row alone, so the level's
+    scores are ONE product of the ``(C, d_k)`` matrices ``Q ⊙ e^{b - b_rho}`` (rows in second halves)
+    and ``K ⊙ e^{b_rho - b}`` (rows in first halves), masked to the level's pairs. Every exponent is
+    ``<= 0``: finite for any gates. ``Q``, ``K``, ``gamma``: ``(C, d_k)``, gates in ``(0, 1]``.
+    """
+    K = as_array(K, "K", ("C", "d_k"))
+    Q = as_array(Q, "Q", K.shape)
+    C, d_k = K.shape
+    b = np.cumsum(np.log(check_gate(gamma, "gamma", (C, d_k))), axis=0)
+    levels = chunk_pair_levels(C)
+    rows = np.arange(C)
+    P = np.diag(np.sum(Q * K, axis=1))
+    for lv in range(1, int(levels.max()) + 1):
+        h = 2 ** (lv - 1)
+        rho = np.minimum((rows // (2 * h)) * 2 * h + h - 1, C - 1)
+        second = ((rows // h) % 2 == 1)[:, None]
+        q_f = np.exp(np.where(second, b - b[rho], -np.inf)) * Q       # 0 on first-half rows
+        k_f = np.exp(np.where(second, -np.inf, b[rho] - b)) * K       # 0 on second-half rows
+        P += np.where(levels == lv, q_f @ k_f.T, 0.0)
+    return P
 
 
 # --------------------------------------------------------------------------------------------
@@ -513,3 +557,20 @@ def outer_gate_attention_chunkwise(Q, K, V, alpha, beta, *, chunk_size: int = 16
         S = np.exp(a[-1])[:, None] * S * np.exp(b[-1])[None, :] \
             + (v * np.exp(a[-1] - a)).T @ (k * np.exp(b[-1] - b))
     return O
+
+
+# --------------------------------------------------------------------------------------------
+# Forgetting on cue: recall of the current topic
+# --------------------------------------------------------------------------------------------
+def topic_recall(n: int, topic_len: int, d_k: int, *, gamma=None, seeds: int = 4) -> np.ndarray:
+    """``n`` random pairs written into one state in topics of ``topic_len`` pairs; the last topic is
+    the current one. Each of its pairs is read back with its own key, as in
+    :func:`lattn_core.recall_experiment` (``d_v = d_k``, ``gamma``: ``None``, a constant or one gate
+    per token). Returns the cosine between recalled and stored value for each pair of the current
+    topic, oldest first, averaged over ``seeds`` draws."""
+    if isinstance(topic_len, bool) or not isinstance(topic_len, (int, np.integer)) \
+            or not 1 <= topic_len <= n:
+        raise ValueError(f"topic_len must be an integer in [1, n = {n}]; got {topic_len!r}")
+    runs = [recall_experiment(n, d_k, d_k, gamma=gamma, seed=s)["cosine"][-topic_len:]
+            for s in range(seeds)]
+    return np.mean(runs, axis=0)

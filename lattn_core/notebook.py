@@ -3,7 +3,8 @@
 ``setup()`` fixes plotting defaults and reports where the notebook runs; ``show_widget`` draws a
 figure at its default setting (what the rendered book shows, since it has no kernel) and then
 ipywidgets controls that redraw that figure in place when the notebook runs (the rendered book shows
-one line saying so instead); ``time_cpu`` measures a function on this machine, live.
+one line saying so instead); ``time_cpu`` and ``peak_bytes`` measure a function's time and memory on
+this machine, live.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import numpy as np
 
 from .checks import LINE_WIDTH
 
-__all__ = ["setup", "on_gpu", "gpu_dtype", "show_widget", "live_control_note", "time_cpu", "source_lines",
-           "show_source"]
+__all__ = ["setup", "on_gpu", "gpu_dtype", "show_widget", "live_control_note", "time_cpu", "peak_bytes",
+           "source_lines", "show_source"]
 
 
 def on_gpu() -> bool:
@@ -161,6 +162,18 @@ def time_cpu(fn, *args, repeats: int = 5, min_time: float = 0.02, **kwargs) -> f
     return float(np.median(samples))
 
 
+def peak_bytes(fn, *args, **kwargs) -> int:
+    """Peak bytes allocated during one call of ``fn(*args, **kwargs)``, from Python's allocator
+    tracer (``tracemalloc``; NumPy reports its arrays to it), measured on this machine, now."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        fn(*args, **kwargs)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def source_lines(obj, start: str | None = None, stop: str | None = None) -> list[str]:
     """The lines of ``obj``'s source (a function, a Triton kernel, a module) from the first line that
     contains ``start`` through the first later line that contains ``stop`` (the whole source without
@@ -185,9 +198,85 @@ def source_lines(obj, start: str | None = None, stop: str | None = None) -> list
     return textwrap.dedent("\n".join(lines[i:j + 1])).splitlines()
 
 
-def show_source(obj, start: str | None = None, stop: str | None = None) -> None:
-    """Print an excerpt of real source (:func:`source_lines`), headed by where it comes from."""
+def _shallowest_comma(code: str, limit: int) -> int:
+    """Index of the ``", "`` before ``limit`` nested in the fewest brackets (the last of those), or
+    -1: breaking there keeps a call's arguments whole where it can."""
+    depth, best, best_depth = 0, -1, None
+    for i, ch in enumerate(code[:limit]):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and code[i + 1: i + 2] == " " and depth > 0:
+            if best_depth is None or depth <= best_depth:
+                best, best_depth = i, depth
+    return best
+
+
+def _fit_code_line(line: str, width: int) -> list[str]:
+    """One source line as lines of at most ``width`` characters where it can be broken: a trailing
+    comment that does not fit goes on its own line above the code, a comment is refilled, and code
+    breaks after a ``", "`` that fits (inside brackets, where Python continues a line: the one
+    nested in the fewest brackets, the last of those), the continuation indented four more. A
+    line with no such break stays whole."""
+    import textwrap
+    if len(line) <= width:
+        return [line]
+    indent = line[: len(line) - len(line.lstrip())]
+    body = line.strip()
+    if body.startswith("#"):
+        return textwrap.wrap(body.lstrip("# "), width, initial_indent=indent + "# ",
+                             subsequent_indent=indent + "# ")
+    code, sep, comment = body.partition("  # ")
+    if sep and "#" not in code and "'" not in code and '"' not in code:
+        return _fit_code_line(indent + "# " + comment.strip(), width) + \
+            _fit_code_line(indent + code.rstrip(), width)
+    out, rest, first = [], body, True
+    while True:
+        pre = indent if first else indent + " " * 4
+        if len(pre) + len(rest) <= width:
+            out.append(pre + rest)
+            return out
+        cut = _shallowest_comma(rest, width - len(pre))
+        if cut <= 0:
+            out.append(pre + rest)
+            return out
+        out.append(pre + rest[: cut + 1])
+        rest, first = rest[cut + 2:], False
+
+
+def _fit_lines(lines: list[str], width: int) -> list[str]:
+    """:func:`_fit_code_line` for every line, except that a comment too wide for ``width`` is
+    refilled together with the comment lines that continue it (same indent)."""
+    import textwrap
+    out, i = [], 0
+    while i < len(lines):
+        line = lines[i]
+        indent = line[: len(line) - len(line.lstrip())]
+        if line.lstrip().startswith("#") and len(line) > width:
+            j = i + 1
+            while j < len(lines) and lines[j].startswith(indent + "#"):
+                j += 1
+            text = " ".join(part.strip().lstrip("#").strip() for part in lines[i:j])
+            out += textwrap.wrap(text, width, initial_indent=indent + "# ",
+                                 subsequent_indent=indent + "# ")
+            i = j
+        else:
+            out += _fit_code_line(line, width)
+            i += 1
+    return out
+
+
+def show_source(obj, start: str | None = None, stop: str | None = None, *,
+                width: int | None = LINE_WIDTH) -> None:
+    """Print an excerpt of real source (:func:`source_lines`), headed by where it comes from. Lines
+    wider than ``width`` (default: the book's column) are broken as :func:`_fit_lines` says, and
+    the heading then says so; ``width=None`` prints the lines as they are."""
     import inspect
     fn = getattr(obj, "fn", obj)
-    print(f"# {fn.__module__}.{fn.__qualname__} ({inspect.getsourcefile(fn).split('/work/main/')[-1]})")
-    print("\n".join(source_lines(obj, start, stop)))
+    lines = source_lines(obj, start, stop)
+    shown = _fit_lines(lines, width) if width else lines
+    where = inspect.getsourcefile(fn).split('/work/main/')[-1]
+    note = ", long lines broken" if shown != lines else ""
+    print(f"# {fn.__module__}.{fn.__qualname__} ({where}{note})")
+    print("\n".join(shown))

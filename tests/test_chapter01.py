@@ -188,3 +188,65 @@ def test_rms_norm_bad_input():
         lc.rms_norm(np.ones((2, 3)), eps=-1.0)
     with pytest.raises(ValueError, match="n must be a positive integer"):
         lc.causal_block_mask(0, 4)
+
+
+# ------------------------------------------------- chapters 0 and 1: the experiments' claims (issue 18)
+
+def test_token_one_term_and_the_remembering_experiment():
+    """Chapter 0's experiment, as the notebook runs it (seed 42): token 1's term in h_n is
+    a^(n-1) v_1, its share of the RNN state at n = 1024 is below 1e-3 for a = 0.9 and 0.99, and
+    attention's weight on token 1 (query = its key, temperature 0.1) stays above one half."""
+    rng = np.random.default_rng(42)
+    n_max, d = 1024, 32
+    keys = rng.normal(size=(n_max, d))
+    keys /= np.linalg.norm(keys, axis=1, keepdims=True)
+    vals = rng.normal(size=(n_max, d))
+    contrib = lc.linear_rnn_unrolled(vals[:50], 0.9)[-1] - lc.linear_rnn_unrolled(vals[1:50], 0.9)[-1]
+    # float64 differences of O(1) sums: round-off ~1e-15.
+    lc.check_close("token 1's term in h_50 is a^49 v_1", contrib, 0.9 ** 49 * vals[0], 1e-12)
+    for a in (0.9, 0.99):
+        share = np.linalg.norm(a ** (n_max - 1) * vals[0]) / np.linalg.norm(lc.linear_rnn(vals, a)[-1])
+        assert share < 1e-3, (a, share)
+    lengths = np.unique(np.geomspace(1, n_max, 30).astype(int))
+    weights = [lc.attention_lookup(keys[0], keys[:m], vals[:m], 0.1)[1][0] for m in lengths]
+    assert min(weights) > 0.5, weights
+
+
+def test_peak_memory_full_quadratic_blocked_one_row_per_token():
+    """Chapter 1's experiment: the full form's peak allocation grows like n^2 (log-log slope 2 within
+    0.1: only its O(n d) terms pull it away), the blocked form's by one float64 output row (8 d_v
+    bytes) per extra token (2%: allocator bookkeeping)."""
+    from lattn_core.notebook import peak_bytes
+    rng = np.random.default_rng(0)
+    ns, d = np.array([256, 512, 1024, 2048]), 16
+    full, block = [], []
+    for n in ns:
+        Q, K, V = (rng.normal(size=(n, d)) / d ** 0.25 for _ in range(3))
+        full.append(peak_bytes(lc.softmax_attention, Q, K, V))
+        block.append(peak_bytes(lc.softmax_attention_chunkwise, Q, K, V, chunk_size=64))
+    slope = np.polyfit(np.log(ns), np.log(full), 1)[0]
+    lc.check_close("full form: peak memory slope", slope, 2.0, 0.1)
+    per_token = (block[-1] - block[-2]) / (ns[-1] - ns[-2])
+    lc.check_close("blocked form: bytes per extra token", per_token, 8.0 * d, 0.02, relative=True)
+
+
+def test_peak_bytes_measures_an_allocation():
+    from lattn_core.notebook import peak_bytes
+    nbytes = peak_bytes(np.ones, (1000, 1000))          # one float64 array of 8 MB
+    assert 8_000_000 <= nbytes < 8_100_000, nbytes
+
+
+@pytest.mark.parametrize("path,start,stop", [
+    ("kernels.flash.forward:online_softmax_step", "m_new = tl.maximum", "return acc"),
+    ("kernels.gla.march:_fwd_kernel", "# q goes to the tensor cores", "o_c += tl.dot"),
+    ("kernels.gla.march:_fwd_kernel", "# state update", "S += tl.dot(tl.trans(_r16(k_t")])
+def test_chapter_kernel_excerpts_exist_and_fit(path, start, stop, capsys):
+    """The kernel excerpts chapters 1 and 2 print: their markers are in the source, and the printed
+    excerpt fits the book's column."""
+    import importlib
+    from lattn_core.checks import LINE_WIDTH
+    from lattn_core.notebook import show_source
+    module, name = path.split(":")
+    show_source(getattr(importlib.import_module(module), name), start, stop)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) > 2 and max(map(len, out)) <= LINE_WIDTH, out

@@ -261,3 +261,58 @@ def test_t_form_of_the_pseudo_values_symbolic():
     lhs = t * be * V - (t * be * eb * K) * S0T
     rhs = t * be * (V - eb * K * S0T)
     assert sp.simplify(lhs - rhs) == sp.zeros(2, 1)
+
+
+# ---------------------------------------------------------------- (ch6-gdn-matrix): GDN's attention matrix
+@pytest.mark.parametrize("n,seed", [(1, 0), (2, 1), (17, 2), (48, 3)])
+def test_gated_deltanet_attention_matrix_is_deltanets_times_the_decay_mask(n, seed):
+    """(ch6-parallel) as O = P V, P = (QK^T ⊙ M)(I + B)^-1 Diag(beta) (lc.deltanet_attention_matrix,
+    checked here against the definition), and (ch6-gdn-matrix): Gated DeltaNet is (P ⊙ Γ) V, Γ the
+    decay mask of its gates; (ch6-gdn-parallel), with B ⊙ Γ, is the same."""
+    Q, K, V, alpha, beta = make(n, seed=seed)
+    P = lc.deltanet_attention_matrix(Q, K, beta)
+    G = lc.decay_mask(alpha)
+    gdn = lc.gated_deltanet_recurrent(Q, K, V, alpha, beta)
+    lc.check_close("P V = DeltaNet (ch6-parallel)", P @ V, lc.deltanet_recurrent(Q, K, V, beta), TOL)
+    # P itself: the outputs of the recurrence for the values I (column j = the value e_j)
+    lc.check_close("P = DeltaNet(Q, K, I)", P, lc.deltanet_recurrent(Q, K, np.eye(n), beta), TOL)
+    lc.check_close("(P ⊙ Γ) V = Gated DeltaNet (ch6-gdn-matrix)", (P * G) @ V, gdn, TOL)
+    # (ch6-gdn-parallel): the mask Γ in both places, (QK^T ⊙ Γ)(I + B ⊙ Γ)^{-1} Diag(beta) V
+    B = np.tril(beta[:, None] * (K @ K.T), k=-1)
+    U = lc.forward_substitution(B * G, beta[:, None] * V)
+    lc.check_close("(QK^T ⊙ Γ)(I + B ⊙ Γ)^-1 Diag(beta) V = Gated DeltaNet", ((Q @ K.T) * G) @ U, gdn, TOL)
+    # the conjugation step: Diag(abar) P Diag(abar)^-1 = P ⊙ Γ (abar is finite for these short n)
+    abar = np.cumprod(alpha)
+    lc.check_close("Diag(abar) P Diag(abar)^-1 = P ⊙ Γ", abar[:, None] * P / abar[None, :], P * G, TOL)
+    with pytest.raises(ValueError, match="Q must have shape"):
+        lc.deltanet_attention_matrix(Q[:, :-1], K, beta)
+    if n > 2:   # the check can fail: without the decay mask it is DeltaNet, not Gated DeltaNet
+        res = lc.check_close("P V", P @ V, gdn, TOL, raise_on_fail=False)
+        assert not res.passed
+
+
+def test_decayed_attention_matrix_is_finite_where_the_cumulative_gate_underflows():
+    """(ch6-gdn-matrix) never divides by abar: with harsh gates over 600 tokens abar underflows to 0 in
+    float64 and the rewriting (ch6-cumalpha) returns inf/NaN, while (P ⊙ Γ) V, Γ from log differences,
+    equals the chunkwise form."""
+    n = 600
+    Q, K, V, _, beta = make(n, seed=11)
+    alpha = np.random.default_rng(11).uniform(0.05, 0.5, size=n)
+    assert np.cumprod(alpha)[-1] == 0.0                   # the cumulative gate is gone
+    assert not np.all(np.isfinite(lc.gated_deltanet_via_cumulative_alpha(Q, K, V, alpha, beta)))
+    out = (lc.deltanet_attention_matrix(Q, K, beta) * lc.decay_mask(alpha)) @ V
+    # float64 over 600 tokens, outputs O(1): round-off ~1e-13
+    lc.check_close("(P ⊙ Γ) V = chunkwise Gated DeltaNet, n = 600", out,
+                   lc.gated_deltanet_chunkwise(Q, K, V, alpha, beta), 1e-9)
+
+
+def test_conjugating_by_the_cumulative_gate_is_the_decay_mask_symbolic():
+    """Diag(abar) X Diag(abar)^-1 = X ⊙ Γ for lower-triangular X, exactly (4 tokens, symbolic gates)."""
+    n = 4
+    a = sp.symbols(f"alpha1:{n + 1}", positive=True)
+    X = sp.Matrix(n, n, lambda i, j: sp.Symbol(f"x{i}{j}") if j <= i else 0)
+    G = sp.Matrix(n, n, lambda i, j: sp.prod(a[j + 1:i + 1]) if j <= i else 0)
+    D = sp.diag(*[sp.prod(a[:t + 1]) for t in range(n)])
+    lc.check_symbolic("Diag(abar) X Diag(abar)^-1 = X ⊙ Γ", D * X * D.inv(), X.multiply_elementwise(G))
+    res = lc.check_symbolic("not X itself", D * X * D.inv(), X, raise_on_fail=False)
+    assert not res.passed

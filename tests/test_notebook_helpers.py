@@ -181,3 +181,27 @@ def test_source_lines_cuts_real_source_between_markers():
         source_lines(_march_t_kernel, "no such line")
     with pytest.raises(ValueError, match="stop marker"):
         source_lines(_march_t_kernel, "for n in range(N0, N1)", "no such line")
+
+
+def test_show_source_breaks_long_lines_to_the_column(capsys):
+    """``show_source`` prints a kernel excerpt within the book's column: a line wider than
+    ``LINE_WIDTH`` is broken inside its brackets (still valid Python), a trailing comment moves
+    above its code, and the heading says lines were broken; ``width=None`` prints them as they are."""
+    import ast
+    from kernels.gla.march import _fwd_kernel
+    from lattn_core.checks import LINE_WIDTH
+    from lattn_core.notebook import show_source, source_lines
+    start, stop = "# q goes to the tensor cores", "o_c += tl.dot"
+    raw = source_lines(_fwd_kernel, start, stop)
+    assert max(map(len, raw)) > LINE_WIDTH, "the excerpt no longer needs breaking: pick another"
+    show_source(_fwd_kernel, start, stop)
+    head, *body = capsys.readouterr().out.splitlines()
+    assert "long lines broken" in head
+    assert max(map(len, body)) <= LINE_WIDTH, [l for l in body if len(l) > LINE_WIDTH]
+    strip = lambda lines: "".join("".join(l.split()) for l in lines if not l.lstrip().startswith("#"))  # noqa: E731
+    assert strip(body) == strip(l.split("  # ")[0] for l in raw), "breaking changed the code"
+    # still Python: the excerpt starts one block deeper than it ends
+    ast.parse("if 1:\n    if 1:\n" + "\n".join("    " + l for l in body))
+    show_source(_fwd_kernel, start, stop, width=None)
+    head, *body = capsys.readouterr().out.splitlines()
+    assert body == raw and "broken" not in head

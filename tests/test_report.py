@@ -119,3 +119,30 @@ def test_bench_command_line(family, capsys, monkeypatch):
     assert f"show_benchmark('{family}')" in capsys.readouterr().out
     cases = bench.cases(quick=True)
     assert cases and all({"op", "B", "T"} <= set(c) for c in cases)
+
+
+def test_goal_verdicts_and_their_sentences():
+    """The verdicts the chapters state: per op and pass, which shapes meet the stored goal, which
+    miss it, where fla has no time; and one sentence each, built from them."""
+    data = _data()
+    v = report.goal_verdicts(data)
+    assert [(x["op"], x["pass"], x["goal"]) for x in v] == [("op_a", "fwd", 0.4), ("op_a", "fwdbwd", 1.0)]
+    fwd, bwd = v
+    assert not fwd["met"] and len(fwd["missed"]) == 6 and not fwd["untimed"]
+    assert not (bwd["met"] or bwd["missed"]) and len(bwd["untimed"]) == 6
+    s = report.describe_verdicts(v)
+    assert s[0].startswith("op_a, forward (goal: our time at most 0.4 x fla's): not met at B = 32")
+    assert "(ratio 0.50)" in s[0]
+    assert s[1].endswith("no fla time at any shape (fla recorded: RuntimeError: refused).")
+    only_long = report.goal_verdicts(data, select=lambda r: r["B"] == 1)
+    assert {(r["B"], r["T"]) for r in only_long[0]["missed"]} == {(1, 32768)}
+
+
+def test_goal_verdicts_without_a_goal_keep_every_ratio():
+    """Against a peer the goals are not set for (SDPA), nothing is met or missed, every ratio is
+    kept in ``timed``."""
+    v = report.goal_verdicts(_data(), peer="fla")
+    data = dict(_data(), config={})                       # a file without goals
+    (fwd, _) = report.goal_verdicts(data)
+    assert fwd["goal"] is None and not (fwd["met"] or fwd["missed"]) and len(fwd["timed"]) == 6
+    assert len(v[0]["timed"]) == 6

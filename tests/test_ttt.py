@@ -97,12 +97,12 @@ def test_momentum_matches_explicit_loop():
     eta = rng.uniform(0.1, 0.5, size=n)
     mu = rng.uniform(0.0, 0.9, size=n)
     S = np.zeros((V.shape[1], K.shape[1]))
-    M = np.zeros_like(S)
+    Z = np.zeros_like(S)                     # the momentum buffer Z_t
     out = []
     for t in range(n):
         grad = np.outer(S @ K[t] - V[t], K[t])   # hand gradient of 1/2||Sk - v||^2 (independent of autodiff)
-        M = mu[t] * M - eta[t] * grad
-        S = S + M
+        Z = mu[t] * Z - eta[t] * grad
+        S = S + Z
         out.append(S @ Q[t])
     got, S_fin = lc.ttt_recurrent(Q, K, V, "squared", eta, momentum=mu, return_state=True)
     lc.check_close("Titans momentum = loop", got, np.array(out), TOL)
@@ -115,7 +115,7 @@ def test_momentum_matches_explicit_loop():
 
 
 def test_momentum_with_dot_loss_is_a_second_order_linear_recurrence():
-    # grad = -v k^T does not depend on S, so M_t = sum_j mu^(t-j) eta v_j k_j^T and
+    # grad = -v k^T does not depend on S, so Z_t = sum_j mu^(t-j) eta v_j k_j^T and
     # S_t = sum_{j<=t} (1 - mu^(t-j+1))/(1 - mu) eta v_j k_j^T.
     n, mu, eta = 15, 0.6, 0.5
     Q, K, V, _ = make(n, seed=6)
@@ -237,3 +237,98 @@ def test_regression_curve_compression_story():
     lc.check_close("first step identical", sq[0], dot[0], 1e-12)
     with pytest.raises(ValueError, match="n must"):
         lc.ttt_regression_curve(n=0)
+
+
+# ------------------------------------------------------------------ a nonlinear model (chapter 4)
+
+def test_mlp_autodiff_equals_hand_written_step():
+    # ttt_model_recurrent asks autodiff; ttt_mlp_step is the chain rule by hand (ch4-mlp-step)
+    Q, K, V, _ = make(30, d_k=5, d_v=3, seed=12)
+    S0 = lc.ttt_mlp_init(5, 3, 7, seed=1)
+    eta = np.linspace(0.05, 0.3, 30)
+    O, (S1s, S2s) = lc.ttt_model_recurrent(Q, K, V, lc.ttt_mlp, S0, eta, return_states=True)
+    S, outs = S0, []
+    for t in range(30):
+        S = lc.ttt_mlp_step(S, K[t], V[t], eta[t])
+        outs.append(lc.ttt_mlp(S, Q[t]))
+        lc.check_close(f"first layer after token {t}", S1s[t], S[0], TOL)
+        lc.check_close(f"second layer after token {t}", S2s[t], S[1], TOL)
+    lc.check_close("outputs f(S_t; q_t)", O, np.array(outs), TOL)
+    # the model is really learning (not a vacuous comparison of two zero updates)
+    assert np.abs(S1s[-1] - S0[0]).max() > 1e-2 and np.abs(S2s[-1]).max() > 1e-2
+
+
+def test_mlp_step_by_finite_differences():
+    # the hand-written gradient itself, against central differences of the loss (float64)
+    rng = np.random.default_rng(13)
+    S = (rng.normal(size=(6, 4)), rng.normal(size=(3, 6)))
+    k, v = rng.normal(size=4), rng.normal(size=3)
+    loss = lambda S1, S2: 0.5 * np.sum((lc.ttt_mlp((S1, S2), k) - v) ** 2)
+    S1n, S2n = lc.ttt_mlp_step(S, k, v, 1.0)          # S - grad with eta = 1
+    h = 1e-6
+    for which, (W, Wn) in enumerate(zip(S, (S1n, S2n))):
+        num = np.zeros_like(W)
+        for idx in np.ndindex(W.shape):
+            Wp, Wm = W.copy(), W.copy()
+            Wp[idx] += h
+            Wm[idx] -= h
+            args_p = (Wp, S[1]) if which == 0 else (S[0], Wp)
+            args_m = (Wm, S[1]) if which == 0 else (S[0], Wm)
+            num[idx] = (loss(*args_p) - loss(*args_m)) / (2 * h)
+        # central differences with h = 1e-6 on O(1) values: error ~1e-9
+        lc.check_close(f"layer {which + 1} gradient", W - Wn, num, 1e-7)
+
+
+def test_model_recurrent_with_linear_model_is_ttt_squared():
+    Q, K, V, _ = make(20, seed=14)
+    lin = lambda S, x: S[0] @ x
+    lc.check_close("generic TTT with f = Sk is DeltaNet",
+                   lc.ttt_model_recurrent(Q, K, V, lin, (np.zeros((3, 4)),), 0.6),
+                   lc.deltanet_recurrent(Q, K, V, np.full(20, 0.6)), TOL)
+
+
+def test_affine_defect_separates_linear_from_nonlinear_updates():
+    rng = np.random.default_rng(15)
+    k = rng.normal(size=4)
+    k /= np.linalg.norm(k)
+    v = rng.normal(size=3)
+    step_lin = lambda S: S @ (np.eye(4) - 0.7 * np.outer(k, k)) + 0.7 * np.outer(v, k)
+    assert lc.affine_defect(step_lin, rng.normal(size=(3, 4)), rng.normal(size=(3, 4))) < 1e-12
+    S_a = lc.ttt_mlp_init(4, 3, 16, seed=2)
+    S_b = tuple(rng.normal(size=W.shape) for W in S_a)
+    assert lc.affine_defect(lambda S: lc.ttt_mlp_step(S, k, v, 0.1), S_a, S_b) > 1e-2
+    # an affine map that is not linear (a constant term) has no defect either; a square does
+    assert lc.affine_defect(lambda S: 2 * S + 1.0, np.ones(3), np.arange(3.0)) < 1e-12
+    assert lc.affine_defect(lambda S: S * S, np.ones(3), np.arange(3.0)) > 1.0
+    with pytest.raises(ValueError, match="same shapes"):
+        lc.affine_defect(step_lin, np.zeros((3, 4)), np.zeros((3, 5)))
+
+
+def test_nonlinear_regression_mlp_beats_every_linear_state():
+    # chapter 4's claim: in-context regression of a nonlinear rule; the least-squares floor bounds
+    # every linear state from below (by construction), and the two-layer state ends below it.
+    for seed in range(3):
+        r = lc.ttt_nonlinear_regression(seed=seed)
+        assert r["mlp"].shape == r["linear"].shape == (400,)
+        assert r["linear"].min() >= r["floor"] * (1 - 1e-9)
+        assert r["mlp"][-50:].mean() < r["floor"]
+    # with a linear rule the floor is zero up to round-off (the model class contains the rule):
+    # a degenerate hidden rule of width 1 and tiny scale is nearly linear, floor ~ 0
+    r = lc.ttt_nonlinear_regression(n=20, rule_scale=1e-4, rule_width=1, seed=0)
+    assert r["floor"] < 1e-6
+
+
+def test_nonlinear_bad_inputs():
+    Q, K, V, _ = make(5)
+    with pytest.raises(ValueError, match="initial_state"):
+        lc.ttt_model_recurrent(Q, K, V, lc.ttt_mlp, np.zeros((3, 4)))
+    with pytest.raises(ValueError, match="model"):
+        lc.ttt_model_recurrent(Q, K, V, "mlp", lc.ttt_mlp_init(4, 3, 2))
+    with pytest.raises(ValueError, match="d_v"):
+        lc.ttt_model_recurrent(Q, K, V, lc.ttt_mlp, lc.ttt_mlp_init(4, 2, 2))
+    with pytest.raises(ValueError, match="eta must"):
+        lc.ttt_model_recurrent(Q, K, V, lc.ttt_mlp, lc.ttt_mlp_init(4, 3, 2), -1.0)
+    with pytest.raises(ValueError, match="d_h"):
+        lc.ttt_mlp_init(4, 3, 0)
+    with pytest.raises(ValueError, match="n must"):
+        lc.ttt_nonlinear_regression(n=0)
