@@ -276,7 +276,10 @@ def show_source(obj, start: str | None = None, stop: str | None = None, *,
     fn = getattr(obj, "fn", obj)
     lines = source_lines(obj, start, stop)
     shown = _fit_lines(lines, width) if width else lines
-    where = inspect.getsourcefile(fn).split('/work/main/')[-1]
+    from pathlib import Path
+    path = Path(inspect.getsourcefile(fn)).resolve()
+    root = Path(__file__).resolve().parents[1]           # the repository (or site-packages)
+    where = str(path.relative_to(root)) if path.is_relative_to(root) else path.name
     note = ", long lines broken" if shown != lines else ""
     print(f"# {fn.__module__}.{fn.__qualname__} ({where}{note})")
     print("\n".join(shown))
