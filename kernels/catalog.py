@@ -47,6 +47,8 @@ MODELS = (
           "chunk_gated_delta_rule", "delta", (6,), ("06_inverse_trick",)),
     Model("Comba", "comba_recurrent", None, None, None, None, (6,), ("06_inverse_trick",)),
     Model("DeltaProduct", "deltaproduct_recurrent", None, None, None, None, (6,), ("06_inverse_trick",)),
+    Model("FoX (forget-gated softmax; ALiBi its constant gate)", "fox_attention_recurrent", "fox_attention_parallel",
+          "fox_attention_chunkwise", "parallel_forgetting_attn", "flash", (7,), ("07_feeding_back",)),
 )
 
 

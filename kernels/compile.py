@@ -188,17 +188,20 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
     halves = tuple(dict.fromkeys((bf, torch.bfloat16 if caps.major >= 8 else f16, f16)))   # the class's 16-bit dtypes
     launches = []
     if family == "flash":
-        from .flash import forward
+        from .flash import backward, forward
         from .flash.op import flash_attention_triton
-        cases = [(bf, 128, True, T) for T in (1024, 4096)] + [(f32, 128, True, 100), (f16, 16, False, 100),
-                                                             (bf, 64, True, 1024)]
+        # (dtype, head size, causal, T, FoX gates): forward and backward, with and without the bias
+        cases = [(bf, 128, True, T, gates) for T in (1024, 4096) for gates in (None, f32)]
+        cases += [(f32, 128, True, 100, f32), (f16, 16, False, 100, None), (bf, 64, True, 1024, None)]
         if not quick:
-            cases += [(dt, D, c, T) for dt in halves + (f32,) for D in (16, 32, 64, 128) for c in (True, False)
-                      for T in (100, 4096)]
-        with capture([forward]) as sink:
-            for dt, D, causal, T in cases:
-                q = torch.randn(1, T, 2, D, dtype=dt)
-                flash_attention_triton(q, q, q, 0.1, causal, caps=caps)
+            cases += [(dt, D, c, T, None) for dt in halves + (f32,) for D in (16, 32, 64, 128)
+                      for c in (True, False) for T in (100, 4096)]
+        with capture([forward, backward]) as sink:
+            for dt, D, causal, T, gates in cases:
+                q = torch.randn(1, T, 2, D, dtype=dt, requires_grad=True)
+                g = None if gates is None else (-torch.rand(1, T, 2)).to(gates).requires_grad_()
+                o = flash_attention_triton(q, q, q, 0.1, causal, g, caps=caps)
+                torch.autograd.grad(o.float().sum(), [q] + ([] if g is None else [g]))
         launches = sink
     elif family == "gla":
         from .gla import backward, march, prep

@@ -15,7 +15,8 @@ to :func:`run_benchmark`, which does the rest the same way for every family:
 * the results file ``kernels/<family>/results.json``::
 
       {"name": ..., "env": {device, date, torch, triton, fla, cuda, python}, "config": {...},
-       "records": [{"impl", "op", "B", "T", <case fields>, "pass", "ms", "err", "note"}, ...]}
+       "records": [{"impl", "op", "B", "T", <case fields>, "pass", "ms", "err", "note",
+                    "peak_mib" (forward + backward only)}, ...]}
 
   rewritten after every case, so a killed run keeps what it measured.
 
@@ -124,7 +125,7 @@ def _slice(x: dict, err_T: int, heads) -> dict:
 
 def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names, passes=("fwd", "fwdbwd"),
                   path=None, config=None, quick=False, budget_s=400.0, err_T_max=8192, err_heads=None,
-                  extra_err=None, keep=None):
+                  extra_err=None, keep=None, flops=None):
     """Time and check every implementation on every case; returns the records (see the module doc).
 
     ``cases``: dicts with at least ``op``, ``B`` and ``T`` (every other key is recorded with the
@@ -138,6 +139,9 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
     ``path``: write the results file there after every case; ``keep(record) -> bool`` keeps those
     records of the file already there (a run of some ops of a family leaves the others' records; the
     file's env then names the latest run, and each kept record carries its own ``env``).
+    ``flops(case)``: the forward's floating-point operations; each timed record then also gets
+    ``tflops``, its achieved rate (forward + backward counted as 3.5 forwards: the backward's five
+    products per tile against the forward's two, FlashAttention's convention).
     """
     import torch
     warmup, rep = (5, 20) if quick else (10, 50)
@@ -209,9 +213,19 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
                         def step():
                             return torch.autograd.grad(fn(**leaves), ins, do_full)
                         rec["ms"] = bench_ms(step, warmup=warmup, rep=rep)
+                        # the memory one training step holds above its inputs (outputs, saved
+                        # tensors, gradients, workspace): linear in T unless a T x T tensor exists
+                        torch.cuda.synchronize()
+                        torch.cuda.reset_peak_memory_stats()
+                        base = torch.cuda.memory_allocated()
+                        step()
+                        torch.cuda.synchronize()
+                        rec["peak_mib"] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
                         del leaves, ins
                 except Exception as e:
                     rec["note"] = short_error(e)
+                if flops is not None and rec["ms"]:
+                    rec["tflops"] = round(flops(case) * (3.5 if p == "fwdbwd" else 1.0) / rec["ms"] / 1e9, 1)
                 rec["wall_s"] = round(time.perf_counter() - t_impl, 1)
                 records.append(rec)
                 torch.cuda.empty_cache()
@@ -236,7 +250,9 @@ def bench_main(argv, module):
     and, when the family has several ops (``RUN["ops"]``), ``--ops`` (a run of some ops keeps the
     others' records in the results file). ``module`` provides ``cases(ops, quick)`` (or
     ``cases(quick)``), ``make_inputs``, ``impls``, ``reference``, ``grad_names``, ``CONFIG`` (recorded
-    with the results) and ``RUN`` (``ops``, ``budget_s`` and keywords of :func:`run_benchmark`)."""
+    with the results) and ``RUN`` (``ops``, ``budget_s`` and keywords of :func:`run_benchmark`); and
+    optionally ``flops(case)`` (see :func:`run_benchmark`) and ``measure_config()``, measurements of
+    the device recorded in the config (flash: the bf16 matrix-multiply rate)."""
     import argparse
     kw = dict(module.RUN)
     ops, budget_s = kw.pop("ops", None), kw.pop("budget_s", 500.0)
@@ -255,9 +271,12 @@ def bench_main(argv, module):
     if not torch.cuda.is_available():
         print(f"the benchmark needs a CUDA GPU; the stored results: kernels.report.show_benchmark({family!r})")
         return 2
+    config = dict(module.CONFIG, **({"ops": chosen} if ops else {}))
+    if hasattr(module, "measure_config"):
+        config.update(module.measure_config())
     run_benchmark(family, cases=module.cases(chosen, args.quick) if ops else module.cases(args.quick),
                   make_inputs=module.make_inputs, impls=module.impls, reference=module.reference,
                   grad_names=module.grad_names, path=family if args.write else None, quick=args.quick,
                   keep=(lambda r: r.get("op") not in chosen) if ops else None, budget_s=args.budget_s,
-                  config=dict(module.CONFIG, **({"ops": chosen} if ops else {})), **kw)
+                  config=config, flops=getattr(module, "flops", None), **kw)
     return 0

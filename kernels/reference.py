@@ -27,11 +27,15 @@ def _acc_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def attention_ref(q, k, v, scale: float, causal: bool = True) -> torch.Tensor:
-    """Softmax attention ``softmax(scale q k^T + log M) v`` in float32 (float64 for float64 input)."""
+def attention_ref(q, k, v, scale: float, causal: bool = True, g=None) -> torch.Tensor:
+    """Softmax attention ``softmax(scale q k^T + G_i - G_j + log M) v`` in float32 (float64 for
+    float64 input); ``g``: ``None`` or log forget gates ``[B, T, H]`` with ``G = cumsum(g)`` (FoX)."""
     acc = _acc_dtype(q)
     qf, kf, vf = (x.to(acc).transpose(1, 2) for x in (q, k, v))       # [B, H, T, D]
     s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    if g is not None:
+        G = torch.cumsum(g.to(acc), dim=1).transpose(1, 2)             # [B, H, T]
+        s = s + (G[..., :, None] - G[..., None, :])
     if causal:
         T = q.shape[1]
         mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()

@@ -8,8 +8,10 @@ implementation (of each op, when the records hold several) against the float64 r
 peer's recorded refusals. Chapters, the
 benchmarks appendix and the README's numbers all come through here.
 
-The goals in a results file's ``config["goals"]`` are our time over fla's, per pass: they are marked
-only in a comparison with fla (``peer="fla"``), never against another peer such as ``"sdpa"``.
+The goals in a results file's ``config["goals"]`` are our time over a peer's: either per pass,
+``{"fwd": 1.0, ...}``, set against fla and marked only in a comparison with fla (``peer="fla"``), or
+per peer, op and pass, ``{"by_peer": {"sdpa": {"attention": {"fwd": 1.1}}, "fla": {...}}}``, each
+marked in the comparison with its own peer.
 """
 from __future__ import annotations
 
@@ -17,14 +19,14 @@ import math
 
 from .harness import load_results
 
-__all__ = ["show_benchmark", "ratio_table", "ratio_rows", "goal_verdicts", "describe_verdicts", "plot_results",
+__all__ = ["show_benchmark", "ratio_table", "ratio_rows", "stored_goal", "goal_verdicts", "describe_verdicts", "plot_results",
            "series_colors", "env_line"]
 
 # The implementation the stored goals compare us with (config["goals"]: our time / this one's).
 GOALS_PEER = "fla"
 
 # Record fields that are measurements or bookkeeping, not part of what was measured.
-_NOT_KEY = {"impl", "ms", "err", "note", "wall_s", "err_T", "tflops", "max_abs_err", "ok", "env"}
+_NOT_KEY = {"impl", "ms", "err", "note", "wall_s", "err_T", "tflops", "max_abs_err", "ok", "env", "peak_mib"}
 
 
 def _num(v) -> bool:
@@ -46,11 +48,18 @@ def _key(r: dict) -> tuple:
     return tuple(sorted((k, str(v)) for k, v in r.items() if k not in _NOT_KEY))
 
 
+def stored_goal(data: dict, peer: str, op, pass_):
+    """The goal (our time over ``peer``'s) a results file sets for ``op`` and ``pass_``, or ``None``."""
+    goals = (data.get("config") or {}).get("goals") or {}
+    if "by_peer" in goals:
+        return ((goals["by_peer"].get(peer) or {}).get(op) or {}).get(pass_)
+    return goals.get(pass_) if peer == GOALS_PEER else None
+
+
 def ratio_rows(data: dict, *, ours: str = "ours", peer: str = "fla") -> list:
     """One dict per measured shape and pass: the shape's fields, ``ours`` and ``peer`` ms, ``ratio``
-    (``None`` where either time is missing), the goal for the pass (from the file's config, and only
-    when ``peer`` is fla, whom the goals are set against) and the peer's note where it has no time."""
-    goals = ((data.get("config") or {}).get("goals") or {}) if peer == GOALS_PEER else {}
+    (``None`` where either time is missing), the goal for the op and pass against this ``peer``
+    (:func:`stored_goal`) and the peer's note where it has no time."""
     by: dict = {}
     for r in data["records"]:
         if r.get("impl") in (ours, peer):
@@ -61,7 +70,7 @@ def ratio_rows(data: dict, *, ours: str = "ours", peer: str = "fla") -> list:
         first = d.get(ours) or d.get(peer)
         row = {k: v for k, v in first.items() if k not in _NOT_KEY}    # the fields, as stored
         row.update(ours=a, peer=b, ratio=a / b if _num(a) and _num(b) and b else None,
-                   goal=goals.get(row.get("pass")),
+                   goal=stored_goal(data, peer, row.get("op"), row.get("pass")),
                    note=(d.get(peer, {}).get("note") or "") if not _num(b) else "")
         rows.append(row)
     return rows
@@ -106,6 +115,8 @@ def describe_verdicts(verdicts: list, *, peer: str = "fla") -> list:
         if v["goal"] is not None:
             head += f" (goal: our time at most {v['goal']:g} x {peer}'s)"
         parts = []
+        if v["goal"] is None and v["timed"]:
+            parts.append(f"no goal set, {_span(v['timed'])}")
         if v["met"]:
             parts.append(f"met at {_shapes(v['met'])} ({_span(v['met'])})")
         if v["missed"]:

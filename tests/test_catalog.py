@@ -9,7 +9,7 @@ from kernels import catalog
 def test_model_map_validates_and_covers_the_books_models():
     rows = catalog.model_map()
     by = {r["model"]: r for r in rows}
-    assert len(rows) == len(catalog.MODELS) == 8
+    assert len(rows) == len(catalog.MODELS) == 9
     assert by["softmax attention"]["family"] == "flash" and by["softmax attention"]["chapters"] == (1,)
     assert by["GLA (vector gate)"]["bench"] == "python -m kernels.gla.bench --write"
     assert by["Gated DeltaNet"]["results"] == "kernels/delta/results.json"

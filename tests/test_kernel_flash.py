@@ -117,21 +117,156 @@ def test_non_contiguous_inputs(device, causal):
     torch.testing.assert_close(o, o2, atol=1e-6, rtol=0)
 
 
+# --- the backward and FoX's bias ---------------------------------------------------------------
+# Gradient tolerances, all against float64 gradients of the float64 reference on the same
+# (rounded) inputs and the same upstream gradient:
+# - float32, max error over max(max |reference|, 1) <= 2e-5 (the 1: a lone query's dq is exactly 0): the backward sums up to T products of
+#   float32 terms twice over (p, then ds), each a few ulps (6e-8); 2e-5 is ~100x their size at
+#   these T while a wrong mask, a wrong row statistic or a TF32 product (1e-3) fails it.
+# - 16-bit, fla's RMS error ratio: outputs <= 5e-3 (issue 19's bound), dq/dk/dv <= 1e-2 (p and ds are
+#   rounded to the input dtype before their products: 2^-9 relative for bfloat16, and each gradient
+#   is a sum of such rounded terms), gate gradients dg <= 2e-2 (issue 19's bound; dg is a reverse
+#   cumulative sum of column sums, so it adds the float32 rounding of long sums).
+from kernels.flash.forward import cumulative_gates  # noqa: E402
+from kernels.harness import err_ratio  # noqa: E402
+
+RMS_TOL = {"o": 5e-3, "dq": 1e-2, "dk": 1e-2, "dv": 1e-2, "dg": 2e-2}
+
+
+def grads_and_reference(q, k, v, g=None, causal=True, scale=None, seed=0):
+    """Our output and gradients (Triton) and the float64 reference's, for one upstream gradient."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(v.shape, generator=gen).to(v.dtype).to(v.device)
+    names = ["q", "k", "v"] + ([] if g is None else ["g"])
+    ins = [q, k, v] + ([] if g is None else [g])
+    leaves = [x.detach().clone().requires_grad_(True) for x in ins]
+    if g is None:
+        o = kernels.flash_attention(*leaves, scale=scale, causal=causal, backend="triton")
+    else:
+        o = kernels.parallel_forgetting_attn(*leaves, scale=scale, backend="triton")
+    grads = torch.autograd.grad(o, leaves, do)
+    if g is not None:
+        # The op forms G = cumsum(g) in float32 (as fla does); like every other input, the reference
+        # starts from that rounded G (its float64 differences sum back to it exactly), so the
+        # tolerances measure the kernels' arithmetic. (A float32 G of size |G| is itself off by up to
+        # |G|·2^-24, a relative error of that size in each weight: 2e-4 at |G| = 3300.)
+        G32 = cumulative_gates(g.detach()).to("cpu", torch.float64)
+        ins = ins[:3] + [torch.diff(G32, dim=1, prepend=torch.zeros_like(G32[:, :1]))]
+    l64 = [x.detach().to("cpu", torch.float64).requires_grad_(True) for x in ins]
+    o64 = attention_ref(*l64[:3], scale, causal, g=None if g is None else l64[3])
+    g64 = torch.autograd.grad(o64, l64, do.to("cpu", torch.float64))
+    assert all(a.dtype == x.dtype and a.shape == x.shape for a, x in zip(grads, leaves))
+    return dict(zip(["o"] + ["d" + n for n in names], [o] + list(grads))), \
+        dict(zip(["o"] + ["d" + n for n in names], [o64] + list(g64)))
+
+
+def check_grads(ours, ref, label):
+    exact = ours["o"].dtype == torch.float32          # float32 inputs (gates may be float32 anyway)
+    for name, a in ours.items():
+        a64, r = a.detach().to("cpu", torch.float64), ref[name].detach()
+        if exact:
+            err = (a64 - r).abs().max().item() / max(r.abs().max().item(), 1.0)
+            tol = 1e-5 if name == "o" else 2e-5
+        else:
+            err, tol = err_ratio(a64, r), RMS_TOL[name]
+        print(f"{'✓' if err <= tol else '✗'} {label} {name}: {err:.2e} (tol {tol:g})")
+        assert err <= tol, f"{label} {name}: {err:.3e} > {tol:g}"
+
+
+def log_gates(B, T, H, device, *, low=-3.0, dtype=torch.float32, seed=0):
+    """Log forget gates in [low, 0): logsigmoid of N(1, 2), clipped below at ``low``."""
+    gen = torch.Generator().manual_seed(seed)
+    g = torch.nn.functional.logsigmoid(1 + 2 * torch.randn(B, T, H, generator=gen)).clamp(min=low)
+    return g.to(dtype).to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,H", [(1, 3), (600, 5), (256, 20)])
+def test_cumulative_gates(device, T, H):
+    """The gate scan (forward and reverse, [B, T, H] and [B, H, T] input, several tiles of 256 steps,
+    more heads than one block of 16) against float64 cumsum. A float32 running sum of T terms is off
+    by at most T·2^-24 of its largest partial sum (the worst case of T roundings); that is the bound."""
+    g = log_gates(2, T, H, device, seed=T)
+    G = cumulative_gates(g)
+    ref = torch.cumsum(g.double(), 1)
+    assert G.dtype == torch.float32 and G.shape == g.shape
+    lc.check_close(f"cumsum T={T}", G.cpu().numpy(), ref.cpu().numpy(), T * 2 ** -24, relative=True)
+    R = cumulative_gates(g.transpose(1, 2).contiguous(), reverse=True, out_dtype=torch.bfloat16, time_dim=2)
+    ref_r = g.double().flip(1).cumsum(1).flip(1)
+    assert R.dtype == torch.bfloat16 and R.shape == g.shape
+    # bfloat16 output: half an ulp at |x| <= 2048 is <= 4 (2^-8 relative)
+    lc.check_close(f"reverse cumsum T={T}", R.double().cpu().numpy(), ref_r.cpu().numpy(), 2 ** -8,
+                   relative=True)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("causal", [True, False])
-def test_gradients_match_torch_reference(device, causal):
-    q, k, v = rand_qkv(1, 19, 2, 16, torch.float32, device, seed=3)
-    do = torch.randn_like(v)
-    grads = []
-    for backend in ("triton", "torch"):
-        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-        o = kernels.flash_attention(*leaves, scale=0.4, causal=causal, backend=backend)
-        (o * do).sum().backward()
-        grads.append([x.grad for x in leaves])
-    for name, a, b in zip("qkv", *grads):
-        # The backward recomputes with the same float32 PyTorch code; only the incoming upstream
-        # gradient is shared, so the gradients agree to float32 round-off (~1e-6 at these sizes).
-        lc.check_close(f"d{name} (causal={causal})", a.cpu().numpy(), b.cpu().numpy(), 1e-5)
+@pytest.mark.parametrize("T,K,V", [(1, 16, 16), (67, 32, 16), (130, 16, 32)])
+def test_backward_float32_odd_shapes(device, causal, T, K, V):
+    """dq, dk, dv of flash_attention (any T, V != K, causal or not) against float64 autograd."""
+    gen = torch.Generator().manual_seed(T + K)
+    q, k = (torch.randn(2, T, 2, K, generator=gen).to(device) for _ in range(2))
+    v = torch.randn(2, T, 2, V, generator=gen).to(device)
+    ours, ref = grads_and_reference(q, k, v, causal=causal, scale=0.3, seed=T)
+    check_grads(ours, ref, f"flash T={T} K={K} V={V} causal={causal}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,low", [(1, -3.0), (67, -3.0), (100, -60.0)])
+def test_forgetting_float32(device, T, low):
+    """FoX forward and backward (dq, dk, dv, dg) against float64 autograd; ``low = -60``: gates near 0
+    (a product of 60 of them is e^-3600, far below float64's range: only differences of G survive)."""
+    gen = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(1, T, 3, 32, generator=gen).to(device) for _ in range(3))
+    g = log_gates(1, T, 3, device, low=low, seed=T)
+    if low < -30:
+        g[:, T // 2:] = low                        # the second half forgets almost everything
+    ours, ref = grads_and_reference(q, k, v, g, seed=T)
+    assert torch.isfinite(ours["o"]).all() and torch.isfinite(ours["dg"]).all()
+    check_grads(ours, ref, f"FoX T={T} low={low}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_alibi_is_constant_gate_forgetting(device):
+    """ALiBi (bias -m (i - j) per head) is FoX with the constant log gate g = -m: the same kernel
+    call reproduces softmax attention with ALiBi's bias written out as a T x T matrix."""
+    B, T, H, D = 1, 50, 4, 16
+    q, k, v = rand_qkv(B, T, H, D, torch.float32, device, seed=9)
+    slopes = torch.tensor([2.0 ** (-8 * (h + 1) / H) for h in range(H)])
+    g = (-slopes).expand(B, T, H).contiguous().to(device)
+    o = kernels.parallel_forgetting_attn(q, k, v, g, backend="triton")
+    i = torch.arange(T, dtype=torch.float64)
+    bias = -slopes.double()[:, None, None] * (i[:, None] - i[None, :])           # [H, T, T]
+    s = torch.einsum("bthd,bshd->bhts", q.double().cpu(), k.double().cpu()) * D ** -0.5 + bias
+    s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    ref = torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), v.double().cpu())
+    lc.check_close("ALiBi = FoX with constant gates", o.double().cpu().numpy(), ref.numpy(), 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_backward_half_precisions(device, dtype):
+    """16-bit inputs (float32 or input-dtype gates) within fla's RMS ratios (RMS_TOL)."""
+    q, k, v = rand_qkv(1, 70, 2, 32, dtype, device, seed=4)
+    ours, ref = grads_and_reference(q, k, v, seed=1)
+    check_grads(ours, ref, f"flash {dtype}")
+    for gdt in (torch.float32, dtype):
+        ours, ref = grads_and_reference(q, k, v, log_gates(1, 70, 2, device, dtype=gdt), seed=2)
+        check_grads(ours, ref, f"FoX {dtype}, gates {gdt}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_memory_is_linear_in_T(device):
+    """No T x T tensor: the op's autograd graph saves q, k, v, o, the log-sum-exp (and G), nothing
+    that grows like T^2 (checked on what the graph holds, which is what a training step keeps)."""
+    T = 300
+    q, k, v = (x.requires_grad_(True) for x in rand_qkv(1, T, 2, 16, torch.float32, device))
+    g = log_gates(1, T, 2, device).requires_grad_(True)
+    for o in (kernels.flash_attention(q, k, v, backend="triton"),
+              kernels.parallel_forgetting_attn(q, k, v, g, backend="triton")):
+        saved = [t for t in o.grad_fn.saved_tensors if t is not None]
+        assert saved and max(t.numel() for t in saved) <= q.numel(), [t.shape for t in saved]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -141,6 +276,8 @@ def test_bad_inputs_raise(device):
         x = torch.randn(1, 8, 2, D, device=device)
         with pytest.raises(ValueError, match="head size"):
             kernels.flash_attention(x, x, x, backend="triton")
+    with pytest.raises(ValueError, match="head size V"):
+        kernels.flash_attention(q, k, torch.randn(1, 8, 2, 48, device=device), backend="triton")
     with pytest.raises(ValueError, match="k must have the shape of q"):
         kernels.flash_attention(q, k[:, :7], v, backend="triton")
     with pytest.raises(ValueError, match="v must have"):
@@ -149,6 +286,14 @@ def test_bad_inputs_raise(device):
         kernels.flash_attention(q.to(torch.int32), k, v, backend="triton")
     with pytest.raises(ValueError, match="share one dtype"):
         kernels.flash_attention(q, k.half(), v, backend="triton")
+    with pytest.raises(ValueError, match="causal"):
+        kernels.flash_attention(q, k, v, causal=1, backend="triton")
+    g = torch.zeros(1, 8, 2, device=device)
+    with pytest.raises(ValueError, match=r"g must have shape \[1, 8, 2\]"):
+        kernels.parallel_forgetting_attn(q, k, v, g[:, :7])
+    if device == "cpu":   # the value check needs no device sync only on CPU tensors
+        with pytest.raises(ValueError, match="log decays"):
+            kernels.parallel_forgetting_attn(q, k, v, g + 0.5)
 
 
 GPU_SHAPES = [(2, 1000, 4, 128, torch.bfloat16), (1, 4097, 3, 128, torch.float16),
@@ -166,6 +311,25 @@ def test_gpu_large_shapes(B, T, H, D, dtype, causal):
     # tolerance: see the module docstring; the float64 oracle is kernels.reference on the GPU.
     lc.check_close(f"flash GPU {(B, T, H, D)} {dtype} causal={causal}", o.double().cpu().numpy(),
                    ref.cpu().numpy(), TOL[dtype])
+
+
+GPU_BWD_SHAPES = [(2, 1000, 4, 128, 128, torch.bfloat16, None), (1, 4097, 3, 128, 64, torch.float16, None),
+                  (2, 2048, 4, 128, 128, torch.bfloat16, torch.float32),
+                  (1, 1027, 2, 64, 128, torch.bfloat16, torch.bfloat16),
+                  (1, 517, 2, 128, 128, torch.float32, torch.float32),
+                  (1, 4097, 2, 64, 64, torch.float32, torch.float32)]     # |G| reaches ~5000 here
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton needs a CUDA device")
+@pytest.mark.parametrize("B,T,H,K,V,dtype,gates", GPU_BWD_SHAPES)
+def test_gpu_backward_large_shapes(B, T, H, K, V, dtype, gates):
+    """The production backward plans on the GPU (``gates``: FoX with log gates of that dtype)."""
+    gen = torch.Generator().manual_seed(T)
+    q, k = (torch.randn(B, T, H, K, generator=gen).to(dtype).cuda() for _ in range(2))
+    v = torch.randn(B, T, H, V, generator=gen).to(dtype).cuda()
+    g = None if gates is None else log_gates(B, T, H, "cuda", dtype=gates, seed=T)
+    ours, ref = grads_and_reference(q, k, v, g, seed=T)
+    check_grads(ours, ref, f"GPU {(B, T, H, K, V)} {dtype} gates={gates}")
 
 
 @pytest.mark.parametrize("device", DEVICES)

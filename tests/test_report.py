@@ -146,3 +146,20 @@ def test_goal_verdicts_without_a_goal_keep_every_ratio():
     (fwd, _) = report.goal_verdicts(data)
     assert fwd["goal"] is None and not (fwd["met"] or fwd["missed"]) and len(fwd["timed"]) == 6
     assert len(v[0]["timed"]) == 6
+
+
+def test_goals_per_peer_and_op():
+    """A file may set goals per peer, op and pass (flash: against SDPA and against fla, FoX only
+    against fla); each is marked in its own peer's table and nowhere else."""
+    data = _data()
+    data["records"] += [dict(r, op="op_b") for r in data["records"]]
+    data["config"]["goals"] = {"by_peer": {"sdpa": {"op_a": {"fwd": 1.1}},
+                                           "fla": {"op_a": {"fwdbwd": 0.7}, "op_b": {"fwd": 0.75}}}}
+    assert report.stored_goal(data, "sdpa", "op_a", "fwd") == 1.1
+    assert report.stored_goal(data, "sdpa", "op_b", "fwd") is None
+    assert report.stored_goal(data, "fla", "op_a", "fwd") is None
+    fla = {(r["op"], r["pass"]): r["goal"] for r in report.ratio_rows(data, peer="fla")}
+    assert fla[("op_a", "fwdbwd")] == 0.7 and fla[("op_b", "fwd")] == 0.75 and fla[("op_a", "fwd")] is None
+    sdpa = [dict(r, impl="sdpa") for r in data["records"] if r["impl"] == "fla"]
+    data["records"] += sdpa
+    assert {(r["op"], r["pass"]): r["goal"] for r in report.ratio_rows(data, peer="sdpa")}[("op_a", "fwd")] == 1.1

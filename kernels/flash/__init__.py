@@ -1,9 +1,11 @@
-"""Flash attention: causal (or full) softmax attention with the online softmax on chip.
+"""Flash attention: causal (or full) softmax attention with the online softmax on chip, and FoX.
 
-``op.py`` is the public op, ``plan.py`` the measured launch choices, ``forward.py`` the forward
-kernel (its ``online_softmax_step`` is the block update other families reuse), ``bench.py`` the
-benchmark of record (``results.json``), ``NOTES.md`` the design and measurements, ``lab/`` the sweeps.
+``op.py`` holds the public ops (``flash_attention``, ``parallel_forgetting_attn``: one autograd
+function, the FoX bias optional), ``plan.py`` the measured launch choices, ``forward.py`` the forward
+kernel (its ``online_softmax_step`` is the block update other families reuse), ``backward.py`` the
+backward kernels (probabilities recomputed from the saved log-sum-exp), ``bench.py`` the benchmark
+of record (``results.json``), ``NOTES.md`` the design and measurements, ``lab/`` the sweeps.
 """
-from .op import flash_attention
+from .op import flash_attention, parallel_forgetting_attn
 
-__all__ = ["flash_attention"]
+__all__ = ["flash_attention", "parallel_forgetting_attn"]

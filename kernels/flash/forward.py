@@ -1,12 +1,29 @@
 """Stage: the flash-attention forward kernel (online softmax over key blocks, state on chip).
 
-Layout ``[B, T, H, D]`` (fla's) with arbitrary strides on ``B``, ``T`` and ``H`` (the head axis
-``D`` must be contiguous; it is made so only if it is not). One program owns ``BLOCK_M`` queries
+Layout ``[B, T, H, D]`` (fla's; ``q, k`` head size ``DK``, ``v`` head size ``DV``) with arbitrary
+strides on ``B``, ``T`` and ``H`` (the head axis must be contiguous; it is made so only if it is
+not). One program owns ``BLOCK_M`` queries
 of one ``(batch, head)`` pair and streams over key blocks of ``BLOCK_N`` keys, keeping the
 online-softmax state (running row max ``m``, running denominator ``l``, unnormalised output
 ``acc``) in float32 registers: :func:`online_softmax_step` is that update, one key block at a
 time, and the part of this family other kernels reuse. Scores use ``exp2``: ``log2(e)`` is folded
 into the scale, so ``exp(scale·s) = exp2(scale·log2(e)·s)``.
+
+The optional bias (FoX, ALiBi): scores ``scale·q_i·k_j + G_i − G_j`` with ``G`` the cumulative log
+forget gates (float32). In *score units* the bias is ``gs = G / scale``, so that
+``qk_scale·(s_ij + gs_i − gs_j)`` is the whole exponent in log2 units. A softmax does not change when
+a row is shifted by a constant, so the kernel replaces each row's ``G_i`` by one reference value per
+block, ``G_r`` (its first row's): every score of key ``j`` loses ``(G_j − G_r) / scale``, one
+subtraction per score. The reference matters for precision, not for the result: ``G`` reaches −10³
+to −10⁴ over long sequences, where float32's spacing is 10⁻⁴ to 10⁻³ (a relative error of each
+weight of that size), while ``G_j − G_r`` for the keys that carry weight (those near the block) is
+small and exact; the division by ``scale`` comes after the subtraction for the same reason. Where
+``G`` falls steeply inside one block (gates near 0), rows far from ``G_r`` still see large numbers
+and lose ~10⁻⁴ of relative precision in their probabilities: far below the 2⁻⁹ to which 16-bit
+inputs round them anyway, but not float32's. So float32 inputs take ``BIAS_EXACT``: each score gets
+``(G_i − G_j) / scale`` against its own row (two more operations per score). The kernel also writes each row's log-sum-exp ``lse``
+(log2 units, float32, ``[B, H, T]``) of the unshifted exponents: all the backward needs to
+recompute the probabilities.
 
 Causal attention runs in two loops: key blocks strictly left of the query block are fully visible
 and run without any mask; only the key blocks on the diagonal apply the causal (and sequence-tail)
@@ -26,7 +43,7 @@ import triton.language as tl
 from ..backend import INTERPRET
 from .plan import AUTOTUNE, FlashPlan
 
-__all__ = ["flash_forward", "online_softmax_step", "LOG2E"]
+__all__ = ["flash_forward", "online_softmax_step", "load_rows", "load_gates", "cumulative_gates", "LOG2E"]
 
 LOG2E = 1.4426950408889634
 
@@ -63,42 +80,62 @@ def online_softmax_step(acc, l_i, m_i, s, v, qk_scale, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _key_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, stride_kt, stride_vt, col,
-                offs_m, offs_d, lo, hi, T, qk_scale,
+def load_rows(base, offs, stride, offs_d, T, TAIL_MASK: tl.constexpr):
+    """Rows ``offs`` of a ``[T, D]`` slab (row stride ``stride``, ``D`` contiguous); zeros past ``T``."""
+    ptrs = base + offs[:, None] * stride + offs_d[None, :]
+    if TAIL_MASK:
+        return tl.load(ptrs, mask=(offs < T)[:, None], other=0.0)
+    return tl.load(ptrs)
+
+
+@triton.jit
+def load_gates(g_base, offs, stride_gt, T, TAIL_MASK: tl.constexpr):
+    """The cumulative log gates ``G`` (float32) at ``offs``; zeros past ``T``."""
+    if TAIL_MASK:
+        return tl.load(g_base + offs * stride_gt, mask=offs < T, other=0.0)
+    return tl.load(g_base + offs * stride_gt)
+
+
+@triton.jit
+def _key_blocks(acc, l_i, m_i, q, k_base, v_base, g_base, g_ref, g_row, k_desc, v_desc,
+                stride_kt, stride_vt, stride_gt, col_k, col_v,
+                offs_m, offs_dk, offs_dv, lo, hi, T, qk_scale, g_to_s,
                 BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, TAIL_MASK: tl.constexpr,
-                PRECISION: tl.constexpr, TMA: tl.constexpr):
+                PRECISION: tl.constexpr, TMA: tl.constexpr, HAS_BIAS: tl.constexpr,
+                BIAS_EXACT: tl.constexpr):
     """Online softmax over the key blocks ``[lo, hi)``; masks only where the constexpr flags say so.
-    ``TMA``: keys and values come through the tensor descriptors (rows past ``T`` load as zeros)."""
+    ``TMA``: keys and values come through the tensor descriptors (rows past ``T`` load as zeros).
+    ``HAS_BIAS``: subtract ``(G_j − G_r) / scale`` from every score of key ``j`` before the mask
+    (``BIAS_EXACT``: ``(G_j − G_i) / scale``, each row against its own ``G_i = g_row``)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
         if TMA:
-            k = k_desc.load([start_n, col])
-            v = v_desc.load([start_n, col])
+            k = k_desc.load([start_n, col_k])
+            v = v_desc.load([start_n, col_v])
         else:
-            k_ptrs = k_base + offs_n[:, None] * stride_kt + offs_d[None, :]
-            v_ptrs = v_base + offs_n[:, None] * stride_vt + offs_d[None, :]
-            if TAIL_MASK:
-                in_range = offs_n < T
-                k = tl.load(k_ptrs, mask=in_range[:, None], other=0.0)
-                v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0)
-            else:
-                k = tl.load(k_ptrs)
-                v = tl.load(v_ptrs)
+            k = load_rows(k_base, offs_n, stride_kt, offs_dk, T, TAIL_MASK)
+            v = load_rows(v_base, offs_n, stride_vt, offs_dv, T, TAIL_MASK)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)                # [BM, BN] float32, unscaled
+        if HAS_BIAS:
+            gk = load_gates(g_base, offs_n, stride_gt, T, TAIL_MASK)
+            if BIAS_EXACT:
+                s -= (gk[None, :] - g_row[:, None]) * g_to_s
+            else:
+                s -= ((gk - g_ref) * g_to_s)[None, :]
         s = _mask_scores(s, offs_m, offs_n, T, CAUSAL_MASK, TAIL_MASK)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, PRECISION)
     return acc, l_i, m_i
 
 
 @triton.jit
-def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr,
-                     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
-                     T, H, BH, qk_scale, T_BUCKET,
-                     D: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, g_ptr, lse_ptr,
+                     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, sgb, sgt, sgh,
+                     T, H, BH, qk_scale, g_to_s, T_BUCKET,
+                     DK: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS_INNER: tl.constexpr,
-                     TMA: tl.constexpr = False):
+                     HAS_BIAS: tl.constexpr, BIAS_EXACT: tl.constexpr = False, TMA: tl.constexpr = False):
     # A 1-D grid of cdiv(T, BM)·B·H programs (no 65,535 limit on a grid axis). Query blocks are
     # visited last-first (under a causal mask the last block has the most keys). HEADS_INNER:
     #   True:  consecutive programs = the same query block of successive (b, h): the whole grid runs
@@ -117,65 +154,131 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr,
     i_b = (pid_bh // H).to(tl.int64)
     i_h32 = pid_bh % H
     i_h = i_h32.to(tl.int64)
-    col = i_h32 * D                                   # column of this head in the [T, H·D] views (TMA)
+    col_k = i_h32 * DK                     # column of this head in the [T, H·D] views (TMA)
+    col_v = i_h32 * DV
 
     q_base = q_ptr + i_b * sqb + i_h * sqh
     k_base = k_ptr + i_b * skb + i_h * skh
     v_base = v_ptr + i_b * svb + i_h * svh
     o_base = o_ptr + i_b * sob + i_h * soh
+    g_base = g_ptr + i_b * sgb + i_h * sgh
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
+    offs_dk = tl.arange(0, DK)
+    offs_dv = tl.arange(0, DV)
     if TMA:
         # device-side descriptors over this batch's [T, H·D] slab (D contiguous, heads adjacent:
         # plan_for checks stride(2) == D); out-of-range rows load as zeros and are not stored
-        q_desc = tl.make_tensor_descriptor(q_ptr + i_b * sqb, shape=[T, H * D], strides=[sqt, 1],
-                                           block_shape=[BLOCK_M, D])
-        k_desc = tl.make_tensor_descriptor(k_ptr + i_b * skb, shape=[T, H * D], strides=[skt, 1],
-                                           block_shape=[BLOCK_N, D])
-        v_desc = tl.make_tensor_descriptor(v_ptr + i_b * svb, shape=[T, H * D], strides=[svt, 1],
-                                           block_shape=[BLOCK_N, D])
-        q = q_desc.load([start_m * BLOCK_M, col])
+        q_desc = tl.make_tensor_descriptor(q_ptr + i_b * sqb, shape=[T, H * DK], strides=[sqt, 1],
+                                           block_shape=[BLOCK_M, DK])
+        k_desc = tl.make_tensor_descriptor(k_ptr + i_b * skb, shape=[T, H * DK], strides=[skt, 1],
+                                           block_shape=[BLOCK_N, DK])
+        v_desc = tl.make_tensor_descriptor(v_ptr + i_b * svb, shape=[T, H * DV], strides=[svt, 1],
+                                           block_shape=[BLOCK_N, DV])
+        q = q_desc.load([start_m * BLOCK_M, col_k])
     else:
         k_desc = k_base
         v_desc = v_base
-        q = tl.load(q_base + offs_m[:, None] * sqt + offs_d[None, :], mask=(offs_m < T)[:, None], other=0.0)
+        q = load_rows(q_base, offs_m, sqt, offs_dk, T, True)
 
+    g_ref = 0.0
+    g_row = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_BIAS:
+        g_ref = tl.load(g_base + (start_m * BLOCK_M) * sgt)        # the block's reference row r
+        g_row = load_gates(g_base, offs_m, sgt, T, True)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, DV], dtype=tl.float32)
     if CAUSAL:
         # keys [0, start_m·BM): fully visible to every query of the block, and all < T
         diag_lo = start_m * BLOCK_M
-        acc, l_i, m_i = _key_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, skt, svt, col,
-                                    offs_m, offs_d, 0, diag_lo, T, qk_scale,
-                                    BLOCK_N, False, False, PRECISION, TMA)
+        acc, l_i, m_i = _key_blocks(acc, l_i, m_i, q, k_base, v_base, g_base, g_ref, g_row, k_desc, v_desc,
+                                    skt, svt, sgt, col_k, col_v, offs_m, offs_dk, offs_dv,
+                                    0, diag_lo, T, qk_scale, g_to_s,
+                                    BLOCK_N, False, False, PRECISION, TMA, HAS_BIAS, BIAS_EXACT)
         # the diagonal: keys [start_m·BM, min((start_m+1)·BM, T)), causal and tail mask
         diag_hi = tl.minimum(diag_lo + BLOCK_M, T)
-        acc, l_i, m_i = _key_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, skt, svt, col,
-                                    offs_m, offs_d, diag_lo, diag_hi, T, qk_scale,
-                                    BLOCK_N, True, True, PRECISION, TMA)
+        acc, l_i, m_i = _key_blocks(acc, l_i, m_i, q, k_base, v_base, g_base, g_ref, g_row, k_desc, v_desc,
+                                    skt, svt, sgt, col_k, col_v, offs_m, offs_dk, offs_dv,
+                                    diag_lo, diag_hi, T, qk_scale, g_to_s,
+                                    BLOCK_N, True, True, PRECISION, TMA, HAS_BIAS, BIAS_EXACT)
     else:
         full_hi = (T // BLOCK_N) * BLOCK_N
-        acc, l_i, m_i = _key_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, skt, svt, col,
-                                    offs_m, offs_d, 0, full_hi, T, qk_scale,
-                                    BLOCK_N, False, False, PRECISION, TMA)
-        acc, l_i, m_i = _key_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, skt, svt, col,
-                                    offs_m, offs_d, full_hi, T, T, qk_scale,
-                                    BLOCK_N, False, True, PRECISION, TMA)
+        acc, l_i, m_i = _key_blocks(acc, l_i, m_i, q, k_base, v_base, g_base, g_ref, g_row, k_desc, v_desc,
+                                    skt, svt, sgt, col_k, col_v, offs_m, offs_dk, offs_dv,
+                                    0, full_hi, T, qk_scale, g_to_s,
+                                    BLOCK_N, False, False, PRECISION, TMA, HAS_BIAS, BIAS_EXACT)
+        acc, l_i, m_i = _key_blocks(acc, l_i, m_i, q, k_base, v_base, g_base, g_ref, g_row, k_desc, v_desc,
+                                    skt, svt, sgt, col_k, col_v, offs_m, offs_dk, offs_dv,
+                                    full_hi, T, T, qk_scale, g_to_s,
+                                    BLOCK_N, False, True, PRECISION, TMA, HAS_BIAS, BIAS_EXACT)
 
+    # the row's log-sum-exp in log2 units, of the exponents with the row's own gs_i (not gs_r):
+    # p_ij = exp2(qk_scale·(s_ij + gs_i − gs_j) − lse_i) in the backward
+    lse = m_i + tl.math.log2(l_i)
+    if HAS_BIAS and not BIAS_EXACT:
+        lse += (qk_scale * g_to_s) * (g_row - g_ref)
+    tl.store(lse_ptr + pid_bh.to(tl.int64) * T + offs_m, lse, mask=offs_m < T)
     o = (acc / l_i[:, None]).to(o_ptr.dtype.element_ty)
     if TMA:
-        o_desc = tl.make_tensor_descriptor(o_ptr + i_b * sob, shape=[T, H * D], strides=[sot, 1],
-                                           block_shape=[BLOCK_M, D])
-        o_desc.store([start_m * BLOCK_M, col], o)
+        o_desc = tl.make_tensor_descriptor(o_ptr + i_b * sob, shape=[T, H * DV], strides=[sot, 1],
+                                           block_shape=[BLOCK_M, DV])
+        o_desc.store([start_m * BLOCK_M, col_v], o)
     else:
-        tl.store(o_base + offs_m[:, None] * sot + offs_d[None, :], o, mask=(offs_m < T)[:, None])
+        tl.store(o_base + offs_m[:, None] * sot + offs_dv[None, :], o, mask=(offs_m < T)[:, None])
+
+
+@triton.jit
+def _add(a, b):
+    """The scan's combine function. (Ours rather than ``tl.cumsum``'s: Triton's own is decorated when
+    Triton is first imported, and if PyTorch imported Triton before :mod:`kernels` set
+    ``TRITON_INTERPRET``, it is a compiled function the interpreter cannot call.)"""
+    return a + b
+
+
+@triton.jit
+def _cumsum_kernel(x_ptr, y_ptr, T, H, sxb, sxt, sxh, syb, syt, syh,
+                   BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, REVERSE: tl.constexpr):
+    """``y = cumsum(x)`` over ``T`` (``REVERSE``: from the end), float32, for a block of heads of one
+    batch element: tiles of ``BLOCK_T`` steps, each scanned on chip and offset by the running total."""
+    i_b = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    carry = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for i in range(0, tl.cdiv(T, BLOCK_T)):
+        if REVERSE:
+            offs_t = T - (i + 1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        else:
+            offs_t = i * BLOCK_T + tl.arange(0, BLOCK_T)
+        keep = ((offs_t >= 0) & (offs_t < T))[:, None] & (offs_h < H)[None, :]
+        x = tl.load(x_ptr + i_b * sxb + offs_t[:, None] * sxt + offs_h[None, :] * sxh, mask=keep,
+                    other=0.0).to(tl.float32)
+        y = tl.associative_scan(x, 0, _add, reverse=REVERSE) + carry[None, :]
+        carry += tl.sum(x, 0)
+        tl.store(y_ptr + i_b * syb + offs_t[:, None] * syt + offs_h[None, :] * syh,
+                 y.to(y_ptr.dtype.element_ty), mask=keep)
+
+
+def cumulative_gates(x, *, reverse: bool = False, out_dtype=torch.float32, time_dim: int = 1):
+    """``cumsum(x)`` over the time axis ``time_dim`` of a 3-D ``x`` (``[B, T, H]`` or ``[B, H, T]``),
+    accumulated in float32, as a ``[B, T, H]`` tensor of ``out_dtype`` (``reverse``: ``y_t =
+    Σ_{s ≥ t} x_s``). One pass on the GPU: PyTorch's scan over a middle axis runs one thread per
+    column, which at ``B = 1`` costs milliseconds."""
+    if time_dim == 1:
+        B, T, H = x.shape
+        sxb, sxt, sxh = x.stride()
+    else:
+        B, H, T = x.shape
+        sxb, sxh, sxt = x.stride()
+    y = torch.empty((B, T, H), dtype=out_dtype, device=x.device)
+    block_h = min(triton.next_power_of_2(H), 16)
+    _cumsum_kernel[(B, triton.cdiv(H, block_h))](x, y, T, H, sxb, sxt, sxh, *y.stride(), BLOCK_T=256,
+                                                  BLOCK_H=block_h, REVERSE=reverse)
+    return y
 
 
 _attn_fwd_tuned = None if INTERPRET else triton.autotune(
     configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "HEADS_INNER": hi}, num_warps=w, num_stages=s)
              for bm, bn, w, s, hi in AUTOTUNE],
-    key=["T_BUCKET", "D", "CAUSAL"])(_attn_fwd_kernel)
+    key=["T_BUCKET", "DK", "DV", "CAUSAL", "HAS_BIAS"])(_attn_fwd_kernel)
 
 
 def _alloc_scratch(size: int, alignment: int, stream):
@@ -183,24 +286,35 @@ def _alloc_scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def flash_forward(q, k, v, scale: float, causal: bool, plan: FlashPlan) -> torch.Tensor:
-    """``softmax(scale · q kᵀ + log M) v`` with the launch ``plan``; ``o`` ``[B, T, H, D]`` in ``v``'s dtype."""
-    B, T, H, D = q.shape
+def flash_forward(q, k, v, scale: float, causal: bool, plan: FlashPlan, G=None):
+    """``softmax(scale · q kᵀ + G_i − G_j + log M) v`` with the launch ``plan`` (``G_i`` drops out).
+
+    ``G``: ``None`` or the cumulative log gates (float32 ``[B, T, H]``).
+    Returns ``(o, lse)``: ``o`` ``[B, T, H, DV]`` in ``v``'s dtype, ``lse`` float32 ``[B, H, T]``
+    (log2 units of the scaled scores less ``G_j``), what the backward recomputes the probabilities
+    from."""
+    B, T, H, DK = q.shape
+    DV = v.shape[-1]
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    o = torch.empty((B, T, H, D), dtype=v.dtype, device=v.device)
+    o = torch.empty((B, T, H, DV), dtype=v.dtype, device=v.device)
+    lse = torch.empty((B, H, T), dtype=torch.float32, device=v.device)
+    has_bias = G is not None
+    g_arg, g_strides = (G, G.stride()) if has_bias else (lse, (0, 0, 0))   # unused pointer if no bias
     precision = "ieee" if q.dtype == torch.float32 else "tf32"   # "tf32" is ignored for 16-bit inputs
     t_bucket = min(max(1 << max(T - 1, 0).bit_length(), 1024), 8192)   # autotune key: <=1024, ..., >=8192
-    args = (q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-            T, H, B * H, float(scale) * LOG2E, t_bucket)
+    args = (q, k, v, o, g_arg, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+            *g_strides, T, H, B * H, float(scale) * LOG2E, 1.0 / float(scale), t_bucket)
+    meta = dict(DK=DK, DV=DV, CAUSAL=causal, PRECISION=precision, HAS_BIAS=has_bias,
+                BIAS_EXACT=has_bias and q.dtype == torch.float32)
     if plan.kind == "autotune":
         def grid(meta):
             return (triton.cdiv(T, meta["BLOCK_M"]) * B * H,)
-        _attn_fwd_tuned[grid](*args, D=D, CAUSAL=causal, PRECISION=precision)
-        return o
+        _attn_fwd_tuned[grid](*args, **meta)
+        return o, lse
     if plan.kind == "tma" and not INTERPRET:
         triton.set_allocator(_alloc_scratch)
     _attn_fwd_kernel[(triton.cdiv(T, plan.block_m) * B * H,)](
-        *args, D=D, CAUSAL=causal, PRECISION=precision, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+        *args, **meta, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
         HEADS_INNER=plan.heads_inner, TMA=plan.kind == "tma", num_warps=plan.num_warps,
         num_stages=plan.num_stages)
-    return o
+    return o, lse

@@ -1,9 +1,11 @@
-"""``flash_attention``: softmax attention, validated and dispatched, forward on the Triton kernel.
+"""``flash_attention`` and ``parallel_forgetting_attn``: softmax attention, with or without FoX's bias.
 
-Read top to bottom: check the inputs, pick the backend, then on the Triton path plan the launch
-(:func:`kernels.flash.plan.plan_for`) and run the forward stage (:func:`kernels.flash.forward.flash_forward`).
-The backward recomputes attention with PyTorch in float32 (:func:`kernels.reference.attention_ref`
-under autograd): an O(T²)-memory backward until the family has a Triton one.
+One autograd function serves both. Read top to bottom: check the inputs, pick the backend, then on
+the Triton path plan the launches (:mod:`kernels.flash.plan`), run the forward stage
+(:func:`kernels.flash.forward.flash_forward`, which also saves each row's log-sum-exp) and, for the
+gradients, the backward stage (:func:`kernels.flash.backward.flash_backward`, which recomputes the
+probabilities block by block). FoX's bias ``G_i − G_j`` comes from ``G = cumsum(g)``; its gradient
+``dG`` becomes ``dg`` by a reverse cumulative sum.
 """
 from __future__ import annotations
 
@@ -11,57 +13,82 @@ import torch
 
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..reference import attention_ref
-from ..validate import check_head_size, check_qkv, default_scale
-from .forward import flash_forward
-from .plan import plan_for
+from ..validate import check_gate_tensor, check_head_size, check_qkv, default_scale
+from .backward import flash_backward
+from .forward import cumulative_gates, flash_forward
+from .plan import backward_plan_for, plan_for
 
-__all__ = ["flash_attention", "flash_attention_triton", "HEAD_SIZES"]
+__all__ = ["flash_attention", "parallel_forgetting_attn", "flash_attention_triton", "HEAD_SIZES"]
 
 HEAD_SIZES = (16, 32, 64, 128)
 
 
 class FlashAttentionFunction(torch.autograd.Function):
-    """Forward: the Triton kernel. Backward: attention recomputed in float32 under autograd."""
+    """Forward and backward on the Triton kernels; ``g`` (log forget gates) may be ``None``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, plan):
-        ctx.save_for_backward(q, k, v)
-        ctx.scale, ctx.causal = scale, causal
-        return flash_forward(q, k, v, scale, causal, plan)
+    def forward(ctx, q, k, v, g, scale, causal, plan, bwd_plan):
+        # the cumulative log gates, float32 whatever g's dtype (the kernels form the bias G_i − G_j)
+        G = None if g is None else cumulative_gates(g)
+        o, lse = flash_forward(q, k, v, scale, causal, plan, G)
+        ctx.save_for_backward(q, k, v, o, lse, G)
+        ctx.scale, ctx.causal, ctx.bwd_plan = scale, causal, bwd_plan
+        ctx.g_dtype = None if g is None else g.dtype
+        return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v = ctx.saved_tensors
-        with torch.enable_grad():
-            qd, kd, vd = (x.detach().requires_grad_(True) for x in (q, k, v))
-            o = attention_ref(qd, kd, vd, ctx.scale, ctx.causal)
-            dq, dk, dv = torch.autograd.grad(o, (qd, kd, vd), do)
-        return dq, dk, dv, None, None, None
+        q, k, v, o, lse, G = ctx.saved_tensors
+        dq, dk, dv, dG = flash_backward(q, k, v, o, lse, do, ctx.scale, ctx.causal, ctx.bwd_plan, G)
+        # dg_t = Σ_{m ≥ t} dG_m (the adjoint of the cumulative sum), [B, H, T] read as [B, T, H]
+        dg = None if dG is None else cumulative_gates(dG, reverse=True, out_dtype=ctx.g_dtype, time_dim=2)
+        return dq, dk, dv, dg, None, None, None, None
 
 
-def flash_attention_triton(q, k, v, scale: float, causal: bool, *, caps=None):
-    """The Triton path, inputs already validated except what the kernel adds: the head size and
+def flash_attention_triton(q, k, v, scale: float, causal: bool, g=None, *, caps=None):
+    """The Triton path, inputs already validated except what the kernel adds: the head sizes and
     the dtype the GPU class can run (``caps``: the class, default the inputs' device's; the compile
     check and the tests give one), both before anything is compiled."""
-    check_head_size("the head size D (last axis of q, k, v)", q.shape[-1], HEAD_SIZES, "flash_attention")
+    check_head_size("the head size K (last axis of q and k)", q.shape[-1], HEAD_SIZES, "flash_attention")
+    check_head_size("the head size V (last axis of v)", v.shape[-1], HEAD_SIZES, "flash_attention")
     caps = caps if caps is not None else device_caps(q.device)
     check_dtypes(caps, q.device, q=q)            # k and v share q's dtype (check_qkv)
-    return FlashAttentionFunction.apply(q, k, v, float(scale), causal, plan_for(q, k, v, causal, caps=caps))
+    plan = plan_for(q, k, v, causal, caps=caps)
+    bwd_plan = backward_plan_for(q, v, caps=caps)
+    return FlashAttentionFunction.apply(q, k, v, g, float(scale), causal, plan, bwd_plan)
+
+
+def _check_causal(causal):
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False; got {causal!r}")
 
 
 def flash_attention(q, k, v, scale=None, causal: bool = True, backend=None):
     """Softmax attention ``softmax(scale · q kᵀ + log M) v``; returns ``o`` (``[B, T, H, V]``).
 
-    ``q, k``: ``[B, T, H, D]``; ``v``: ``[B, T, H, D]`` (same head size ``D``, 16 to 128 for the
-    Triton kernel). ``scale`` defaults to ``D ** -0.5``.
-
-    The Triton kernel is forward-only: its backward recomputes attention with PyTorch in float32
-    (an O(T^2)-memory backward; a fused Triton backward is future work).
+    ``q, k``: ``[B, T, H, K]``; ``v``: ``[B, T, H, V]`` (``K, V`` in 16, 32, 64, 128 for the Triton
+    kernel; they may differ). ``scale`` defaults to ``K ** -0.5``. ``causal=False``: every query
+    sees every key. Forward and backward run on Triton kernels with memory linear in ``T``.
     """
-    B, T, H, K, V = check_qkv(q, k, v, same_kv_dim=True)
+    B, T, H, K, V = check_qkv(q, k, v)
     scale = default_scale(scale, K)
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be True or False; got {causal!r}")
+    _check_causal(causal)
     if resolve_backend(backend, q) == "torch":
         return attention_ref(q, k, v, scale, causal)
     return flash_attention_triton(q, k, v, scale, causal)
+
+
+def parallel_forgetting_attn(q, k, v, g, scale=None, backend=None):
+    """The Forgetting Transformer's attention (FoX): causal softmax attention with the bias
+    ``G_i − G_j``, ``G = cumsum(g)`` over ``T``; returns ``o`` (``[B, T, H, V]``).
+
+    ``g``: log forget gates ``[B, T, H]`` (``g <= 0``), float32 or the inputs' dtype; the bias is
+    always formed in float32. A constant ``g = −m_h`` per head is ALiBi with slope ``m_h``.
+    Gradients flow to ``q, k, v`` and ``g``.
+    """
+    B, T, H, K, V = check_qkv(q, k, v)
+    scale = default_scale(scale, K)
+    check_gate_tensor(g, "g", (B, T, H), q, nonpositive=True)
+    if resolve_backend(backend, q) == "torch":
+        return attention_ref(q, k, v, scale, True, g=g)
+    return flash_attention_triton(q, k, v, scale, True, g)

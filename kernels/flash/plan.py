@@ -27,7 +27,8 @@ import torch
 
 from ..backend import INTERPRET, Caps, device_caps
 
-__all__ = ["FlashPlan", "plan_for", "AUTOTUNE", "SHORT_T_MAX", "AMPERE", "TURING"]
+__all__ = ["FlashPlan", "plan_for", "AUTOTUNE", "SHORT_T_MAX", "AMPERE", "TURING", "Blocks", "BackwardPlan",
+           "backward_plan_for"]
 
 #: Causal 16-bit D = 128 up to this length takes the short tiling; above it, the TMA kernel. The
 #: sweep measured 1024 (short wins) and 4096 (TMA wins); the threshold sits between them.
@@ -97,7 +98,7 @@ def plan_for(q, k, v, causal: bool, *, interpret: bool = INTERPRET, caps: Caps |
             return FlashPlan("tiles", *TURING)
         return FlashPlan("tiles", *AMPERE) if half else _fixed(T, D, q.dtype, False)
     # Hopper (the short and TMA plans were measured there; TMA needs sm_90)
-    if not interpret and causal and half and D == 128:
+    if not interpret and causal and half and D == 128 and v.shape[-1] == 128:
         if T <= SHORT_T_MAX:
             return FlashPlan("tiles", 64, 64, 4, 3)
         # whole query tiles only: those lengths were measured on the H200
@@ -106,3 +107,47 @@ def plan_for(q, k, v, causal: bool, *, interpret: bool = INTERPRET, caps: Caps |
     if not interpret and half and D >= 64 and T >= 512:
         return FlashPlan("autotune")
     return _fixed(T, D, q.dtype, interpret)
+
+
+# --- the backward ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Blocks:
+    """One backward kernel's launch: ``block_m`` queries by ``block_n`` keys per step."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    """The backward's three launches: ``delta_m`` rows per program of the ``δ = do·o`` pass; the
+    dk/dv pass (a key block per program, ``block_n`` a multiple of ``block_m``) and the dq pass (a
+    query block per program, ``block_m`` a multiple of ``block_n``)."""
+    dkdv: Blocks
+    dq: Blocks
+    delta_m: int = 64
+
+
+#: Hopper, 16-bit inputs, the measured defaults (NOTES.md, "The backward"; ``lab/sweep_backward.json``,
+#: with and without the bias). The dq pass: 128 queries by 64 keys on 8 warps, 3 stages. The dk/dv
+#: pass keeps two ``[BN, D]`` float32 accumulators: up to ``T = SHORT_T_MAX`` 64 x 64 tiles on 4 warps
+#: (128 registers a thread for them at ``D = 128``), above it 128 keys a program on 8 warps, 3 stages
+#: (fewer programs, each streaming more queries past its keys).
+HOPPER_BWD_SHORT = BackwardPlan(dkdv=Blocks(64, 64, 4, 2), dq=Blocks(128, 64, 8, 3))
+HOPPER_BWD_LONG = BackwardPlan(dkdv=Blocks(64, 128, 8, 3), dq=Blocks(128, 64, 8, 3))
+#: sm_80/sm_89 (A100, L4): 64 x 64 tiles on 4 warps, 2 stages, for both passes (not measured there;
+#: chosen to fit their shared memory, compile-checked by ``python -m kernels.compile flash``).
+AMPERE_BWD = BackwardPlan(dkdv=Blocks(64, 64, 4, 2), dq=Blocks(64, 64, 4, 2))
+#: sm_75 and float32 (CUDA-core products, no pipelining there): small tiles that do not spill.
+SMALL_BWD = BackwardPlan(dkdv=Blocks(16, 16, 8, 1), dq=Blocks(16, 16, 8, 1), delta_m=32)
+
+
+def backward_plan_for(q, v, *, interpret: bool = INTERPRET, caps: Caps | None = None) -> BackwardPlan:
+    """The backward's launch for these inputs on the GPU class ``caps`` (as :func:`plan_for`)."""
+    caps = caps if caps is not None else device_caps(q.device)
+    if interpret or caps.major < 8 or q.dtype == torch.float32:
+        return SMALL_BWD
+    if caps.major < 9:
+        return AMPERE_BWD
+    return HOPPER_BWD_SHORT if q.shape[1] <= SHORT_T_MAX else HOPPER_BWD_LONG
