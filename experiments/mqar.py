@@ -41,20 +41,19 @@ update rule, decided which model scored best.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .common import RESULTS_DIR, check_int, derived_seeds, load_stored_runs, torch_threads, window_means
+
 __all__ = ["MIXERS", "MQARConfig", "make_mqar", "MQARModel", "TokenMixer", "state_size",
            "train_mqar", "evaluate_mqar", "run_mqar_sweep", "cpu_config", "gpu_config", "sweep_records",
            "run_mqar_seeds", "seed_summary", "plot_seed_summary", "STORED_LARGE", "load_stored_large"]
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 STORED_LARGE = "mqar_large"   # experiments/results/mqar_large.json: the GPU sweep the chapter shows on a CPU
 
 MIXERS = ("linear", "decay", "deltanet", "gated_deltanet")
@@ -66,10 +65,6 @@ GATE_TEMPERATURE = 16.0  # g = logsigmoid(W_g x) / 16, the gate normaliser of GL
 # ---------------------------------------------------------------------------------------------
 # data
 # ---------------------------------------------------------------------------------------------
-def _check_int(x, name: str, low: int) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < low:
-        raise ValueError(f"{name} must be an integer >= {low}; got {x!r}")
-    return x
 
 
 def make_mqar(vocab_size: int, num_kv_pairs: int, seq_len: int, batch: int, seed: int,
@@ -86,15 +81,15 @@ def make_mqar(vocab_size: int, num_kv_pairs: int, seq_len: int, batch: int, seed
     at each query position and ``-100`` elsewhere; ``mask`` is ``True`` exactly at query positions.
     The same ``seed`` gives the same batch.
     """
-    vocab_size = _check_int(vocab_size, "vocab_size", 4)
-    N = _check_int(num_kv_pairs, "num_kv_pairs", 1)
-    seq_len = _check_int(seq_len, "seq_len", 1)
-    batch = _check_int(batch, "batch", 1)
+    vocab_size = check_int(vocab_size, "vocab_size", 4)
+    N = check_int(num_kv_pairs, "num_kv_pairs", 1)
+    seq_len = check_int(seq_len, "seq_len", 1)
+    batch = check_int(batch, "batch", 1)
     n_keys, n_vals = vocab_size // 2 - 1, vocab_size - vocab_size // 2
     if N > min(n_keys, n_vals):
         raise ValueError(f"num_kv_pairs must be <= {min(n_keys, n_vals)} for vocab_size={vocab_size} "
                          f"(distinct keys from 1..{vocab_size // 2 - 1}); got {N}")
-    nq = N if num_queries is None else _check_int(num_queries, "num_queries", 1)
+    nq = N if num_queries is None else check_int(num_queries, "num_queries", 1)
     if nq > N:
         raise ValueError(f"num_queries must be <= num_kv_pairs = {N}; got {nq}")
     if seq_len < 2 * N + nq:
@@ -288,16 +283,6 @@ def gpu_config(**changes) -> MQARConfig:
     return replace(base, **changes)
 
 
-@contextlib.contextmanager
-def _torch_threads(n):
-    """Run with ``n`` PyTorch CPU threads (``None``: leave as is), restoring the old setting after."""
-    old = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(int(n))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def _seeds(seed: int) -> tuple[int, int, int]:
@@ -306,8 +291,7 @@ def _seeds(seed: int) -> tuple[int, int, int]:
     None depends on the mixer, so every model starts from the same seed, sees the *same* training
     stream and is scored on the *same* evaluation batches.
     """
-    base = 1_000_003 * int(seed)
-    return int(seed), base + 1, base + 500_000
+    return derived_seeds(seed, 500_000)
 
 
 def evaluate_mqar(model: MQARModel, inputs, targets, mask) -> float:
@@ -332,7 +316,7 @@ def train_mqar(mixer: str, config: MQARConfig | None = None, *, progress=None, l
     cfg = config or MQARConfig()
     if mixer not in MIXERS:
         raise ValueError(f"mixer must be one of {MIXERS}; got {mixer!r}")
-    with _torch_threads(cfg.threads):
+    with torch_threads(cfg.threads):
         return _train(mixer, cfg, progress, log_every)
 
 
@@ -409,8 +393,6 @@ def run_mqar_sweep(config: MQARConfig | None = None, *, large: bool = False, pro
             "seconds": time.perf_counter() - t0}
 
 
-def _window_means(x: list, w: int) -> list:
-    return [float(sum(x[i:i + w]) / len(x[i:i + w])) for i in range(0, len(x), w)]
 
 
 def sweep_records(sweep: dict, loss_every: int = 10) -> list[dict]:
@@ -420,15 +402,15 @@ def sweep_records(sweep: dict, loss_every: int = 10) -> list[dict]:
     (training cycles through the ``N`` of ``kv_pairs``, one per step, so with a window that is a
     multiple of that cycle every point averages every ``N`` alike), and ``losses_by_n``, for each ``N``
     the curve of its own steps, averaged over windows of ``loss_every`` of them."""
-    _check_int(loss_every, "loss_every", 1)
+    check_int(loss_every, "loss_every", 1)
     out = []
     for r in sweep["results"]:
         kv = list(r["kv_pairs"])
         out.append({"mixer": r["mixer"], "kv_pairs": kv, "accuracy": list(r["accuracy"]),
                     "state_size": r["state_size"], "train_seconds": r["train_seconds"],
                     "final_loss": r["final_loss"], "loss_every": loss_every,
-                    "losses": _window_means(r["losses"], loss_every),
-                    "losses_by_n": {str(N): _window_means(r["losses"][i::len(kv)], loss_every)
+                    "losses": window_means(r["losses"], loss_every),
+                    "losses_by_n": {str(N): window_means(r["losses"][i::len(kv)], loss_every)
                                     for i, N in enumerate(kv)}})
     return out
 
@@ -452,8 +434,8 @@ def run_mqar_seeds(config: MQARConfig, seeds, *, jobs: int = 1, loss_every: int 
     seeds = list(seeds)
     if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be a non-empty list of distinct integers; got {seeds!r}")
-    _check_int(jobs, "jobs", 1)
-    _check_int(loss_every, "loss_every", 1)      # before any training, not after it
+    check_int(jobs, "jobs", 1)
+    check_int(loss_every, "loss_every", 1)      # before any training, not after it
     work = [(replace(config, seed=s), loss_every) for s in seeds]
     if jobs == 1:
         outs = [_one_seed(w) for w in work]
@@ -527,14 +509,8 @@ def load_stored_large() -> dict:
     ``seeds``, ``records`` one per mixer and seed) with ``same_as_gpu_config``: whether they were run
     with the settings ``gpu_config()`` has now (the seed aside). Raises ``FileNotFoundError`` when
     this copy of the book has none."""
-    import json
-    from kernels import harness
-    data = harness.load_results(RESULTS_DIR / f"{STORED_LARGE}.json")
-    want = json.loads(json.dumps(gpu_config().as_dict()))
-    want.pop("seed")
-    have = {k: v for k, v in data["config"].items() if k not in ("seeds", "jobs")}
-    data["same_as_gpu_config"] = have == want
-    return data
+    return load_stored_runs(STORED_LARGE, gpu_config, "python -m experiments.mqar --large --seeds 0 1 2 3 4 "
+                            "--jobs 5 --write", ignore=("seeds", "jobs"))
 
 
 def main(argv=None) -> int:

@@ -16,7 +16,7 @@ from .linear_attention import recall_experiment
 __all__ = [
     "decay_attention_recurrent", "decay_attention_parallel", "decay_attention_chunkwise",
     "gla_attention_recurrent", "gla_attention_parallel", "gla_attention_chunkwise",
-    "decay_mask", "decay_mask_naive", "decay_attention_rescaled",
+    "decay_mask", "log_decay_mask", "decay_mask_naive", "decay_attention_rescaled",
     "rope_rotate", "rope_decay_attention_complex", "rope_decay_attention_rotated",
     "compose_affine", "linear_recurrence_scan", "linear_recurrence_loop", "gated_attention_scan",
     "matrix_gate_attention_recurrent", "matrix_gate_attention_parallel", "pairwise_transitions",
@@ -42,17 +42,29 @@ def _masked_exp(diff, causal):
 # --------------------------------------------------------------------------------------------
 # The decay mask Γ
 # --------------------------------------------------------------------------------------------
-def decay_mask(gamma) -> np.ndarray:
-    """``Γ_ij = prod_{tau=j+1..i} gamma_tau`` for ``j <= i`` (1 on the diagonal), 0 above it.
+def log_decay_mask(gamma) -> np.ndarray:
+    """``log Γ``: ``c_i - c_j`` for ``j <= i`` (0 on the diagonal) and ``-inf`` above it, with
+    ``c = cumsum(log gamma)``.
 
-    Computed as ``exp(c_i - c_j)`` with ``c = cumsum(log gamma)``: every exponent is ``<= 0``, so
-    entries underflow gracefully to 0 and never become NaN. ``gamma``: ``(n,)`` in ``(0, 1]``.
+    Never the log of :func:`decay_mask`: an entry of ``Γ`` that underflows to 0 has a finite log
+    here (``-1e4`` is a fine exponent to add to a score, ``log 0 = -inf`` is not). ``gamma``:
+    ``(n,)`` in ``(0, 1]``. Chapter 7 adds this to softmax scores (ALiBi, FoX).
     """
     g = as_array(gamma, "gamma", ("n",))
     g = _check_scalar_gate(g, g.shape[0])
     c = np.cumsum(np.log(g))
     n = g.shape[0]
-    return _masked_exp(c[:, None] - c[None, :], np.tri(n, dtype=bool))
+    return np.where(np.tri(n, dtype=bool), c[:, None] - c[None, :], -np.inf)
+
+
+def decay_mask(gamma) -> np.ndarray:
+    """``Γ_ij = prod_{tau=j+1..i} gamma_tau`` for ``j <= i`` (1 on the diagonal), 0 above it.
+
+    Computed as ``exp(c_i - c_j)`` with ``c = cumsum(log gamma)`` (:func:`log_decay_mask`): every
+    exponent is ``<= 0``, so entries underflow gracefully to 0 and never become NaN. ``gamma``:
+    ``(n,)`` in ``(0, 1]``.
+    """
+    return np.exp(log_decay_mask(gamma))
 
 
 def decay_mask_naive(gamma) -> np.ndarray:

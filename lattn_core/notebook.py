@@ -37,8 +37,15 @@ def gpu_dtype():
 
 
 def setup(seed: int = 0, *, quiet: bool = False) -> dict:
-    """Plot defaults, print options and a one-line report of the machine. Returns that report."""
+    """Plot defaults, print options and a one-line report of the machine. Returns that report.
+
+    Without a GPU it also sets ``TRITON_INTERPRET=1``, so that the chapters' Triton kernels run
+    through Triton's interpreter: the variable must be set before anything imports Triton, and a
+    chapter that trains a torch model first would otherwise have PyTorch import it."""
+    import os
     import platform
+    if not on_gpu():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     import matplotlib as mpl
     mpl.rcParams.update({"figure.figsize": (6.4, 3.6), "figure.dpi": 110, "axes.grid": True,
                          "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
@@ -281,5 +288,8 @@ def show_source(obj, start: str | None = None, stop: str | None = None, *,
     root = Path(__file__).resolve().parents[1]           # the repository (or site-packages)
     where = str(path.relative_to(root)) if path.is_relative_to(root) else path.name
     note = ", long lines broken" if shown != lines else ""
-    print(f"# {fn.__module__}.{fn.__qualname__} ({where}{note})")
+    head = f"# {fn.__module__}.{fn.__qualname__} ({where}{note})"
+    if width and len(head) > width:     # the heading, too, within the column: the name, then where
+        head = f"# {fn.__module__}.{fn.__qualname__}\n# ({where}{note})"
+    print(head)
     print("\n".join(shown))

@@ -7,7 +7,8 @@ import numpy as np
 from ._validate import as_array, check_chunk_size, check_qkv
 
 __all__ = ["softmax_attention", "softmax_attention_recurrent", "softmax_attention_chunkwise",
-           "softmax_attention_numerator", "rms_norm", "attention_scores", "causal_block_mask"]
+           "softmax_attention_numerator", "rms_norm", "attention_scores", "row_softmax",
+           "causal_block_mask"]
 
 
 def attention_scores(Q, K) -> np.ndarray:
@@ -20,17 +21,47 @@ def attention_scores(Q, K) -> np.ndarray:
     return S
 
 
+def row_softmax(S) -> np.ndarray:
+    """The softmax of every row of a score matrix whose excluded entries are ``-inf``.
+
+    Stable: each row's largest score is subtracted before ``exp`` (``exp(-inf) = 0``). ``S``:
+    ``(n, m)``, no NaN or ``+inf``, at least one finite entry per row (a causal score matrix always
+    has its diagonal). Returns the ``(n, m)`` probabilities, rows summing to 1.
+    """
+    S = as_array(S, "S", ("n", "m"), finite=False)
+    if np.isnan(S).any() or np.isposinf(S).any():
+        raise ValueError("S must hold finite scores or -inf (excluded entries); found NaN or +inf")
+    top = S.max(axis=1, keepdims=True)
+    if not np.all(np.isfinite(top)):
+        row = int(np.argmin(np.isfinite(top[:, 0])))
+        raise ValueError(f"S must have a finite entry in every row; row {row} is all -inf")
+    P = np.exp(S - top)
+    return P / P.sum(axis=1, keepdims=True)
+
+
 def softmax_attention(Q, K, V) -> np.ndarray:
     """Causal softmax attention ``o_t = sum_{j<=t} exp(q_t·k_j) v_j / sum_{j<=t} exp(q_t·k_j)``.
 
-    No implicit ``1/sqrt(d)``: scale ``Q`` yourself. Computed stably by subtracting each row's max.
+    No implicit ``1/sqrt(d)``: scale ``Q`` yourself. Computed stably by subtracting each row's max
+    (:func:`row_softmax` of :func:`attention_scores`).
     ``Q, K``: ``(n, d_k)``; ``V``: ``(n, d_v)``; returns ``(n, d_v)`` float64.
     """
     Q, K, V = check_qkv(Q, K, V)
-    S = attention_scores(Q, K)
-    S -= S.max(axis=1, keepdims=True)
-    P = np.exp(S)                       # exp(-inf) = 0 above the diagonal
-    return (P @ V) / P.sum(axis=1, keepdims=True)
+    return row_softmax(attention_scores(Q, K)) @ V
+
+
+def _online_softmax_fold(m, z, y, s, v):
+    """Fold scores into a running softmax: the one step of every online form in the book.
+
+    ``s``: scores ``(..., c)`` of ``c`` new keys, ``v``: their values ``(c, d_v)``; the running max
+    ``m`` ``(...)``, denominator ``z`` ``(...)`` and numerator ``y`` ``(..., d_v)`` are rescaled by
+    ``exp(m_old - m_new)`` and the new terms added. ``m = -inf`` (with ``z = 0``, ``y = 0``) starts a
+    row; every row must see a finite score in its first fold. Returns ``(m, z, y)``.
+    """
+    m_new = np.maximum(m, s.max(axis=-1))
+    rescale = np.exp(m - m_new)                 # exp(-inf) = 0 on the first fold
+    p = np.exp(s - m_new[..., None])
+    return m_new, rescale * z + p.sum(axis=-1), rescale[..., None] * y + p @ v
 
 
 def softmax_attention_recurrent(Q, K, V) -> np.ndarray:
@@ -45,15 +76,10 @@ def softmax_attention_recurrent(Q, K, V) -> np.ndarray:
     n, d_v = V.shape
     out = np.empty((n, d_v))
     for i in range(n):
-        m, z, y = -np.inf, 0.0, np.zeros(d_v)
+        m, z, y = np.float64(-np.inf), 0.0, np.zeros(d_v)
         for j in range(i + 1):
-            s = float(Q[i] @ K[j])
-            m_new = max(m, s)
-            rescale = np.exp(m - m_new)       # exp(-inf) = 0 on the first step
-            w = np.exp(s - m_new)
-            y = rescale * y + w * V[j]
-            z = rescale * z + w
-            m = m_new
+            s = Q[i] @ K[j:j + 1].T                   # one score, shape (1,)
+            m, z, y = _online_softmax_fold(m, z, y, s, V[j:j + 1])
         out[i] = y / z
     return out
 
@@ -84,7 +110,15 @@ def softmax_attention_chunkwise(Q, K, V, chunk_size: int = 64) -> np.ndarray:
     + d_v))`` instead of ``O(n^2)``; time is still ``O(n^2 d)``.
     """
     Q, K, V = check_qkv(Q, K, V)
-    c = check_chunk_size(chunk_size)
+    return _blocked_attention(Q, K, V, check_chunk_size(chunk_size))
+
+
+def _blocked_attention(Q, K, V, c, log_gates=None):
+    """The blocked online softmax of :func:`softmax_attention_chunkwise` on validated float64
+    inputs, tiles of ``c x c``. With ``log_gates`` (``(n,)``, Chapter 7's forget gates as logs) the
+    score of query ``i`` and key ``j`` gets the bias ``sum_{tau=j+1..i} log_gates[tau]``, taken as a
+    difference of sums that start at the tile's first key ``ks`` (never of sums over the whole
+    sequence, whose size would swamp a small difference)."""
     n, d_v = V.shape
     out = np.empty((n, d_v))
     for qs in range(0, n, c):
@@ -96,13 +130,12 @@ def softmax_attention_chunkwise(Q, K, V, chunk_size: int = 64) -> np.ndarray:
         for ks in range(0, qe, c):           # key blocks starting at or before the last query
             ke = min(ks + c, n)
             s = Q[qs:qe] @ K[ks:ke].T
+            if log_gates is not None:        # sums over ks+1..x, for x in ks..qe-1
+                span = np.concatenate([[0.0], np.cumsum(log_gates[ks + 1:qe])])
+                s += span[q_idx - ks, None] - span[None, :ke - ks]
             s[np.arange(ks, ke)[None, :] > q_idx[:, None]] = -np.inf   # causal mask inside the tile
-            m_new = np.maximum(m, s.max(axis=1))   # finite: key 0 is visible to every query
-            rescale = np.exp(m - m_new)            # exp(-inf) = 0 on the first block
-            p = np.exp(s - m_new[:, None])
-            y = rescale[:, None] * y + p @ V[ks:ke]
-            z = rescale * z + p.sum(axis=1)
-            m = m_new
+            # the first block holds key 0, visible to every query: m is finite after it
+            m, z, y = _online_softmax_fold(m, z, y, s, V[ks:ke])
         out[qs:qe] = y / z[:, None]
     return out
 
