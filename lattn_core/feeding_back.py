@@ -45,6 +45,9 @@ __all__ = [
     "fox_attention", "fox_attention_recurrent", "fox_attention_parallel", "fox_attention_chunkwise",
     "fox_attention_matrix", "feature_fox_attention",
     "alibi_slopes", "alibi_gates", "alibi_bias",
+    "deltaformer", "deltaformer_recurrent", "deltaformer_parallel", "deltaformer_chunkwise",
+    "deltaformer_matrices", "delta_attention", "deltaformer_qk", "neumann_terms",
+    "dependency_chain_length",
 ]
 
 
@@ -412,3 +415,161 @@ def alibi_bias(n: int, slope: float) -> np.ndarray:
     n, slope = _check_int(n, "n", 1), _check_slope(slope)
     i, j = np.indices((n, n))
     return np.where(j <= i, -slope * (i - j), -np.inf)
+
+
+# --------------------------------------------------------------------------------------------
+# DeltaFormer: the delta rule inside softmax attention (the chapter's second half)
+# --------------------------------------------------------------------------------------------
+def _masked_exp_rows(S, allowed, normalize: bool) -> np.ndarray:
+    """``exp(S)`` on the ``allowed`` entries (0 elsewhere), or, with ``normalize``, the softmax of
+    each row over its allowed entries (a row with none is all zeros: the first row of ``B``).
+    The softmax subtracts each row's largest allowed score first, so it never overflows."""
+    S = np.where(allowed, S, -np.inf)
+    if not normalize:
+        with np.errstate(over="raise"):
+            return np.exp(S)
+    out = np.zeros_like(S)
+    rows = allowed.any(axis=1)
+    if rows.any():
+        out[rows] = row_softmax(S[rows])
+    return out
+
+
+def _deltaformer_inputs(Q, K, V, normalize, beta):
+    Q, K, V = check_qkv(Q, K, V)
+    if not isinstance(normalize, (bool, np.bool_)):
+        raise ValueError(f"normalize must be True or False; got {normalize!r}")
+    n = K.shape[0]
+    beta = np.ones(n) if beta is None else check_gate(beta, "beta", (n,), low=0.0, high=2.0)
+    return Q, K, V, bool(normalize), beta
+
+
+def deltaformer_matrices(Q, K, *, normalize: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """DeltaFormer's two ``(n, n)`` matrices: ``A = exp(Q K^T + log M)`` (keys ``j <= i``) and
+    ``B = exp(K K^T + log M^-)`` (keys ``j < i``: strictly lower, its first row empty); with
+    ``normalize`` each ``exp`` becomes a row softmax over those positions. ``Q, K``: ``(n, d_k)``."""
+    Q, K, _ = check_qkv(Q, K, K)
+    A = _masked_exp_rows(attention_scores(Q, K), causal_mask(Q.shape[0]).astype(bool), bool(normalize))
+    B = _masked_exp_rows(K @ K.T, strict_causal_mask(K.shape[0]).astype(bool), bool(normalize))
+    return A, B
+
+
+def delta_attention(A, B, V, beta=None) -> np.ndarray:
+    """``A (I + Diag(beta) B)^{-1} V`` for a lower-triangular ``A`` and a strictly lower-triangular
+    ``B`` (both ``(n, n)``), the solve by a library triangular solver (``I + Diag(beta) B`` is unit
+    lower triangular). DeltaFormer is this with exponentiated scores; DeltaNet (Chapter 6) is it with
+    ``A = QK^T ⊙ M``, ``B = KK^T ⊙ M^-`` and ``Diag(beta) V`` for ``V``."""
+    from scipy.linalg import solve_triangular
+    V = as_array(V, "V", ("n", "d_v"))
+    n = V.shape[0]
+    A, B = as_array(A, "A", (n, n)), as_array(B, "B", (n, n))
+    if np.any(np.triu(A, 1) != 0) or np.any(np.triu(B) != 0):
+        raise ValueError("A must be lower triangular and B strictly lower triangular (zeros above "
+                         "their diagonals, and on B's)")
+    beta = np.ones(n) if beta is None else check_gate(beta, "beta", (n,), low=0.0, high=2.0)
+    return A @ solve_triangular(np.eye(n) + beta[:, None] * B, V, lower=True, unit_diagonal=True)
+
+
+def deltaformer_parallel(Q, K, V, normalize: bool = False, beta=None) -> np.ndarray:
+    """The matrix form ``O = A (I + Diag(beta) B)^{-1} V`` (:func:`deltaformer_matrices`,
+    :func:`delta_attention`). O(n^2) memory."""
+    Q, K, V, normalize, beta = _deltaformer_inputs(Q, K, V, normalize, beta)
+    A, B = deltaformer_matrices(Q, K, normalize=normalize)
+    return delta_attention(A, B, V, beta)
+
+
+def deltaformer_qk(Q, K, V, normalize: bool = False, beta=None) -> np.ndarray:
+    """The variant fla's naive reference computes: the pseudo-values scored with ``q_t·k_j``
+    (``B' = exp(Q K^T + log M^-)``) instead of the article's ``k_t·k_j``. With ``Q = K`` the two
+    coincide; otherwise the pseudo-value of token ``t`` depends on its query, so it is no longer a
+    function of the keys and values alone (the property that lets MQA share it across heads)."""
+    Q, K, V, normalize, beta = _deltaformer_inputs(Q, K, V, normalize, beta)
+    A, _ = deltaformer_matrices(Q, K, normalize=normalize)
+    Bqk = _masked_exp_rows(attention_scores(Q, K), strict_causal_mask(K.shape[0]).astype(bool), normalize)
+    return delta_attention(A, Bqk, V, beta)
+
+
+def neumann_terms(A, B, V, terms: int, beta=None) -> np.ndarray:
+    """The Neumann series of :func:`delta_attention` cut after ``terms`` terms:
+    ``A sum_{m=0}^{terms-1} (-Diag(beta) B)^m V``, computed as ``terms`` products with ``B`` (each
+    "attention over the keys" applied to the previous term), then one with ``A``. ``Diag(beta) B`` is
+    strictly lower triangular, hence nilpotent: its ``L``-th power vanishes for ``L`` the
+    :func:`dependency_chain_length` of ``B``, so ``L`` terms give the exact result."""
+    V = as_array(V, "V", ("n", "d_v"))
+    n = V.shape[0]
+    A, B = as_array(A, "A", (n, n)), as_array(B, "B", (n, n))
+    beta = np.ones(n) if beta is None else check_gate(beta, "beta", (n,), low=0.0, high=2.0)
+    if isinstance(terms, bool) or not isinstance(terms, numbers.Integral) or terms < 1:
+        raise ValueError(f"terms must be an integer >= 1; got {terms!r}")
+    term, total = V.copy(), V.copy()
+    for _ in range(int(terms) - 1):
+        term = -beta[:, None] * (B @ term)
+        total += term
+    return A @ total
+
+
+def dependency_chain_length(B) -> int:
+    """The number of tokens on the longest chain ``t_1 > t_2 > ... > t_L`` with every
+    ``B[t_i, t_{i+1}] != 0``: the index of nilpotency of a strictly lower-triangular ``B``
+    (``B^L = 0``, ``B^{L-1} != 0``), so the number of Neumann terms :func:`neumann_terms` needs.
+    ``n`` for a dense ``B`` of ``n`` tokens, 1 for ``B = 0``."""
+    B = as_array(B, "B", ("n", "n"))
+    n = B.shape[0]
+    if B.shape[1] != n or np.any(np.triu(B) != 0):
+        raise ValueError(f"B must be square and strictly lower triangular; got shape {B.shape}")
+    longest = np.ones(n, dtype=int)        # longest chain starting (from the top) at token t
+    for t in range(n):
+        prev = np.nonzero(B[t, :t])[0]
+        if prev.size:
+            longest[t] = 1 + longest[prev].max()
+    return int(longest.max())
+
+
+def deltaformer(Q, K, V, normalize: bool = False, beta=None) -> np.ndarray:
+    """DeltaFormer: ``A (I + Diag(beta) B)^{-1} V`` with ``A = exp(Q K^T + log M)``,
+    ``B = exp(K K^T + log M^-)``; ``normalize=True`` replaces each ``exp`` by a row softmax over its
+    allowed positions (the first row of ``B`` is empty). ``beta``: ``(n,)`` in ``(0, 2]``, default 1.
+    The pseudo-values ``U = (I + Diag(beta) B)^{-1} V`` are scored with ``k·k``, as in the article.
+    Computed in the matrix form (:func:`deltaformer_parallel`)."""
+    return deltaformer_parallel(Q, K, V, normalize, beta)
+
+
+def deltaformer_recurrent(Q, K, V, normalize: bool = False, beta=None) -> np.ndarray:
+    """Token by token: the pseudo-value ``u_t = v_t - beta_t sum_{j<t} B_tj u_j`` (forward
+    substitution; ``B_tj`` from ``k_t`` and the earlier keys), then ``o_t = sum_{j<=t} A_tj u_j``,
+    attention of ``q_t`` over the pseudo-values. The cache holds keys and pseudo-values."""
+    Q, K, V, normalize, beta = _deltaformer_inputs(Q, K, V, normalize, beta)
+    n = K.shape[0]
+    U = np.empty_like(V)
+    O = np.empty_like(V)
+    for t in range(n):
+        if t == 0:
+            U[0] = V[0]
+        else:
+            b = _masked_exp_rows((K[t] @ K[:t].T)[None, :], np.ones((1, t), bool), normalize)[0]
+            U[t] = V[t] - beta[t] * (b @ U[:t])
+        a = _masked_exp_rows((Q[t] @ K[:t + 1].T)[None, :], np.ones((1, t + 1), bool), normalize)[0]
+        O[t] = a @ U[:t + 1]
+    return O
+
+
+def deltaformer_chunkwise(Q, K, V, normalize: bool = False, beta=None, *, chunk_size: int = 64) -> np.ndarray:
+    """Blocked, as a GPU would: for each block of ``chunk_size`` tokens, the previous blocks'
+    pseudo-values enter the right-hand side (``V_c - Diag(beta_c) B_{c,<c} U_{<c}``), a
+    ``chunk_size``-sized forward substitution solves the block (:func:`lattn_core.forward_substitution`),
+    and the block's outputs are ``A_{c,<=c} U_{<=c}``. Only ``chunk_size x n`` slabs of ``A`` and
+    ``B`` exist at a time (rows of a normalised matrix need every earlier key)."""
+    Q, K, V, normalize, beta = _deltaformer_inputs(Q, K, V, normalize, beta)
+    C = check_chunk_size(chunk_size)
+    n = K.shape[0]
+    U = np.empty_like(V)
+    O = np.empty_like(V)
+    for c0 in range(0, n, C):
+        c1 = min(c0 + C, n)
+        rows = np.arange(c0, c1)[:, None]
+        B = _masked_exp_rows(K[c0:c1] @ K[:c1].T, np.arange(c1)[None, :] < rows, normalize)
+        A = _masked_exp_rows(Q[c0:c1] @ K[:c1].T, np.arange(c1)[None, :] <= rows, normalize)
+        rhs = V[c0:c1] - beta[c0:c1, None] * (B[:, :c0] @ U[:c0])
+        U[c0:c1] = forward_substitution(beta[c0:c1, None] * B[:, c0:c1], rhs)
+        O[c0:c1] = A @ U[:c1]
+    return O
