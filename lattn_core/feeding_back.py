@@ -47,7 +47,7 @@ __all__ = [
     "alibi_slopes", "alibi_gates", "alibi_bias",
     "deltaformer", "deltaformer_recurrent", "deltaformer_parallel", "deltaformer_chunkwise",
     "deltaformer_matrices", "delta_attention", "deltaformer_qk", "neumann_terms",
-    "dependency_chain_length",
+    "dependency_chain_length", "deltaformer_work",
 ]
 
 
@@ -573,3 +573,22 @@ def deltaformer_chunkwise(Q, K, V, normalize: bool = False, beta=None, *, chunk_
         U[c0:c1] = forward_substitution(beta[c0:c1, None] * B[:, c0:c1], rhs)
         O[c0:c1] = A @ U[:c1]
     return O
+
+
+def deltaformer_work(n: int, d_k: int, d_v: int, n_heads: int, kv_heads: int) -> dict:
+    """Multiply-adds of one DeltaFormer layer over ``n`` tokens, causal halves counted exactly:
+    per key-value head the scores ``K K^T`` (``n(n-1)/2 · d_k``) and the solve for the pseudo-values
+    (``n(n-1)/2 · d_v``), which involve only keys and values; per query head the scores ``Q K^T``
+    (``n(n+1)/2 · d_k``) and ``A U`` (``n(n+1)/2 · d_v``). Returns ``{"kv_part", "query_part",
+    "shared", "unshared", "saved"}``: the work when ``n_heads`` query heads share ``kv_heads``
+    key-value heads (MQA/GQA: the pseudo-values are computed once per key-value head), the work if
+    every query head computed its own, and the fraction saved."""
+    n, d_k, d_v = _check_int(n, "n", 1), _check_int(d_k, "d_k", 1), _check_int(d_v, "d_v", 1)
+    H, H_kv = _check_int(n_heads, "n_heads", 1), _check_int(kv_heads, "kv_heads", 1)
+    if H % H_kv:
+        raise ValueError(f"kv_heads must divide n_heads; got n_heads={H}, kv_heads={H_kv}")
+    kv = n * (n - 1) // 2 * (d_k + d_v)
+    query = n * (n + 1) // 2 * (d_k + d_v)
+    shared, unshared = H_kv * kv + H * query, H * (kv + query)
+    return {"kv_part": kv, "query_part": query, "shared": shared, "unshared": unshared,
+            "saved": 1 - shared / unshared}

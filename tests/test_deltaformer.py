@@ -121,3 +121,18 @@ def test_neumann_series_is_finite_and_needs_the_longest_chain():
         lc.neumann_terms(A, B, V, 0)
     with pytest.raises(ValueError, match="strictly lower"):
         lc.dependency_chain_length(A)
+
+
+def test_mqa_shares_the_pseudo_values():
+    """The pseudo-values need only K and V, so heads that share K and V share them: the work counted
+    by deltaformer_work matches the operation counts of the parts, and MQA saves nearly half of it
+    for many heads (the key-value part is about half of each head's work when d_k = d_v)."""
+    n, d, H = 64, 16, 8
+    w = lc.deltaformer_work(n, d, d, H, 1)
+    assert w["kv_part"] == (n * n - n) // 2 * 2 * d and w["query_part"] == (n * n + n) // 2 * 2 * d
+    assert w["unshared"] == H * (w["kv_part"] + w["query_part"])
+    assert w["shared"] == w["kv_part"] + H * w["query_part"]
+    assert lc.deltaformer_work(n, d, d, H, H)["saved"] == 0
+    assert 0.4 < w["saved"] < 0.5 * (1 - 1 / H) + 1e-12
+    with pytest.raises(ValueError, match="kv_heads must divide"):
+        lc.deltaformer_work(n, d, d, 8, 3)
