@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["RESULTS_DIR", "check_int", "torch_threads", "derived_seeds", "window_means", "load_stored_runs"]
+__all__ = ["RESULTS_DIR", "check_int", "check_seeds", "torch_threads", "derived_seeds", "window_means",
+           "summarize_seeds", "load_stored_runs"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -23,6 +24,15 @@ def check_int(x, name: str, low: int) -> int:
     if isinstance(x, bool) or not isinstance(x, int) or x < low:
         raise ValueError(f"{name} must be an integer >= {low}; got {x!r}")
     return x
+
+
+def check_seeds(seeds) -> list:
+    """``seeds`` as a list, if it is a non-empty list of distinct integers; else ``ValueError``."""
+    seeds = list(seeds)
+    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be a non-empty list of distinct integers; got {seeds!r}")
+    return seeds
 
 
 @contextlib.contextmanager
@@ -49,6 +59,40 @@ def derived_seeds(seed: int, eval_offset: int) -> tuple[int, int, int]:
 def window_means(x: list, w: int) -> list:
     """Means of ``x`` over consecutive windows of ``w`` (the last may be shorter)."""
     return [float(sum(x[i:i + w]) / len(x[i:i + w])) for i in range(0, len(x), w)]
+
+
+def summarize_seeds(records: list[dict], model_key: str, x_key: str) -> dict:
+    """Per model (``record[model_key]``), over the seeds of ``records``: the mean, smallest and
+    largest ``accuracy`` at each point of ``record[x_key]``, and per point in how many seeds each
+    model came first (ties count for every model that shares the best accuracy). Returns
+    ``{x_key, "seeds", "mean", "min", "max", "first"}``, the last four keyed by model."""
+    if not records:
+        raise ValueError("records must hold at least one record")
+    xs = records[0][x_key]
+    if any(r[x_key] != xs for r in records):
+        raise ValueError(f"records must all be scored at the same {x_key}")
+    seeds = sorted({r.get("seed", 0) for r in records})
+    models = list(dict.fromkeys(r[model_key] for r in records))
+    acc = {}
+    for r in records:
+        acc.setdefault(r[model_key], {})[r.get("seed", 0)] = r["accuracy"]
+    for m in models:
+        if sorted(acc[m]) != seeds:
+            raise ValueError(f"records must hold every seed for every {model_key}; {m!r} has seeds "
+                             f"{sorted(acc[m])}")
+    out = {x_key: list(xs), "seeds": seeds, "mean": {}, "min": {}, "max": {},
+           "first": {m: [0] * len(xs) for m in models}}
+    for m in models:
+        cols = list(zip(*(acc[m][s] for s in seeds)))          # one tuple of seeds per point
+        out["mean"][m] = [sum(c) / len(c) for c in cols]
+        out["min"][m] = [min(c) for c in cols]
+        out["max"][m] = [max(c) for c in cols]
+    for s in seeds:
+        for i in range(len(xs)):
+            best = max(acc[m][s][i] for m in models)
+            for m in models:
+                out["first"][m][i] += acc[m][s][i] == best
+    return out
 
 
 def load_stored_runs(name: str, gpu_config, command: str, ignore=("seeds",)) -> dict:

@@ -43,7 +43,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import RESULTS_DIR, check_int, derived_seeds, load_stored_runs, torch_threads, window_means
+from .common import (RESULTS_DIR, check_int, check_seeds, derived_seeds, load_stored_runs, summarize_seeds,
+                     torch_threads, window_means)
 
 __all__ = ["ENCODINGS", "ExtrapolationConfig", "cpu_config", "gpu_config", "make_recency_recall",
            "vocab_size", "token_text", "attention_bias", "SoftmaxAttention", "RecallTransformer",
@@ -350,10 +351,7 @@ def run_extrapolation(config: ExtrapolationConfig | None = None, *, keep_models:
 def run_seeds(config: ExtrapolationConfig, seeds) -> dict:
     """:func:`run_extrapolation` once per seed. Returns ``{"config" (with "seeds"), "records" (one
     per encoding and seed), "seconds": {seed: wall seconds}}``."""
-    seeds = list(seeds)
-    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds) \
-            or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds must be a non-empty list of distinct integers; got {seeds!r}")
+    seeds = check_seeds(seeds)
     records, seconds = [], {}
     for s in seeds:
         run = run_extrapolation(replace(config, seed=s))
@@ -369,33 +367,7 @@ def seed_summary(records: list[dict]) -> dict:
     """Per encoding, over the seeds of ``records``: the mean, smallest and largest accuracy at each
     evaluation length, and per length the number of seeds each encoding was best in (ties count for
     all). Returns ``{"eval_lens", "seeds", "mean", "min", "max", "first"}``."""
-    if not records:
-        raise ValueError("records must hold at least one record")
-    lens = records[0]["eval_lens"]
-    if any(r["eval_lens"] != lens for r in records):
-        raise ValueError("records must all be scored at the same eval_lens")
-    seeds = sorted({r["seed"] for r in records})
-    encs = list(dict.fromkeys(r["encoding"] for r in records))
-    acc = {}
-    for r in records:
-        acc.setdefault(r["encoding"], {})[r["seed"]] = r["accuracy"]
-    for e in encs:
-        if sorted(acc[e]) != seeds:
-            raise ValueError(f"records must hold every seed for every encoding; {e!r} has "
-                             f"{sorted(acc[e])}")
-    out = {"eval_lens": list(lens), "seeds": seeds, "mean": {}, "min": {}, "max": {},
-           "first": {e: [0] * len(lens) for e in encs}}
-    for e in encs:
-        cols = list(zip(*(acc[e][s] for s in seeds)))
-        out["mean"][e] = [sum(c) / len(c) for c in cols]
-        out["min"][e] = [min(c) for c in cols]
-        out["max"][e] = [max(c) for c in cols]
-    for s in seeds:
-        for i in range(len(lens)):
-            best = max(acc[e][s][i] for e in encs)
-            for e in encs:
-                out["first"][e][i] += acc[e][s][i] == best
-    return out
+    return summarize_seeds(records, "encoding", "eval_lens")
 
 
 def plot_summary(summary: dict, ax, train_len: int, title: str):

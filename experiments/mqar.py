@@ -48,7 +48,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import RESULTS_DIR, check_int, derived_seeds, load_stored_runs, torch_threads, window_means
+from .common import (RESULTS_DIR, check_int, check_seeds, derived_seeds, load_stored_runs, summarize_seeds,
+                     torch_threads, window_means)
 
 __all__ = ["MIXERS", "MQARConfig", "make_mqar", "MQARModel", "TokenMixer", "state_size",
            "train_mqar", "evaluate_mqar", "run_mqar_sweep", "cpu_config", "gpu_config", "sweep_records",
@@ -431,9 +432,7 @@ def run_mqar_seeds(config: MQARConfig, seeds, *, jobs: int = 1, loss_every: int 
     concurrent runs). Returns ``{"config": ..., "records": [... one per mixer and seed, with
     "seed"], "seconds": {seed: wall seconds}}``; ``config["seeds"]`` and ``config["jobs"]`` replace
     its single ``seed``."""
-    seeds = list(seeds)
-    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds) or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds must be a non-empty list of distinct integers; got {seeds!r}")
+    seeds = check_seeds(seeds)
     check_int(jobs, "jobs", 1)
     check_int(loss_every, "loss_every", 1)      # before any training, not after it
     work = [(replace(config, seed=s), loss_every) for s in seeds]
@@ -457,33 +456,7 @@ def seed_summary(records: list[dict]) -> dict:
     smallest and largest accuracy at each N, and per N how many seeds each mixer came first in
     (ties counted for every mixer that shares the best accuracy).
     Returns ``{"kv_pairs", "seeds", "mean", "min", "max", "first"}`` (the last four keyed by mixer)."""
-    if not records:
-        raise ValueError("records must hold at least one record")
-    kv = records[0]["kv_pairs"]
-    if any(r["kv_pairs"] != kv for r in records):
-        raise ValueError("records must all be scored at the same kv_pairs")
-    seeds = sorted({r.get("seed", 0) for r in records})
-    mixers = list(dict.fromkeys(r["mixer"] for r in records))
-    acc = {}
-    for r in records:
-        acc.setdefault(r["mixer"], {})[r.get("seed", 0)] = r["accuracy"]
-    for m in mixers:
-        if sorted(acc[m]) != seeds:
-            raise ValueError(f"records must hold every seed for every mixer; {m!r} has seeds {sorted(acc[m])}")
-    out = {"kv_pairs": list(kv), "seeds": seeds, "mean": {}, "min": {}, "max": {},
-           "first": {m: [0] * len(kv) for m in mixers}}
-    for m in mixers:
-        cols = list(zip(*(acc[m][s] for s in seeds)))          # one tuple of seeds per N
-        out["mean"][m] = [sum(c) / len(c) for c in cols]
-        out["min"][m] = [min(c) for c in cols]
-        out["max"][m] = [max(c) for c in cols]
-    for s in seeds:
-        for i in range(len(kv)):
-            best = max(acc[m][s][i] for m in mixers)
-            for m in mixers:
-                if acc[m][s][i] == best:
-                    out["first"][m][i] += 1
-    return out
+    return summarize_seeds(records, "mixer", "kv_pairs")
 
 
 def plot_seed_summary(summary: dict, ax=None, title: str | None = None):
