@@ -49,6 +49,8 @@ MODELS = (
     Model("DeltaProduct", "deltaproduct_recurrent", None, None, None, None, (6,), ("06_inverse_trick",)),
     Model("FoX (forget-gated softmax; ALiBi its constant gate)", "fox_attention_recurrent", "fox_attention_parallel",
           "fox_attention_chunkwise", "parallel_forgetting_attn", "flash", (7,), ("07_feeding_back",)),
+    Model("DeltaFormer (the delta rule inside softmax)", "deltaformer_recurrent", "deltaformer_parallel",
+          "deltaformer_chunkwise", "deltaformer_attn", "deltaformer", (7,), ("07_feeding_back",)),
 )
 
 

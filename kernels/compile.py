@@ -1,6 +1,6 @@
 """Compile every kernel launch of a family for a GPU class, without a GPU.
 
-    TRITON_INTERPRET=0 python -m kernels.compile flash|gla|delta [--quick] [--arch 75|80|89|90]
+    TRITON_INTERPRET=0 python -m kernels.compile flash|gla|delta|deltaformer [--quick] [--arch 75|80|89|90]
                                                  [--smem BYTES] [--dtype bf16|fp16]
 
 The family's Triton path (validation, the class's plan, the stages) runs on CPU tensors with every
@@ -249,8 +249,25 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
                 o, ht = delta_rule_triton(q, k, v, g, beta, 0.1, None, True, plan=dict(over), caps=caps)
                 torch.autograd.grad(o.float().sum() + ht.sum(), [q, k, v, beta] + ([g] if gated else []))
         launches = sink
+    elif family == "deltaformer":
+        from .deltaformer import pseudo
+        from .deltaformer.op import deltaformer_attn_triton
+        from .flash import backward, forward
+        # (dtype, K, V, B·H, T, β dtype): the benchmark's head size with the column split (B·H = 2)
+        # and without it (B·H = 256), several spans (T = 3000) and one (T = 100)
+        cases = [(bf, 128, 128, (1, 2), 3000, f32), (bf, 128, 128, (128, 2), 300, bf), (f32, 64, 64, (1, 2), 100, f32)]
+        if not quick:
+            cases += [(dt, K, V, (1, 2), 300, dt) for dt in halves + (f32,) for K, V in ((16, 16), (32, 128), (128, 64))]
+        with capture([pseudo, forward, backward]) as sink:
+            for dt, K, V, (B, H), T, bdt in cases:
+                q = torch.randn(B, T, H, K, dtype=dt, requires_grad=True)
+                v = torch.randn(B, T, H, V, dtype=dt, requires_grad=True)
+                beta = torch.rand(B, T, H, dtype=bdt, requires_grad=True)
+                o = deltaformer_attn_triton(q, q, v, beta, 0.1, caps=caps)
+                torch.autograd.grad(o.float().sum(), [q, v, beta])
+        launches = sink
     else:
-        raise SystemExit(f"unknown family {family!r}; choose flash, gla or delta")
+        raise SystemExit(f"unknown family {family!r}; choose flash, gla, delta or deltaformer")
     return _dedup(launches)
 
 
@@ -258,7 +275,7 @@ def main(argv=None):
     import torch
     from .backend import GPU_CLASSES
     p = argparse.ArgumentParser(prog="python -m kernels.compile", description=__doc__.split("\n\n")[0])
-    p.add_argument("family", choices=("flash", "gla", "delta"))
+    p.add_argument("family", choices=("flash", "gla", "delta", "deltaformer"))
     p.add_argument("--quick", action="store_true", help="the benchmark shapes and one of each other path")
     p.add_argument("--arch", type=int, default=90, choices=sorted(GPU_CLASSES),
                    help="the GPU class: 75 T4, 80 A100, 89 L4, 90 H100/H200")

@@ -19,7 +19,7 @@ from collections import namedtuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["attention_ref", "chunk_scalar_ref", "chunk_gla_ref", "recurrent_ref", "DeltaChunk", "delta_chunk",
+__all__ = ["attention_ref", "deltaformer_ref", "chunk_scalar_ref", "chunk_gla_ref", "recurrent_ref", "DeltaChunk", "delta_chunk",
            "delta_chunk_adjoint"]
 
 
@@ -42,6 +42,27 @@ def attention_ref(q, k, v, scale: float, causal: bool = True, g=None) -> torch.T
         s = s.masked_fill(~mask, float("-inf"))
     o = torch.matmul(torch.softmax(s, dim=-1), vf)
     return o.transpose(1, 2).to(v.dtype)
+
+
+def deltaformer_ref(q, k, v, beta=None, scale: float = 1.0) -> torch.Tensor:
+    """DeltaFormer: causal softmax attention of ``q`` over ``k`` with the pseudo-values
+    ``u = (I + Diag(β) P)^{-1} v`` as values, ``P`` the strictly causal row softmax of
+    ``scale·k kᵀ`` (its first row empty); ``beta`` ``[B, T, H]`` or ``None`` (ones). The solve is
+    a library triangular solve, differentiable; float32 (float64 for float64 input)."""
+    acc = _acc_dtype(q)
+    kf, vf = (x.to(acc).transpose(1, 2) for x in (k, v))                # [B, H, T, D]
+    T = k.shape[1]
+    s = torch.matmul(kf, kf.transpose(-1, -2)) * scale
+    earlier = torch.ones(T, T, dtype=torch.bool, device=k.device).tril(-1)
+    s = s.masked_fill(~earlier, float("-inf"))
+    m = s.amax(-1, keepdim=True).clamp_min(torch.finfo(acc).min)       # the first row: no key at all
+    p = torch.exp(s - m)
+    total = p.sum(-1, keepdim=True)
+    P = p / torch.where(total > 0, total, torch.ones_like(total))
+    b = torch.ones(k.shape[:3], dtype=acc, device=k.device) if beta is None else beta.to(acc)
+    N = torch.eye(T, dtype=acc, device=k.device) + b.transpose(1, 2)[..., None] * P
+    u = torch.linalg.solve_triangular(N, vf, upper=False, unitriangular=True)
+    return attention_ref(q, k, u.transpose(1, 2), scale, True).to(v.dtype)
 
 
 def _pad_time(x, C):

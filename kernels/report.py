@@ -159,11 +159,12 @@ def ratio_table(data: dict, *, ours: str = "ours", peer: str = "fla", goals: boo
         if show_goal and gl:
             head += " (goals: " + ", ".join(f"{p} <= {g:g}" for p, g in gl.items()) + ")"
         lines += (["", head] if lines else [head])
+        wp = max(8, len(peer) + 1)          # a peer's name may be longer than a time ("fla+sdpa")
         lines.append("  ".join(f"{c:>{widths[c]}}" for c in cols)
-                     + f"  {'pass':<6}{ours:>8}{peer:>8}{'ratio':>7}" + ("  goal" if show_goal else ""))
+                     + f"  {'pass':<6}{ours:>8}{peer:>{wp}}{'ratio':>7}" + ("  goal" if show_goal else ""))
         for r in block:
             line = "  ".join(f"{str(r.get(c, '')):>{widths[c]}}" for c in cols)
-            line += f"  {str(r.get('pass')):<6}{fmt(r['ours']):>8}{fmt(r['peer']):>8}"
+            line += f"  {str(r.get('pass')):<6}{fmt(r['ours']):>8}{fmt(r['peer']):>{wp}}"
             line += f"{r['ratio']:>7.2f}" if r["ratio"] is not None else f"{'n/a':>7}"
             if show_goal and r["goal"] is not None:
                 line += (f"  {'met' if r['ratio'] <= r['goal'] else 'NOT met'}" if r["ratio"] is not None

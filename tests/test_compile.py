@@ -1,4 +1,4 @@
-"""Every kernel launch of the three families compiles for every GPU class the book's readers use, on
+"""Every kernel launch of the four families compiles for every GPU class the book's readers use, on
 a CPU: T4 (sm_75, Colab's free GPU), A100 (sm_80), L4 (sm_89) and H100/H200 (sm_90a).
 
 ``python -m kernels.compile <family> --quick --arch <A>`` (in a fresh process: the interpreter must
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FAMILIES = ("flash", "gla", "delta")
+FAMILIES = ("flash", "gla", "delta", "deltaformer")
 ARCHS = (90, 89, 80, 75)
 SMEM = {75: 64 * 1024, 80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}      # GPU_CLASSES, written out
 # the two runs that must fail: an L4 given 32 KiB of shared memory (flash's 64 x 64 tiles at D = 128
@@ -145,6 +145,19 @@ def test_delta_compiles(runs, arch):
             "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel"} <= names, names
     if arch != 90:      # pipelines capped at 2 stages off Hopper
         assert max(r["num_stages"] for r in rows if r["kernel"] != "_gate_cumsum_kernel") <= 2
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_deltaformer_compiles(runs, arch):
+    rows = _launches(runs, "deltaformer", arch)
+    if arch == 75:      # DeltaFormer takes the PyTorch path on a T4 (kernels/deltaformer/plan.py)
+        assert rows == []
+        return
+    names = {r["kernel"] for r in rows}
+    assert {"_fold_earlier_kernel", "_pseudo_values_kernel", "_fold_later_kernel", "_adjoint_chunks_kernel",
+            "_attn_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"} <= names, names
+    # the serial pass ran with its value columns split (B·H = 2) and whole (B·H = 256)
+    assert {r["constexprs"]["BV"] for r in rows if r["kernel"] == "_pseudo_values_kernel"} >= {32, 128}
 
 
 def test_compile_check_fails_on_too_little_shared_memory(runs):

@@ -20,7 +20,7 @@ import triton.language as tl
 from ..backend import launch
 from .plan import CHUNK
 
-__all__ = ["chunk_cumsum", "solve_chunks"]
+__all__ = ["chunk_cumsum", "solve_chunks", "inv4_unit_lower16", "merge_inverse16"]
 
 
 @triton.jit
@@ -57,7 +57,7 @@ def _gram16_diag_t(s, b, beta):
 
 
 @triton.jit
-def _inv4_unit_lower16(At0, At1, At2, At3):
+def inv4_unit_lower16(At0, At1, At2, At3):
     """``(I + A)^{-1}`` of four strictly lower-triangular 16×16 blocks by forward substitution,
     row by row, from their transposes: row ``i`` of ``A`` is column ``i`` of ``Aᵀ``, a vector
     along the rows, which is what ``Σ_j a_j T[j, :]`` broadcasts, so no step of the loop moves
@@ -84,6 +84,25 @@ def _inv4_unit_lower16(At0, At1, At2, At3):
         T2 = tl.where(row, (e - tl.sum(a2[:, None] * T2, 0))[None, :], T2)
         T3 = tl.where(row, (e - tl.sum(a3[:, None] * T3, 0))[None, :], T3)
     return T0, T1, T2, T3
+
+
+@triton.jit
+def merge_inverse16(T00, T11, T22, T33, A10, A20, A21, A30, A31, A32, OPREC: tl.constexpr):
+    """The blocks below the diagonal of ``(I + A)^{-1}`` for a ``[64, 64]`` unit lower-triangular
+    ``I + A`` held as 16×16 blocks, from the inverses ``T_II`` of its diagonal blocks and the six
+    blocks ``A_IJ`` below them, by block substitution ``T_IJ = −T_II Σ_{J ≤ M < I} A_IM T_MJ``.
+    Returns ``(T10, T20, T21, T30, T31, T32)``. Shared with every family that solves a chunk's
+    triangular system in registers (DeltaFormer's pseudo-values)."""
+    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=OPREC), input_precision=OPREC)
+    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=OPREC), input_precision=OPREC)
+    T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision=OPREC) + tl.dot(A21, T10, input_precision=OPREC),
+                  input_precision=OPREC)
+    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=OPREC), input_precision=OPREC)
+    T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision=OPREC) + tl.dot(A32, T21, input_precision=OPREC),
+                  input_precision=OPREC)
+    T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision=OPREC) + tl.dot(A31, T10, input_precision=OPREC)
+                  + tl.dot(A32, T20, input_precision=OPREC), input_precision=OPREC)
+    return T10, T20, T21, T30, T31, T32
 
 
 @triton.jit
@@ -173,7 +192,7 @@ def _solve_kernel(k_ptr, beta_ptr, b_ptr, t_ptr, T, H, NTC, N0,
     s00, s11, s22, s33, s10, s20, s21, s30, s31, s32 = _gram10(kp, t0, T, H, K, KC, PREC)
     # T = (I + A)^{-1}: diagonal blocks by forward substitution (from their transposes), then
     # block substitution
-    T00, T11, T22, T33 = _inv4_unit_lower16(_gram16_diag_t(s00, g0, be0), _gram16_diag_t(s11, g1, be1),
+    T00, T11, T22, T33 = inv4_unit_lower16(_gram16_diag_t(s00, g0, be0), _gram16_diag_t(s11, g1, be1),
                                             _gram16_diag_t(s22, g2, be2), _gram16_diag_t(s33, g3, be3))
     # A below the diagonal in 16×16 blocks
     A10 = _gram16(s10, g1, g0, be1)
@@ -182,15 +201,7 @@ def _solve_kernel(k_ptr, beta_ptr, b_ptr, t_ptr, T, H, NTC, N0,
     A30 = _gram16(s30, g3, g0, be3)
     A31 = _gram16(s31, g3, g1, be3)
     A32 = _gram16(s32, g3, g2, be3)
-    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=OPREC), input_precision=OPREC)
-    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=OPREC), input_precision=OPREC)
-    T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision=OPREC) + tl.dot(A21, T10, input_precision=OPREC),
-                  input_precision=OPREC)
-    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=OPREC), input_precision=OPREC)
-    T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision=OPREC) + tl.dot(A32, T21, input_precision=OPREC),
-                  input_precision=OPREC)
-    T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision=OPREC) + tl.dot(A31, T10, input_precision=OPREC)
-                  + tl.dot(A32, T20, input_precision=OPREC), input_precision=OPREC)
+    T10, T20, T21, T30, T31, T32 = merge_inverse16(T00, T11, T22, T33, A10, A20, A21, A30, A31, A32, OPREC)
     # T as a dense [64, 64] tile per chunk, in the dtype that feeds the products (W, U and the backward)
     rr = tl.arange(0, 16)
     tp = t_ptr + (bh * NTC + t0) * 64 + rr[:, None] * 64 + rr[None, :]
