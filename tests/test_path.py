@@ -1,0 +1,182 @@
+"""PaTH attention (lattn_core.path): the three forms, each step of the article's derivation, the two
+special cases, RoPE as two reflections, and bad input.
+
+Tolerances. The references are float64. With unit-norm ``w`` and ``β ∈ (0, 2]`` every factor
+``H_t = I − β_t w_t w_tᵀ`` has norm at most 1, so scores stay O(|q||k|) and forms that regroup the
+same sums differ by round-off ~1e-14: 1e-9 (the issue's bound) leaves headroom and fails on any
+wrong term or mask. With arbitrary ``|w|`` a factor may stretch by ``|1 − β|w|²|`` > 1, scores grow
+like a product of such factors, and the forms are compared relative to the largest score.
+"""
+import numpy as np
+import pytest
+import sympy as sp
+
+import lattn_core as lc
+
+
+def _inputs(n, d=4, seed=0, w_norm=1.0):
+    rng = np.random.default_rng(seed)
+    Q, K, V = rng.normal(size=(n, d)), rng.normal(size=(n, d)), rng.normal(size=(n, 3))
+    W = rng.normal(size=(n, d))
+    if w_norm is not None:
+        W = w_norm * W / np.linalg.norm(W, axis=1, keepdims=True)
+    beta = rng.uniform(0.05, 2.0, size=n)
+    return Q, K, V, W, beta
+
+
+def _finite_close(name, A, B, tol, relative=False):
+    assert (np.isfinite(A) == np.isfinite(B)).all(), f"{name}: masks differ"
+    m = np.isfinite(A)
+    lc.check_close(name, A[m], B[m], tol, relative=relative)
+
+
+@pytest.mark.parametrize("n,C", [(1, 1), (2, 1), (9, 4), (40, 16), (65, 64), (70, 13)])
+def test_three_forms_agree(n, C):
+    Q, K, V, W, beta = _inputs(n, seed=n)
+    A = lc.path_scores_recurrent(Q, K, W, beta)
+    assert np.isneginf(A[np.triu_indices(n, 1)]).all() and np.isfinite(A[np.tril_indices(n)]).all()
+    _finite_close("closed form = definition", lc.path_attention_scores(Q, K, W, beta), A, 1e-9)
+    _finite_close(f"blocks of {C} = definition", lc.path_scores_chunkwise(Q, K, W, beta, chunk_size=C), A, 1e-9)
+    O = lc.path_attention_recurrent(Q, K, V, W, beta)
+    lc.check_close("attention: parallel = recurrent", lc.path_attention(Q, K, V, W, beta), O, 1e-9)
+    lc.check_close("attention: chunkwise = recurrent",
+                   lc.path_attention_chunkwise(Q, K, V, W, beta, chunk_size=C), O, 1e-9)
+
+
+@pytest.mark.parametrize("w_norm,beta_const", [(None, None), (np.sqrt(2), 1.0), (1.0, 2.0), (0.5, None)])
+def test_forms_agree_for_any_norm(w_norm, beta_const):
+    """|w| arbitrary (random), √2 with β = 1, unit with β = 2: relative to the largest score (a
+    stretching factor makes scores grow; float64 round-off relative to them stays ~1e-14)."""
+    n = 30
+    Q, K, V, W, beta = _inputs(n, seed=3, w_norm=w_norm)
+    if beta_const is not None:
+        beta = np.full(n, beta_const)
+    A = lc.path_scores_recurrent(Q, K, W, beta)
+    _finite_close("closed form", lc.path_attention_scores(Q, K, W, beta), A, 1e-9, relative=True)
+    _finite_close("blocks of 7", lc.path_scores_chunkwise(Q, K, W, beta, chunk_size=7), A, 1e-9, relative=True)
+
+
+def test_first_row_and_beta_zero():
+    """n = 1: the single score is q·k; β = 0 switches every factor off: plain causal scores Q Kᵀ."""
+    Q, K, V, W, beta = _inputs(12, seed=5)
+    A1 = lc.path_attention_scores(Q[:1], K[:1], W[:1], beta[:1])
+    lc.check_close("n = 1", A1[0, 0], Q[0] @ K[0], 1e-12)
+    A0 = lc.path_attention_scores(Q, K, W, np.zeros(12))
+    _finite_close("β = 0 is Q Kᵀ", A0, np.where(np.tril(np.ones((12, 12), bool)), Q @ K.T, -np.inf), 1e-12)
+    lc.check_close("β = 0: PaTH = softmax attention", lc.path_attention(Q, K, V, W, np.zeros(12)),
+                   lc.softmax_attention(Q, K, V), 1e-12)
+
+
+def test_transition_closed_form_and_sub_block_inverse():
+    """R_ij as a product = its closed form over W_[j:i]; the inverse of a sub-block of a triangular
+    matrix is the sub-block of its inverse (the step that lets one T serve every (i, j))."""
+    n = 14
+    _, _, _, W, beta = _inputs(n, seed=7)
+    for i, j in [(0, 0), (5, 4), (9, 2), (13, 0)]:
+        lc.check_close(f"R_{i}{j}: product = closed form", lc.householder_product(W, beta, i, j),
+                       lc.path_transition(W, beta, i, j), 1e-12)
+    L = np.eye(n) + np.tril(np.random.default_rng(1).normal(size=(n, n)), -1)
+    inv = np.linalg.inv(L)
+    for a, b in [(0, 5), (3, 9), (7, 14)]:
+        lc.check_close(f"inverse of L[{a}:{b}, {a}:{b}]", np.linalg.inv(L[a:b, a:b]), inv[a:b, a:b], 1e-10)
+
+
+@pytest.mark.parametrize("n,i,j", [(6, 5, 0), (11, 7, 3), (20, 19, 18), (9, 4, 4)])
+def test_each_equality_of_the_derivation(n, i, j):
+    """The article's component forms of A_ij, line by line, on random sizes (float64, O(1) terms)."""
+    Q, K, _, W, beta = _inputs(n, seed=n + i)
+    terms = lc.path_score_terms(Q, K, W, beta, i, j)
+    ref = terms["product"]
+    for name, value in terms.items():
+        lc.check_close(f"A_{i}{j} by '{name}'", value, ref, 1e-10)
+
+
+def test_transition_is_deltanet_with_zero_values_symbolically():
+    """SymPy, n = 3, d = 2: the product H_2 H_1 (β folded in) equals the closed form
+    I − W_sᵀ (I + Diag(β)(W_s W_sᵀ ⊙ M⁻))^{-1} Diag(β) W_s exactly."""
+    w = sp.Matrix(3, 2, sp.symbols("w0:6"))
+    b = sp.symbols("b0:3")
+    H = [sp.eye(2) - b[t] * w[t, :].T * w[t, :] for t in range(3)]
+    product = H[2] * H[1]
+    Ws = w[1:, :]
+    Bs = sp.diag(b[1], b[2])
+    Mminus = sp.Matrix(2, 2, lambda r, c: 1 if r > c else 0)
+    inner = sp.eye(2) + Bs * (Ws * Ws.T).multiply_elementwise(Mminus)
+    closed = sp.eye(2) - Ws.T * inner.inv() * Bs * Ws
+    lc.check_symbolic("H_2 H_1 = closed form", sp.simplify(product - closed), sp.zeros(2, 2))
+
+
+def test_w_equal_k_is_deltanet():
+    """W = K: (I − (I + A)^{-1} A = (I + A)^{-1}) PaTH's scores are DeltaNet's attention matrix
+    before Diag(β): scores · Diag(β) V = deltanet_parallel (float64 solves, 1e-10)."""
+    n = 25
+    Q, K, V, _, beta = _inputs(n, seed=9)
+    A = lc.path_attention_scores(Q, K, K, beta)
+    lc.check_close("PaTH(W = K) Diag(β) V = DeltaNet", np.where(np.isfinite(A), A, 0.0) @ (beta[:, None] * V),
+                   lc.deltanet_parallel(Q, K, V, beta), 1e-10)
+    a = sp.Matrix(2, 2, [0, 0, sp.Symbol("a"), 0])
+    lc.check_symbolic("I − (I + A)^{-1} A = (I + A)^{-1}", sp.eye(2) - (sp.eye(2) + a).inv() * a,
+                      (sp.eye(2) + a).inv())
+
+
+def test_orthogonal_factors_make_pa_th_absolute():
+    """β|w|² = 2 (β = 1, |w| = √2, or β = 2, |w| = 1): R_ij = R_i R_jᵀ, so PaTH is softmax attention
+    on Q − DeltaNet(Q, W, W) and K − DeltaNet(K, W, W). With |w| ≠ √2 the two differ."""
+    n = 20
+    Q, K, V, W, _ = _inputs(n, seed=11)
+    for w_scale, b in ((np.sqrt(2), 1.0), (1.0, 2.0)):
+        Wn, beta = w_scale * W, np.full(n, b)
+        R = [lc.householder_product(np.vstack([np.zeros((1, 4)), Wn]), np.r_[0.0, beta], t + 1, 0) for t in range(n)]
+        for i, j in [(7, 3), (19, 0)]:
+            lc.check_close(f"R_{i}{j} = R_i R_jᵀ", lc.householder_product(Wn, beta, i, j), R[i] @ R[j].T, 1e-12)
+        _finite_close("PaTH = absolute form", lc.path_absolute_scores(Q, K, Wn, beta),
+                      lc.path_attention_scores(Q, K, Wn, beta), 1e-10)
+        Qt = lc.path_qk_transform(Q, Wn, beta)
+        lc.check_close("softmax attention on the transformed Q, K",
+                       lc.softmax_attention(Qt, lc.path_qk_transform(K, Wn, beta), V),
+                       lc.path_attention(Q, K, V, Wn, beta), 1e-10)
+    A, B = lc.path_attention_scores(Q, K, 0.8 * W, None), lc.path_absolute_scores(Q, K, 0.8 * W, None)
+    m = np.isfinite(A)
+    assert np.abs(A[m] - B[m]).max() > 1e-2     # the identity needs orthogonal factors
+
+
+def test_two_reflections_make_a_rotation():
+    """RoPE's Ω as PaTH factors: H_b H_a is the rotation by twice the angle from a to b."""
+    theta = 0.37
+    R = lc.reflection_rotation([1.0, 0.0], [np.cos(theta / 2), np.sin(theta / 2)])
+    rot = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
+    lc.check_close("H_b H_a = rotation by θ", R, rot, 1e-12)
+
+
+def test_forget_gates_add_fox_bias():
+    """PaTH-FoX: the gates add log Γ_ij to the scores; gates of 1 change nothing."""
+    n = 18
+    Q, K, V, W, beta = _inputs(n, seed=13)
+    g = np.random.default_rng(2).uniform(0.3, 1.0, size=n)
+    O = lc.path_attention_recurrent(Q, K, V, W, beta, gamma=g)
+    lc.check_close("PaTH-FoX parallel", lc.path_attention(Q, K, V, W, beta, gamma=g), O, 1e-10)
+    lc.check_close("PaTH-FoX chunkwise", lc.path_attention_chunkwise(Q, K, V, W, beta, gamma=g, chunk_size=5), O,
+                   1e-10)
+    lc.check_close("gates of one", lc.path_attention(Q, K, V, W, beta, gamma=np.ones(n)),
+                   lc.path_attention(Q, K, V, W, beta), 1e-12)
+    assert np.abs(O - lc.path_attention(Q, K, V, W, beta)).max() > 1e-3
+
+
+def test_bad_inputs_raise():
+    Q, K, V, W, beta = _inputs(6)
+    with pytest.raises(ValueError, match="W must have shape"):
+        lc.path_attention_scores(Q, K, W[:5], beta)
+    with pytest.raises(ValueError, match="beta"):
+        lc.path_attention_scores(Q, K, W, np.full(6, 2.5))
+    with pytest.raises(ValueError, match="K must have shape"):
+        lc.path_attention_scores(Q, K[:, :3], W, beta)
+    with pytest.raises(ValueError, match="gamma"):
+        lc.path_attention(Q, K, V, W, beta, gamma=np.zeros(6))
+    with pytest.raises(ValueError, match="V must have shape"):
+        lc.path_attention(Q, K, V[:4], W, beta)
+    with pytest.raises(ValueError, match="chunk_size"):
+        lc.path_scores_chunkwise(Q, K, W, beta, chunk_size=0)
+    with pytest.raises(ValueError, match="need 0 <= j <= i"):
+        lc.householder_product(W, beta, 2, 3)
+    with pytest.raises(ValueError, match="non-zero"):
+        lc.reflection_rotation([0.0, 0.0], [1.0, 0.0])
