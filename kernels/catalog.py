@@ -51,6 +51,8 @@ MODELS = (
           "fox_attention_chunkwise", "parallel_forgetting_attn", "flash", (7,), ("07_feeding_back",)),
     Model("DeltaFormer (the delta rule inside softmax)", "deltaformer_recurrent", "deltaformer_parallel",
           "deltaformer_chunkwise", "deltaformer_attn", "deltaformer", (7,), ("07_feeding_back",)),
+    Model("PaTH (Householder products as position encoding)", "path_attention_recurrent", "path_attention_parallel",
+          "path_attention_chunkwise", None, None, (8,), ("08_path",)),
 )
 
 

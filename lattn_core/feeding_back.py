@@ -18,11 +18,22 @@ The chapter's first half, in code:
   attention on features (:func:`feature_fox_attention`); **ALiBi** (Press et al., 2022) as its
   constant-gate case (:func:`alibi_slopes`, :func:`alibi_gates`, :func:`alibi_bias`).
 
-Every exponent these functions add to a score is a sum of log gates, never the log of a product
+Every exponent the FoX functions add to a score is a sum of log gates, never the log of a product
 that may already have underflowed: ``log Γ`` comes from :func:`lattn_core.log_decay_mask`
 (Chapter 3), the blocked form takes the sums inside the span it visits, and the token loop adds
 ``log gamma_t`` to every cached token as it goes. The row softmax and the online-softmax step are
 Chapter 1's (:func:`lattn_core.row_softmax`).
+
+The second half:
+
+* **DeltaFormer** (Zhong et al., 2025), ``A (I + Diag(beta) B)^{-1} V`` with ``A``, ``B`` the
+  exponentials (or row softmaxes) of ``Q K^T`` and ``K K^T``, in three forms
+  (:func:`deltaformer_recurrent`, :func:`deltaformer_parallel`, :func:`deltaformer_chunkwise`;
+  :func:`deltaformer` is the API name), its matrices (:func:`deltaformer_matrices`), the delta
+  attention it shares with DeltaNet on finite features (:func:`delta_attention`), the ``q·k``
+  variant (:func:`deltaformer_qk`), the Neumann series of the inverse and where it ends
+  (:func:`neumann_terms`, :func:`neumann_errors`, :func:`dependency_chain_length`), and the work
+  of one layer with and without shared key-value heads (:func:`deltaformer_work`).
 """
 from __future__ import annotations
 
@@ -47,7 +58,7 @@ __all__ = [
     "alibi_slopes", "alibi_gates", "alibi_bias",
     "deltaformer", "deltaformer_recurrent", "deltaformer_parallel", "deltaformer_chunkwise",
     "deltaformer_matrices", "delta_attention", "deltaformer_qk", "neumann_terms",
-    "dependency_chain_length", "deltaformer_work",
+    "neumann_errors", "dependency_chain_length", "deltaformer_work",
 ]
 
 
@@ -506,6 +517,16 @@ def neumann_terms(A, B, V, terms: int, beta=None) -> np.ndarray:
         term = -beta[:, None] * (B @ term)
         total += term
     return A @ total
+
+
+def neumann_errors(A, B, V, beta=None, max_terms=None) -> np.ndarray:
+    """The largest absolute error of :func:`neumann_terms` with ``1, 2, ..., max_terms`` terms
+    against :func:`delta_attention` (default ``max_terms``: :func:`dependency_chain_length` of
+    ``B``, where the series becomes exact). Returns an array of ``max_terms`` errors."""
+    exact = delta_attention(A, B, V, beta)
+    L = dependency_chain_length(B) if max_terms is None else _check_int(max_terms, "max_terms", 1)
+    return np.array([np.abs(neumann_terms(A, B, V, m, beta) - exact).max()
+                     for m in range(1, L + 1)])
 
 
 def dependency_chain_length(B) -> int:

@@ -9,13 +9,13 @@ from kernels import catalog
 def test_model_map_validates_and_covers_the_books_models():
     rows = catalog.model_map()
     by = {r["model"]: r for r in rows}
-    assert len(rows) == len(catalog.MODELS) == 10
+    assert len(rows) == len(catalog.MODELS) == 11
     assert by["DeltaFormer (the delta rule inside softmax)"]["op"] == "deltaformer_attn"
     assert by["softmax attention"]["family"] == "flash" and by["softmax attention"]["chapters"] == (1,)
     assert by["GLA (vector gate)"]["bench"] == "python -m kernels.gla.bench --write"
     assert by["Gated DeltaNet"]["results"] == "kernels/delta/results.json"
     # the two models without a kernel say so (no op, no family, no benchmark)
-    for name in ("Comba", "DeltaProduct"):
+    for name in ("Comba", "DeltaProduct", "PaTH (Householder products as position encoding)"):
         assert by[name]["op"] is None and by[name]["bench"] is None and by[name]["recurrent"]
 
 

@@ -136,3 +136,19 @@ def test_mqa_shares_the_pseudo_values():
     assert 0.4 < w["saved"] < 0.5 * (1 - 1 / H) + 1e-12
     with pytest.raises(ValueError, match="kv_heads must divide"):
         lc.deltaformer_work(n, d, d, 8, 3)
+
+
+def test_neumann_errors_tabulates_the_truncations():
+    """neumann_errors(A, B, V, beta) is the error of every truncation 1..L against the solve, L the
+    longest dependency chain by default: the last is round-off (< 1e-12 on O(1) outputs), the one
+    before it is not (> 1e-9), and each entry is neumann_terms' own error (same sums, exactly)."""
+    Q, K, V, beta = case(n=9, scale=0.4)
+    A, B = lc.deltaformer_matrices(Q, K, normalize=True)
+    errs = lc.neumann_errors(A, B, V, beta)
+    exact = lc.delta_attention(A, B, V, beta)
+    assert errs.shape == (9,) and errs[-1] < 1e-12 and errs[-2] > 1e-9, errs
+    assert all(e == lc.max_abs_error(lc.neumann_terms(A, B, V, m + 1, beta), exact)
+               for m, e in enumerate(errs))
+    assert lc.neumann_errors(A, B, V, beta, max_terms=3).tolist() == errs[:3].tolist()
+    with pytest.raises(ValueError, match="max_terms"):
+        lc.neumann_errors(A, B, V, beta, max_terms=0)
