@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["RESULTS_DIR", "check_int", "check_seeds", "torch_threads", "derived_seeds", "window_means",
-           "summarize_seeds", "load_stored_runs"]
+           "summarize_seeds", "load_stored_runs", "seeds_cli"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -110,3 +110,45 @@ def load_stored_runs(name: str, gpu_config, command: str, ignore=("seeds",)) -> 
     have = {k: v for k, v in data["config"].items() if k not in ignore}
     data["same_as_gpu_config"] = have == want
     return data
+
+
+def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, run_seeds, gpu_seeds: list,
+              describe) -> int:
+    """The command line every experiment shares: ``[--gpu] [--seeds ...] [--device D] [--steps N]
+    [--write]``. ``--gpu`` takes ``gpu_config()`` (else ``cpu_config()``); ``--device`` and
+    ``--steps`` override the chosen setting (``--gpu --device cpu --steps 2`` checks the GPU
+    setting's code path on a CPU); one run per seed (default ``gpu_seeds`` with ``--gpu``, seed 0
+    without), one line per record by ``describe(record)``; ``--write`` stores the records in
+    ``experiments/results/<stored>.json`` (``<stored>_cpu.json`` without ``--gpu``) with the device,
+    date and versions."""
+    import argparse
+    import time
+    from dataclasses import replace
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--gpu", action="store_true", help="the larger setting (gpu_config), on CUDA")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help=f"one run per seed (default: {gpu_seeds} with --gpu, [0] without)")
+    p.add_argument("--device", default=None, help="run the chosen setting on this device instead")
+    p.add_argument("--steps", type=int, default=None, help="override the number of steps")
+    p.add_argument("--write", action="store_true",
+                   help=f"store the records in experiments/results/{stored}.json (--gpu) or {stored}_cpu.json")
+    args = p.parse_args(argv)
+    cfg = gpu_config() if args.gpu else cpu_config()
+    if args.device is not None:
+        cfg = replace(cfg, device=args.device)
+    if args.steps is not None:
+        cfg = replace(cfg, steps=check_int(args.steps, "steps", 1))
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        print("--gpu needs a CUDA GPU")
+        return 2
+    seeds = args.seeds if args.seeds is not None else (list(gpu_seeds) if args.gpu else [0])
+    t0 = time.perf_counter()
+    out = run_seeds(cfg, seeds)
+    for r in out["records"]:
+        print(describe(r) + f"  ({r['train_seconds']:.0f} s)")
+    print(f"{len(seeds)} seeds: {time.perf_counter() - t0:.0f} s")
+    if args.write:
+        from kernels import harness
+        name = stored if args.gpu else f"{stored}_cpu"
+        print("wrote", harness.write_results(RESULTS_DIR / f"{name}.json", name, out["config"], out["records"]))
+    return 0

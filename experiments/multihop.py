@@ -69,8 +69,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (RESULTS_DIR, check_int, check_seeds, derived_seeds, load_stored_runs,
-                     summarize_seeds, torch_threads, window_means)
+from .common import (check_int, check_seeds, derived_seeds, load_stored_runs,
+                     seeds_cli, summarize_seeds, torch_threads, window_means)
 
 __all__ = ["MIXERS", "NAMES", "MultihopConfig", "cpu_config", "gpu_config", "vocab_size",
            "sequence_length", "make_variable_chains", "token_text", "link_matrices", "mode_baseline",
@@ -593,44 +593,14 @@ def load_stored() -> dict:
 
 
 def main(argv=None) -> int:
-    """``python -m experiments.multihop [--gpu] [--seeds ...] [--write]``."""
-    import argparse
-    p = argparse.ArgumentParser(description="Chapter 7: multi-hop retrieval with one layer "
-                                            "(softmax attention, DeltaFormer, DeltaNet)")
-    p.add_argument("--gpu", action="store_true", help="the larger setting (gpu_config), on CUDA")
-    p.add_argument("--seeds", type=int, nargs="+", default=None,
-                   help="one run per seed (default: 0-2 with --gpu, 0 without)")
-    p.add_argument("--device", default=None,
-                   help="run the chosen setting on this device instead (e.g. `--gpu --device cpu "
-                        "--steps 2` checks the GPU setting's code path on a CPU)")
-    p.add_argument("--steps", type=int, default=None, help="override the number of steps")
-    p.add_argument("--write", action="store_true",
-                   help=f"store the records in experiments/results/{STORED}.json (--gpu) or "
-                        f"{STORED}_cpu.json")
-    args = p.parse_args(argv)
-    cfg = gpu_config() if args.gpu else cpu_config()
-    if args.device is not None:
-        cfg = replace(cfg, device=args.device)
-    if args.steps is not None:
-        cfg = replace(cfg, steps=check_int(args.steps, "steps", 1))
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        print("--gpu needs a CUDA GPU")
-        return 2
-    seeds = args.seeds if args.seeds is not None else ([0, 1, 2] if args.gpu else [0])
-    t0 = time.perf_counter()
-    out = run_seeds(cfg, seeds)
-    for r in out["records"]:
-        print(f"seed {r['seed']} {r['mixer']:>11}: "
-              + "  ".join(f"h={h}: {a:.3f}" for h, a in zip(r["hops"], r["accuracy"]))
-              + f"  ({r['train_seconds']:.0f} s)")
-    print(f"{len(seeds)} seeds: {time.perf_counter() - t0:.0f} s")
-    if args.write:
-        from kernels import harness
-        name = STORED if args.gpu else f"{STORED}_cpu"
-        path = harness.write_results(RESULTS_DIR / f"{name}.json", name, out["config"],
-                                     out["records"])
-        print("wrote", path)
-    return 0
+    """``python -m experiments.multihop [--gpu] [--seeds ...] [--device D] [--steps N] [--write]``
+    (:func:`experiments.common.seeds_cli`)."""
+    return seeds_cli(argv, description="Chapter 7: multi-hop retrieval with one layer (softmax attention, "
+                                       "DeltaFormer, DeltaNet)",
+                     stored=STORED, cpu_config=cpu_config, gpu_config=gpu_config, run_seeds=run_seeds,
+                     gpu_seeds=[0, 1, 2],
+                     describe=lambda r: f"seed {r['seed']} {r['mixer']:>11}: " + "  ".join(
+                         f"h={h}: {a:.3f}" for h, a in zip(r["hops"], r["accuracy"])))
 
 
 if __name__ == "__main__":

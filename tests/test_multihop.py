@@ -298,7 +298,6 @@ def test_gpu_setting_runs_and_stores_through_main(tmp_path, monkeypatch, capsys)
     import matplotlib.pyplot as plt
     import experiments.common
     monkeypatch.setattr(experiments.common, "RESULTS_DIR", tmp_path)
-    monkeypatch.setattr(mh, "RESULTS_DIR", tmp_path)
     with pytest.raises(FileNotFoundError, match="--gpu --write"):
         mh.load_stored()
     assert mh.main(["--gpu", "--device", "cpu", "--steps", "2", "--seeds", "0", "--write"]) == 0
