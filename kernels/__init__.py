@@ -2,7 +2,7 @@
 
 One folder per kernel family: ``flash/`` (softmax attention, and FoX's forget-gated form), ``gla/`` (linear attention with no,
 scalar or vector gates), ``delta/`` (the plain and gated delta rule), ``deltaformer/`` (the delta rule inside softmax
-attention). Each holds its op, its stages,
+attention), ``path/`` (PaTH: Householder products as position encoding). Each holds its op, its stages,
 its launch plan, its benchmark of record with the results, its ``NOTES.md`` and a ``lab/``.
 Shared here: ``backend`` (which backend an op takes, Triton's interpreter, first-fit launches),
 ``validate`` (input checks), ``reference`` (the differentiable PyTorch implementations: the CPU
@@ -29,6 +29,7 @@ from .delta import chunk_delta_rule, chunk_gated_delta_rule  # noqa: E402
 from .deltaformer import deltaformer_attn  # noqa: E402
 from .flash import flash_attention, parallel_forgetting_attn  # noqa: E402
 from .gla import chunk_gla, chunk_linear_attn, chunk_simple_gla  # noqa: E402
+from .path import parallel_path_attn  # noqa: E402
 
 __all__ = ["flash_attention", "parallel_forgetting_attn", "chunk_linear_attn", "chunk_simple_gla", "chunk_gla",
-           "chunk_delta_rule", "chunk_gated_delta_rule", "deltaformer_attn", "HAS_TRITON", "INTERPRET", "resolve_backend"]
+           "chunk_delta_rule", "chunk_gated_delta_rule", "deltaformer_attn", "parallel_path_attn", "HAS_TRITON", "INTERPRET", "resolve_backend"]

@@ -52,7 +52,7 @@ MODELS = (
     Model("DeltaFormer (the delta rule inside softmax)", "deltaformer_recurrent", "deltaformer_parallel",
           "deltaformer_chunkwise", "deltaformer_attn", "deltaformer", (7,), ("07_feeding_back",)),
     Model("PaTH (Householder products as position encoding)", "path_attention_recurrent", "path_attention_parallel",
-          "path_attention_chunkwise", None, None, (8,), ("08_path",)),
+          "path_attention_chunkwise", "parallel_path_attn", "path", (8,), ("08_path",)),
 )
 
 

@@ -1,6 +1,6 @@
 """Compile every kernel launch of a family for a GPU class, without a GPU.
 
-    TRITON_INTERPRET=0 python -m kernels.compile flash|gla|delta|deltaformer [--quick] [--arch 75|80|89|90]
+    TRITON_INTERPRET=0 python -m kernels.compile flash|gla|delta|deltaformer|path [--quick] [--arch 75|80|89|90]
                                                  [--smem BYTES] [--dtype bf16|fp16]
 
 The family's Triton path (validation, the class's plan, the stages) runs on CPU tensors with every
@@ -266,8 +266,27 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
                 o = deltaformer_attn_triton(q, q, v, beta, 0.1, caps=caps)
                 torch.autograd.grad(o.float().sum(), [q, v, beta])
         launches = sink
+    elif family == "path":
+        from .delta import solve
+        from .flash import forward as flash_forward_mod
+        from .path import backward as path_bwd, forward as path_fwd, local
+        from .path.op import parallel_path_attn_triton
+        # (dtype, K, V, T, w/β dtype, gate): the benchmark's head size, with and without the FoX gate
+        cases = [(bf, 128, 128, 300, f32, None), (bf, 128, 128, 300, bf, f32), (f32, 64, 64, 100, f32, f32)]
+        if not quick:
+            cases += [(dt, K, V, 100, dt, None) for dt in halves + (f32,) for K, V in ((16, 16), (32, 128), (128, 64))]
+        with capture([solve, flash_forward_mod, local, path_fwd, path_bwd]) as sink:
+            for dt, K, V, T, wdt, gate in cases:
+                q = torch.randn(1, T, 2, K, dtype=dt, requires_grad=True)
+                v = torch.randn(1, T, 2, V, dtype=dt, requires_grad=True)
+                w = torch.randn(1, T, 2, K, dtype=wdt, requires_grad=True)
+                beta = torch.rand(1, T, 2, dtype=wdt, requires_grad=True)
+                g = None if gate is None else (-torch.rand(1, T, 2)).to(gate).requires_grad_()
+                o = parallel_path_attn_triton(q, q, v, w, beta, g, 0.1, caps=caps)
+                torch.autograd.grad(o.float().sum(), [q, v, w, beta] + ([] if g is None else [g]))
+        launches = sink
     else:
-        raise SystemExit(f"unknown family {family!r}; choose flash, gla, delta or deltaformer")
+        raise SystemExit(f"unknown family {family!r}; choose flash, gla, delta, deltaformer or path")
     return _dedup(launches)
 
 
@@ -275,7 +294,7 @@ def main(argv=None):
     import torch
     from .backend import GPU_CLASSES
     p = argparse.ArgumentParser(prog="python -m kernels.compile", description=__doc__.split("\n\n")[0])
-    p.add_argument("family", choices=("flash", "gla", "delta", "deltaformer"))
+    p.add_argument("family", choices=("flash", "gla", "delta", "deltaformer", "path"))
     p.add_argument("--quick", action="store_true", help="the benchmark shapes and one of each other path")
     p.add_argument("--arch", type=int, default=90, choices=sorted(GPU_CLASSES),
                    help="the GPU class: 75 T4, 80 A100, 89 L4, 90 H100/H200")

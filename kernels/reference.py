@@ -19,7 +19,7 @@ from collections import namedtuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["attention_ref", "deltaformer_ref", "chunk_scalar_ref", "chunk_gla_ref", "recurrent_ref", "DeltaChunk", "delta_chunk",
+__all__ = ["attention_ref", "deltaformer_ref", "path_attn_ref", "chunk_scalar_ref", "chunk_gla_ref", "recurrent_ref", "DeltaChunk", "delta_chunk",
            "delta_chunk_adjoint"]
 
 
@@ -63,6 +63,33 @@ def deltaformer_ref(q, k, v, beta=None, scale: float = 1.0) -> torch.Tensor:
     N = torch.eye(T, dtype=acc, device=k.device) + b.transpose(1, 2)[..., None] * P
     u = torch.linalg.solve_triangular(N, vf, upper=False, unitriangular=True)
     return attention_ref(q, k, u.transpose(1, 2), scale, True).to(v.dtype)
+
+
+def path_attn_ref(q, k, v, w, beta, g=None, scale: float = 1.0) -> torch.Tensor:
+    """PaTH attention: causal softmax of ``scale · A + G_i − G_j`` times ``v``, with the scores in
+    the article's closed form ``A = (Q Kᵀ ⊙ M) − (Q Wᵀ ⊙ M)(I + Diag(β)(W Wᵀ ⊙ M⁻))^{-1}
+    Diag(β)(W Kᵀ ⊙ M⁻)`` (``lattn_core.path_attention_scores``); ``w`` ``[B, T, H, K]``, ``beta``
+    ``[B, T, H]``, ``g`` ``None`` or log forget gates ``[B, T, H]`` (PaTH-FoX, ``G = cumsum(g)``).
+    One library triangular solve of a ``T × T`` system per head (``O(T³)``: the CPU path and the
+    kernels' oracle at test sizes), differentiable; float32 (float64 for float64 input)."""
+    acc = _acc_dtype(q)
+    qf, kf, vf, wf = (x.to(acc).transpose(1, 2) for x in (q, k, v, w))     # [B, H, T, D]
+    T = q.shape[1]
+    b = beta.to(acc).transpose(1, 2)[..., None]                          # [B, H, T, 1]
+    below = torch.ones(T, T, dtype=torch.bool, device=q.device).tril(-1)
+    lower = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    N = torch.eye(T, dtype=acc, device=q.device) + (b * torch.matmul(wf, wf.transpose(-1, -2))).masked_fill(~below, 0)
+    rhs = (b * torch.matmul(wf, kf.transpose(-1, -2))).masked_fill(~below, 0)
+    Y = torch.linalg.solve_triangular(N, rhs, upper=False, unitriangular=True)
+    A = torch.matmul(qf, kf.transpose(-1, -2)).masked_fill(~lower, 0) \
+        - torch.matmul(torch.matmul(qf, wf.transpose(-1, -2)).masked_fill(~lower, 0), Y)
+    s = A * scale
+    if g is not None:
+        G = torch.cumsum(g.to(acc), dim=1).transpose(1, 2)               # [B, H, T]
+        s = s + (G[..., :, None] - G[..., None, :])
+    s = s.masked_fill(~lower, float("-inf"))
+    o = torch.matmul(torch.softmax(s, dim=-1), vf)
+    return o.transpose(1, 2).to(v.dtype)
 
 
 def _pad_time(x, C):

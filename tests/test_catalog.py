@@ -14,8 +14,9 @@ def test_model_map_validates_and_covers_the_books_models():
     assert by["softmax attention"]["family"] == "flash" and by["softmax attention"]["chapters"] == (1,)
     assert by["GLA (vector gate)"]["bench"] == "python -m kernels.gla.bench --write"
     assert by["Gated DeltaNet"]["results"] == "kernels/delta/results.json"
+    assert by["PaTH (Householder products as position encoding)"]["bench"] == "python -m kernels.path.bench --write"
     # the two models without a kernel say so (no op, no family, no benchmark)
-    for name in ("Comba", "DeltaProduct", "PaTH (Householder products as position encoding)"):
+    for name in ("Comba", "DeltaProduct"):
         assert by[name]["op"] is None and by[name]["bench"] is None and by[name]["recurrent"]
 
 

@@ -35,7 +35,7 @@ def test_kernels_without_lab_is_small():
     shared = [p for p in (ROOT / "kernels").iterdir() if p.is_file()]
     assert len(shared) <= 12, sorted(p.name for p in shared)
     families = sorted(p for p in (ROOT / "kernels").iterdir() if (p / "op.py").exists())
-    assert [p.name for p in families] == ["delta", "deltaformer", "flash", "gla"]
+    assert [p.name for p in families] == ["delta", "deltaformer", "flash", "gla", "path"]
     for d in families:
         files = [p for p in d.rglob("*") if p.is_file() and "lab" not in p.parts and "__pycache__" not in p.parts]
         assert len(files) <= 12, sorted(str(p.relative_to(ROOT)) for p in files)

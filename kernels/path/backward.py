@@ -1,0 +1,162 @@
+"""Stage 2's gradient: two sweeps per query block, the second in the opposite direction.
+
+With ``X_{i,l} = Q̃_i P_{i−1} ⋯ P_{l+1}`` the query block carried back to block ``l`` (the forward's
+walk), the scores of the pair are ``S_il = X_{i,l} K̂_lᵀ`` and, with ``dS`` from the softmax's
+backward (recomputed from the saved log-sum-exp, as flash attention does):
+
+- ``dK̂_l = Σ_i dS_ilᵀ X_{i,l}`` and ``dV_l = Σ_i P_ilᵀ dO_i``: found while walking *down*, the way
+  the forward walks, from the carried ``X`` (added into float32 buffers with atomics: other query
+  blocks add to the same key block);
+- ``dQ̃_i = Σ_{l<i} dS_il K̂_l P_{l+1}ᵀ ⋯ P_{i−1}ᵀ``: a Horner sum in the *other* direction,
+  ``R ← R P_lᵀ + dS_il K̂_l`` for ``l = 0, 1, …, i−1``;
+- the gradient of each crossed product ``P_l = I − W_lᵀ U_l``, ``M_l = Σ_{i>l} X_{i,l}ᵀ R_{i,l}``
+  with ``R_{i,l}`` the Horner sum before block ``l``: it needs ``X`` (made walking down) and ``R``
+  (made walking up) at the same ``l``. Only ``W_l M_l`` and ``U_l M_lᵀ`` are wanted
+  (``dU_l = −W_l M_l``, ``dW_l = −U_l M_lᵀ``), ``64 × K`` each, added with atomics.
+
+So each program walks down, leaving every ``X_{i,l}`` and ``dS_il`` in its own slot of scratch, then
+walks up reading them back. The grid is persistent (one program per slot, walking the pairs longest
+first), so the scratch is ``slots × T × (K + 64)`` values, not ``T² K / 64``. The gradients of the
+FoX gates are the row and column sums of ``dS``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..backend import launch
+from .forward import LOG2E, _gates, _in_rows, _tile
+from .plan import CHUNK, backward_slots
+
+__all__ = ["path_backward"]
+
+
+@triton.jit
+def _add_tile(base, row0, x, D: tl.constexpr):
+    """``base[row0 : row0+64, :D] += x`` (float32 atomics, relaxed: only the sums matter)."""
+    r = row0 + tl.arange(0, 64)
+    tl.atomic_add(base + r[:, None] * D + tl.arange(0, D)[None, :], x, sem="relaxed")
+
+
+@triton.jit
+def _put_tile(base, row0, x, D: tl.constexpr):
+    r = row0 + tl.arange(0, 64)
+    tl.store(base + r[:, None] * D + tl.arange(0, D)[None, :], x.to(base.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["T", "H", "NT", "NTC", "BH"])
+def _path_bwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, do_ptr, lse_ptr, dlt_ptr, G_ptr,
+                     dqt_ptr, dkh_ptr, gw_ptr, hu_ptr, daloc_ptr, dv_ptr, dG_ptr, xs_ptr, dzs_ptr,
+                     T, H, NT, NTC, BH, scale, qk_scale, g_to_s,
+                     K: tl.constexpr, V: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.arange(0, 64)
+    td = qt_ptr.dtype.element_ty
+    xs_base = xs_ptr + pid.to(tl.int64) * NT * 64 * K         # this program's slot of scratch
+    dzs_base = dzs_ptr + pid.to(tl.int64) * NT * 64 * 64
+    for work in range(pid, NT * BH, nprog):
+        bh = (work % BH).to(tl.int64)
+        i = NT - 1 - work // BH                               # longest first
+        bi = bh // H
+        h = bh % H
+        t0 = i * 64
+        rows = t0 + cols
+        valid = rows < T
+        buf = bh * NTC * K
+        v_base = v_ptr + (bi * T * H + h) * V
+        g_base = G_ptr + bi * T * H + h
+        x = _tile(qt_ptr + buf, t0, K).to(tl.float32)
+        do = _in_rows(do_ptr + (bi * T * H + h) * V, t0, T, H * V, V)
+        lse = tl.load(lse_ptr + bh * NTC + rows)
+        dlt = tl.load(dlt_ptr + bh * NTC + rows)
+        g_row = tl.zeros([64], dtype=tl.float32)
+        if HAS_G:
+            g_row = _gates(g_base, t0, T, H)
+        dg_row = tl.zeros([64], dtype=tl.float32)
+        # the diagonal block (its scores are stage 1's A_loc: their gradient goes back there)
+        s = _tile(aloc_ptr + bh * NTC * 64, t0, 64)
+        if HAS_G:
+            s += (g_row[:, None] - g_row[None, :]) * g_to_s
+        s = tl.where((cols[None, :] <= cols[:, None]) & ((t0 + cols)[None, :] < T), s, float("-inf"))
+        p = tl.where(valid[:, None], tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
+        v = _in_rows(v_base, t0, T, H * V, V)
+        dz = p * (tl.dot(do, tl.trans(v), input_precision=PREC) - dlt[:, None])
+        _put_tile(daloc_ptr + bh * NTC * 64, t0, dz * scale, 64)
+        _add_tile(dv_ptr + bh * NTC * V, t0, tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC), V)
+        if HAS_G:
+            dg_row += tl.sum(dz, 1)
+            tl.atomic_add(dG_ptr + bh * NTC + rows, -tl.sum(dz, 0), sem="relaxed")
+        # first sweep, down: the forward's walk, keeping X and dS for the second
+        for n in range(0, i):
+            s0 = (i - 1 - n) * 64
+            xt = x.to(td)
+            _put_tile(xs_base, s0, xt, K)
+            s = tl.dot(xt, tl.trans(_tile(kh_ptr + buf, s0, K)), input_precision=PREC)
+            if HAS_G:
+                s += (g_row[:, None] - _gates(g_base, s0, T, H)[None, :]) * g_to_s
+            p = tl.where(valid[:, None], tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
+            v = tl.load(v_base + (s0 + cols)[:, None] * (H * V) + tl.arange(0, V)[None, :])
+            dz = p * (tl.dot(do, tl.trans(v), input_precision=PREC) - dlt[:, None])
+            dsc = (dz * scale).to(td)
+            _put_tile(dzs_base, s0, dsc, 64)
+            _add_tile(dv_ptr + bh * NTC * V, s0, tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC), V)
+            _add_tile(dkh_ptr + buf, s0, tl.dot(tl.trans(dsc), xt, input_precision=PREC), K)
+            if HAS_G:
+                dg_row += tl.sum(dz, 1)
+                tl.atomic_add(dG_ptr + bh * NTC + s0 + cols, -tl.sum(dz, 0), sem="relaxed")
+            a = tl.dot(xt, tl.trans(_tile(wt_ptr + buf, s0, K)), input_precision=PREC)
+            x -= tl.dot(a.to(td), _tile(u_ptr + buf, s0, K), input_precision=PREC)
+        tl.debug_barrier()            # the slot's writes, visible to every thread of the program
+        # second sweep, up: R ← R P_lᵀ + dS_il K̂_l, and M_l's two products
+        r_acc = tl.zeros([64, K], dtype=tl.float32)
+        for l in range(0, i):
+            s0 = l * 64
+            xt = _tile(xs_base, s0, K)
+            w = _tile(wt_ptr + buf, s0, K)
+            u = _tile(u_ptr + buf, s0, K)
+            rt = r_acc.to(td)
+            a = tl.dot(xt, tl.trans(w), input_precision=PREC)
+            _add_tile(gw_ptr + buf, s0, tl.dot(tl.trans(a.to(td)), rt, input_precision=PREC), K)
+            c = tl.dot(rt, tl.trans(u), input_precision=PREC).to(td)
+            _add_tile(hu_ptr + buf, s0, tl.dot(tl.trans(c), xt, input_precision=PREC), K)
+            r_acc -= tl.dot(c, w, input_precision=PREC)
+            r_acc += tl.dot(_tile(dzs_base, s0, 64), _tile(kh_ptr + buf, s0, K), input_precision=PREC)
+        _put_tile(dqt_ptr + buf, t0, r_acc, K)
+        if HAS_G:
+            tl.atomic_add(dG_ptr + bh * NTC + rows, dg_row, sem="relaxed")
+        tl.debug_barrier()            # every read of the slot done before the next pair writes it
+
+
+def path_backward(qt, kh, u, wt, aloc, v, do, o, lse, G, scale: float, plan):
+    """Stage 2's gradient. Returns float32 ``(dqt, dkh, gw, hu, daloc, dv, dG)``: the first five in
+    the prepared layouts (for :func:`kernels.path.local.local_backward`), ``dv`` ``[B, T, H, V]`` in
+    ``v``'s dtype, ``dG`` ``[B, T, H]`` (the gradient of the cumulative gates) or ``None``."""
+    B, T, H, V = v.shape
+    K = qt.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    NTC = NT * CHUNK
+    BH = B * H
+    dev = v.device
+    do = do.contiguous()
+    dlt = torch.zeros(BH, NTC, dtype=torch.float32, device=dev)
+    dlt[:, :T] = (do.float() * o.float()).sum(-1).permute(0, 2, 1).reshape(BH, T)
+    f32 = dict(dtype=torch.float32, device=dev)
+    dqt = torch.empty(BH, NTC, K, **f32)
+    dkh, gw, hu = (torch.zeros(BH, NTC, K, **f32) for _ in range(3))
+    daloc = torch.empty(BH, NTC, CHUNK, **f32)
+    dv = torch.zeros(BH, NTC, V, **f32)
+    dG = torch.zeros(BH, NTC, **f32) if G is not None else None
+    nprog = backward_slots(plan, dev, NT * BH)
+    xs = torch.empty(nprog, NT * CHUNK, K, dtype=qt.dtype, device=dev)
+    dzs = torch.empty(nprog, NT * CHUNK, CHUNK, dtype=qt.dtype, device=dev)
+    launch(_path_bwd_kernel, (nprog,),
+           (qt, kh, u, wt, aloc, v, do, lse, dlt, G if G is not None else dlt,
+            dqt, dkh, gw, hu, daloc, dv, dG if G is not None else dlt, xs, dzs,
+            T, H, NT, NTC, BH, float(scale), float(scale) * LOG2E, 1.0 / float(scale)),
+           dict(K=K, V=V, HAS_G=G is not None, PREC=plan.precision), plan.bwd)
+    dv = dv[:, :T].reshape(B, H, T, V).transpose(1, 2).to(v.dtype)
+    if dG is not None:
+        dG = dG[:, :T].reshape(B, H, T).transpose(1, 2)
+    return dqt, dkh, gw, hu, daloc, dv, dG

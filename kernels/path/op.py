@@ -1,0 +1,97 @@
+"""``parallel_path_attn``: softmax attention whose scores see the keys through Householder products.
+
+Read top to bottom: check the inputs, pick the backend, plan the launches, then two stages.
+
+1. each block of 64 tokens on its own (:func:`kernels.path.local.prepare_blocks`): the delta
+   family's triangular solve for the block's UT transform, then the queries pulled back to the
+   block's start, the keys pushed to its end, the block's own scores;
+2. the flash-style pass (:func:`kernels.path.forward.path_forward`): each query block walks the
+   earlier key blocks last first, crossing each by its UT transform, folding scores into the flash
+   family's online softmax.
+
+The gradients run the other way: stage 2's (:func:`kernels.path.backward.path_backward`, two sweeps
+per query block), then stage 1's (:func:`kernels.path.local.local_backward`), and the FoX gates'
+as a reversed cumulative sum.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..backend import check_dtypes, device_caps, resolve_backend
+from ..flash.forward import cumulative_gates
+from ..reference import path_attn_ref
+from ..validate import check_gate_tensor, check_head_size, check_qkv, default_scale
+from .backward import path_backward
+from .forward import path_forward
+from .local import local_backward, prepare_blocks
+from .plan import plan_for
+
+__all__ = ["parallel_path_attn", "HEAD_SIZES"]
+
+HEAD_SIZES = (16, 32, 64, 128)
+
+
+def _check_path_inputs(q, k, v, w, beta, g, scale):
+    B, T, H, K, V = check_qkv(q, k, v)
+    scale = default_scale(scale, K)
+    check_gate_tensor(w, "w", (B, T, H, K), q)
+    check_gate_tensor(beta, "beta", (B, T, H), q)
+    if not beta.is_cuda and ((beta < 0) | (beta > 2)).any():
+        raise ValueError("beta must lie in [0, 2] elementwise (the factors I - beta w w^T; 2 makes "
+                         "them reflections for unit w)")
+    if g is not None:
+        check_gate_tensor(g, "g", (B, T, H), q, nonpositive=True)
+    return scale
+
+
+def parallel_path_attn(q, k, v, w, beta, g=None, scale=None, backend=None):
+    """PaTH attention (fla's ``parallel_path_attn``): per batch and head, the causal softmax of
+    ``scale · A + G_i − G_j`` times ``v``, with ``A_ij = q_iᵀ H_i H_{i−1} ⋯ H_{j+1} k_j``,
+    ``H_t = I − β_t w_t w_tᵀ`` (``lattn_core.path_attention_scores``) and, with ``g`` (log forget
+    gates, PaTH-FoX), ``G = cumsum(g)``. Returns ``(o, None)``, ``o`` ``[B, T, H, V]``.
+
+    ``q, k``: ``[B, T, H, K]``; ``v``: ``[B, T, H, V]``; ``w``: ``[B, T, H, K]`` (used as given: the
+    models normalise it); ``beta``: ``[B, T, H]`` in ``[0, 2]``; ``g``: ``None`` or ``[B, T, H]``,
+    ``<= 0``. ``w``, ``beta`` and ``g`` in float32 (as fla insists) or the inputs' dtype. The
+    gate bias is not multiplied by ``scale`` (fla's kernel multiplies it: pass it ``g / scale`` for
+    the same function).
+    """
+    scale = _check_path_inputs(q, k, v, w, beta, g, scale)
+    if resolve_backend(backend, q) == "torch":
+        return path_attn_ref(q, k, v, w, beta, g, scale), None
+    return parallel_path_attn_triton(q, k, v, w, beta, g, scale), None
+
+
+class PathFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, w, beta, g, scale, plan):
+        q, k, v, w, beta = (x.contiguous() for x in (q, k, v, w, beta))
+        G = cumulative_gates(g) if g is not None else None
+        w_dtype = w.dtype
+        w = w.to(plan.transport)    # the directions as every stage uses them (fla, too, casts w to float16)
+        qt, kh, u, wt, aloc, tm = prepare_blocks(q, k, w, beta, plan)
+        o, lse = path_forward(qt, kh, u, wt, aloc, v, G, scale, plan)
+        ctx.save_for_backward(q, k, v, w, beta, G, qt, kh, u, wt, aloc, tm, o, lse)
+        ctx.scale, ctx.plan, ctx.g_dtype, ctx.w_dtype = scale, plan, None if g is None else g.dtype, w_dtype
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, w, beta, G, qt, kh, u, wt, aloc, tm, o, lse = ctx.saved_tensors
+        dqt, dkh, gw, hu, daloc, dv, dG = path_backward(qt, kh, u, wt, aloc, v, do, o, lse, G, ctx.scale, ctx.plan)
+        dq, dk, dw, dbeta = local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, ctx.plan, ctx.w_dtype)
+        dg = cumulative_gates(dG, reverse=True, out_dtype=ctx.g_dtype) if dG is not None else None
+        return dq, dk, dv, dw, dbeta, dg, None, None
+
+
+def parallel_path_attn_triton(q, k, v, w, beta, g, scale: float, *, caps=None):
+    """The Triton path, inputs already validated except the head sizes and the dtype the GPU class
+    can run (``caps``: default the inputs' device's), both checked before anything compiles."""
+    check_head_size("the head size K (last axis of q, k and w)", q.shape[-1], HEAD_SIZES, "parallel_path_attn")
+    check_head_size("the head size V (last axis of v)", v.shape[-1], HEAD_SIZES, "parallel_path_attn")
+    caps = caps if caps is not None else device_caps(q.device)
+    check_dtypes(caps, q.device, q=q, w=w, beta=beta, g=g)
+    plan = plan_for(q.dtype, q.device, caps=caps)
+    if plan.path == "torch":    # a class these kernels do not fit (plan.py): PyTorch on the device
+        return path_attn_ref(q, k, v, w, beta, g, scale)
+    return PathFunction.apply(q, k, v, w, beta, g, float(scale), plan)

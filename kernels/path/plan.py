@@ -1,0 +1,70 @@
+"""The launch plan of the PaTH kernels: measured defaults, as data.
+
+Blocks are 64 tokens (:data:`CHUNK`, the delta family's solve is written for it), for the queries
+and the keys alike. The forward pass is one program per (query block, batch·head); the backward's
+main pass is *persistent*: ``slots`` programs walk the (query block, batch·head) pairs longest
+first, and each owns a slot of scratch where its first sweep leaves the carried queries for its
+second (``NOTES.md``). Products that carry queries over whole blocks run in the *transport* dtype:
+float16 for 16-bit inputs (three more mantissa bits than bfloat16, as fla does), float32 otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..backend import INTERPRET, Caps, Launch, device_caps, num_sms
+
+__all__ = ["PathPlan", "plan_for", "CHUNK"]
+
+CHUNK = 64      #: tokens per block (the delta family's 16×16-block inverse of a 64×64 system)
+
+
+@dataclass(frozen=True)
+class _SolvePlan:
+    """What :func:`kernels.delta.solve.solve_chunks` reads from a plan."""
+    solve: tuple
+    solve_kc: int
+
+
+@dataclass(frozen=True)
+class PathPlan:
+    """``transport``: dtype of the carried queries and of ``K̂, U, W``; ``precision``: the passes'
+    ``tl.dot`` precision; ``local_precision``: the per-block stage's; ``fwd``, ``bwd``, ``local``:
+    launches; ``slots_per_sm``: persistent backward programs per SM; ``path``: ``"torch"`` where the
+    class cannot run these kernels."""
+    transport: torch.dtype
+    precision: str
+    local_precision: str
+    fwd: tuple = field(default_factory=lambda: (Launch(4, 2), Launch(4, 1)))
+    bwd: tuple = field(default_factory=lambda: (Launch(8, 1), Launch(4, 1)))
+    local: tuple = field(default_factory=lambda: (Launch(8, 1), Launch(4, 1)))
+    slots_per_sm: int = 2
+    path: str = "triton"
+
+    def solve_plan(self, K: int, w_dtype) -> _SolvePlan:
+        """The delta family's solve on ``w``: one warp for 16-bit ``w``, four for float32 (the
+        delta family's measured choice)."""
+        warps = 1 if w_dtype != torch.float32 else 4
+        return _SolvePlan(solve=(Launch(warps, 1), Launch(4, 1)), solve_kc=K)
+
+
+def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = None) -> PathPlan:
+    """The plan for inputs of ``dtype`` on ``device`` of the GPU class ``caps`` (default: the
+    device's)."""
+    half = dtype != torch.float32
+    transport = torch.float16 if half else torch.float32
+    prec = "ieee" if (not half or interpret) else "tf32"
+    local_prec = "ieee" if (interpret or not half) else "tf32"
+    if interpret:
+        return PathPlan(transport, prec, local_prec)
+    caps = caps if caps is not None else device_caps(device)
+    if caps.major < 8:
+        return PathPlan(transport, prec, local_prec, path="torch")
+    return PathPlan(transport, prec, local_prec)
+
+
+def backward_slots(plan: PathPlan, device, work: int) -> int:
+    """Persistent programs of the backward's main pass: ``slots_per_sm`` per SM, at most ``work``."""
+    sms = 4 if INTERPRET else num_sms(device)
+    return max(1, min(work, plan.slots_per_sm * sms))

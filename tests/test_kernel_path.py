@@ -1,0 +1,383 @@
+"""The PaTH attention kernel (``kernels.parallel_path_attn``) against float64 references.
+
+On a machine without a GPU the kernels run through Triton's interpreter (CPU tensors, with short
+sequences that still cross the 64-token blocks: one block, a ragged tail, several blocks, B > 1);
+with CUDA the same tests also run compiled, plus fla's shapes and tolerances and the memory check.
+
+References: per batch and head, ``lattn_core.path_attention(scale·Q, K, V, W, beta, gamma=exp(g))``
+in float64 (the article's closed form with a library inverse); gradients from the differentiable
+``kernels.reference.path_attn_ref`` in float64, itself checked against ``lattn_core`` here. Inputs
+are cast to float64 *after* rounding to the tested dtype (``w``, ``beta`` and ``g`` included), so
+the tolerances measure the kernels' arithmetic, not the input rounding. ``w`` is unit-norm (fla's
+layers normalise it; the op uses it as given) unless a test says otherwise.
+
+Tolerances:
+- float32 (IEEE products; the carried queries, ``K̂``, ``U`` and ``W`` kept in float32, the
+  "transport" dtype of float32 inputs): outputs 2e-5 and gradients 5e-5, as max error over
+  max(max |ref|, 1). Each score is a chain of T/64 block crossings and a 64×64 triangular solve,
+  each a few float32 ulps (6e-8) per sum of ≤ 64 or K terms; the measured errors are ~1e-6 at
+  T ≤ 150 (≥ 10x headroom), while a TF32 product (1e-3), a float16 transport (5e-4), a wrong mask
+  or a stale carried query fails by orders of magnitude.
+- q, k ×30: logits reach ~4e3, where one float32 rounding is ~2.4e-4 absolute, i.e. a relative
+  change of the probabilities of that size per rounding: 2e-3 (measured 6e-5).
+- 16-bit: fla's own test tolerances for PaTH, as fla's RMS error ratio (``err_ratio``): ``o``
+  5e-3, ``dq, dk, dv`` 8e-3, ``dw`` 1.5e-2, ``dbeta`` and ``dg`` 2e-2 (16-bit inputs, the carried
+  queries in float16; measured ~3e-4 through the interpreter in float16).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import kernels
+import lattn_core as lc
+from kernels.backend import GPU_CLASSES
+from kernels.harness import err_ratio
+from kernels.path.op import HEAD_SIZES, parallel_path_attn_triton
+from kernels.path.plan import CHUNK, plan_for
+from kernels.reference import attention_ref, path_attn_ref
+
+DEVICES = (["cpu"] if kernels.INTERPRET else []) + (["cuda"] if torch.cuda.is_available() else [])
+if not DEVICES:  # pragma: no cover - a CUDA machine with TRITON_INTERPRET unset always has "cuda"
+    DEVICES = ["cpu"]
+
+RMS_TOL = {"o": 5e-3, "dq": 8e-3, "dk": 8e-3, "dv": 8e-3, "dw": 1.5e-2, "dbeta": 2e-2, "dg": 2e-2}
+NAMES = ("q", "k", "v", "w", "beta", "g")
+
+
+def make_inputs(B, T, H, K, V, dtype, device, *, gates=False, w_dtype=None, seed=0):
+    """``q, k, v`` in ``dtype``; unit ``w``, ``beta`` uniform in [0, 2] and (with ``gates``) log
+    forget gates ``g = logsigmoid(N(0, 1))`` in ``w_dtype`` (default ``dtype``)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, T, H, K, generator=gen).to(dtype).to(device) for _ in range(2))
+    v = torch.randn(B, T, H, V, generator=gen).to(dtype).to(device)
+    wd = w_dtype or dtype
+    w = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(wd).to(device)
+    beta = (2 * torch.rand(B, T, H, generator=gen)).to(wd).to(device)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen)).to(wd).to(device) if gates else None
+    return q, k, v, w, beta, g
+
+
+def lattn_reference(q, k, v, w, beta, g, scale):
+    """float64 outputs per (b, h) from lattn_core's PaTH (the chapter's closed form), ``scale``
+    folded into Q and the gates as ``gamma = exp(g)`` (the bias ``G_i − G_j`` is not scaled)."""
+    qn, kn, vn, wn, bn = (x.detach().to("cpu", torch.float64).numpy() for x in (q, k, v, w, beta))
+    gn = None if g is None else np.exp(g.detach().to("cpu", torch.float64).numpy())
+    B, T, H, _ = qn.shape
+    out = np.empty(vn.shape)
+    for b in range(B):
+        for h in range(H):
+            out[b, :, h] = lc.path_attention(scale * qn[b, :, h], kn[b, :, h], vn[b, :, h], wn[b, :, h],
+                                             bn[b, :, h], gamma=None if gn is None else gn[b, :, h])
+    return out
+
+
+def grads(fn, inputs, do):
+    """``{"o", "dq", ..., "dbeta"[, "dg"]}`` of ``fn(q, k, v, w, beta, g)`` for the upstream ``do``."""
+    leaves = [None if x is None else x.detach().clone().requires_grad_(True) for x in inputs]
+    o = fn(*leaves)
+    present = [(f"d{n}", x) for n, x in zip(NAMES, leaves) if x is not None]
+    gs = torch.autograd.grad(o, [x for _, x in present], do)
+    return {"o": o, **{n: d for (n, _), d in zip(present, gs)}}
+
+
+def check_against_float64(inputs, label, *, seed=1, tol=None, lattn=True):
+    """Outputs and gradients of the Triton path against float64; ``tol`` overrides the float32
+    tolerances (``(outputs, gradients)``); ``lattn``: also check the float64 reference against
+    lattn_core (skipped where NumPy's T × T inverse per head would be slow)."""
+    q, v = inputs[0], inputs[2]
+    scale = q.shape[-1] ** -0.5
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(v.shape, generator=gen).to(v.dtype).to(v.device)
+    ours = grads(lambda *a: kernels.parallel_path_attn(*a, backend="triton")[0], inputs, do)
+    d64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)   # noqa: E731
+    ref = grads(lambda *a: path_attn_ref(*a, scale=scale), [d64(x) for x in inputs], d64(do))
+    if lattn:   # the differentiable reference is lattn_core's closed form (float64 round-off)
+        lc.check_close(f"{label}: reference = lattn_core", ref["o"].detach().numpy(),
+                       lattn_reference(*inputs, scale), 1e-10, relative=True)
+    exact = v.dtype == torch.float32
+    for (name, a), x in zip(ours.items(), [v] + [x for x in inputs if x is not None]):
+        assert a.dtype == x.dtype and a.shape == x.shape, f"{label} {name}: {a.dtype} {tuple(a.shape)}"
+        a64, r = a.detach().to("cpu", torch.float64), ref[name].detach()
+        assert torch.isfinite(a64).all(), f"{label} {name}: not finite"
+        if exact:
+            err = (a64 - r).abs().max().item() / max(r.abs().max().item(), 1.0)
+            tol_o, tol_g = tol or (2e-5, 5e-5)
+            t = tol_o if name == "o" else tol_g
+        else:
+            err, t = err_ratio(a64, r), RMS_TOL[name]
+        print(f"{'✓' if err <= t else '✗'} {label} {name}: {err:.2e} (tol {t:g})")
+        assert err <= t, f"{label} {name}: {err:.3e} > {t:g}"
+    return ours, ref
+
+
+# T = 1 (a lone token: o = v), one whole block, a ragged tail (150 = 2·64 + 22), B = 2 across two
+# blocks; K = 16, 32 (and 128, whose local backward runs two column blocks); V ≠ K both ways.
+FLOAT32_CASES = [
+    pytest.param(1, 1, 2, 16, 16, False, id="T1"),
+    pytest.param(1, 1, 2, 32, 16, True, id="T1-g-V<K"),
+    pytest.param(1, 64, 2, 16, 16, True, id="T64-K16-g"),
+    pytest.param(1, 64, 2, 32, 32, False, id="T64-K32"),
+    pytest.param(1, 150, 2, 16, 16, False, id="T150-K16"),
+    pytest.param(1, 150, 2, 32, 32, True, id="T150-K32-g"),
+    pytest.param(2, 130, 2, 16, 32, True, id="B2-T130-K16-V32-g"),
+    pytest.param(2, 130, 2, 16, 32, False, id="B2-T130-K16-V32"),
+    pytest.param(2, 130, 2, 32, 16, True, id="B2-T130-K32-V16-g"),
+    pytest.param(2, 130, 2, 32, 16, False, id="B2-T130-K32-V16"),
+    pytest.param(1, 70, 1, 128, 64, True, id="T70-K128-V64-g"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("B,T,H,K,V,with_g", FLOAT32_CASES)
+def test_float32_against_float64(device, B, T, H, K, V, with_g):
+    inputs = make_inputs(B, T, H, K, V, torch.float32, device, gates=with_g, seed=T + K + V)
+    ours, _ = check_against_float64(inputs, f"path B={B} T={T} K={K} V={V} g={with_g}")
+    if T == 1:   # a lone query attends to itself with no factor in between: o = v, and only v learns
+        torch.testing.assert_close(ours["o"], inputs[2], atol=0, rtol=0)
+        for name in ("dw", "dbeta") + (("dg",) if with_g else ()):
+            assert not ours[name].any(), name
+        # dq, dk are scale·(do·v − do·o) times k or q, with o = v: zero up to the two dot products'
+        # summation orders (the kernel's tl.dot and PyTorch's sum over V terms, a few ulps each)
+        for name in ("dq", "dk"):
+            assert ours[name].abs().max() <= 1e-6, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("w_dtype", [torch.float32, None], ids=["w-float32", "w-inputs-dtype"])
+@pytest.mark.parametrize("with_g", [False, True], ids=["", "g"])
+def test_half_inputs(device, w_dtype, with_g):
+    """16-bit q, k, v with w, beta (and g) in float32, as fla's layers pass them, or in the inputs'
+    dtype; each gradient comes back in its input's dtype."""
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16   # the interpreter computes float16 in NumPy
+    K, V = (32, 32) if with_g else (16, 32)
+    inputs = make_inputs(1, 150, 2, K, V, dtype, device, gates=with_g, w_dtype=w_dtype, seed=9)
+    check_against_float64(inputs, f"path {dtype} w {w_dtype or dtype} g={with_g}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_inputs(device):
+    """Views of [B, H, T, D] tensors (the layers' transposes), gates included: same results."""
+    inputs = make_inputs(2, 90, 3, 16, 16, torch.float32, device, gates=True, seed=4)
+    strided = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in inputs]
+    assert not any(x.is_contiguous() for x in strided)
+    check_against_float64(strided, "path strided")
+
+
+# fla's reported PaTH NaN cases, as regressions: outputs and gradients finite and right.
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_g", [False, True], ids=["", "g"])
+def test_beta_zero_is_softmax_attention(device, with_g):
+    """β = 0: every factor is I, PaTH is (FoX) causal softmax attention, and w gets no gradient."""
+    q, k, v, w, _, g = make_inputs(1, 130, 2, 16, 16, torch.float32, device, gates=with_g, seed=3)
+    beta = torch.zeros(1, 130, 2, device=device)
+    ours, _ = check_against_float64([q, k, v, w, beta, g], f"path beta=0 g={with_g}")
+    d64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)   # noqa: E731
+    gen = torch.Generator().manual_seed(1)      # the same upstream gradient as check_against_float64
+    do = torch.randn(v.shape, generator=gen).double()
+    att = grads(lambda q_, k_, v_, w_, b_, g_: attention_ref(q_, k_, v_, 16 ** -0.5, g=g_),
+                [d64(x) for x in (q, k, v, None, None, g)], do)
+    # float32 against float64 softmax attention: the flash kernel's float32 tolerance (1e-5), relative
+    # to the largest value (dg is a reversed cumulative sum over T terms of up to ~6)
+    for name in ("o", "dq", "dk", "dv") + (("dg",) if with_g else ()):
+        lc.check_close(f"beta=0 {name} = softmax attention", ours[name].detach().to("cpu", torch.float64).numpy(),
+                       att[name].detach().numpy(), 1e-5, relative=True)
+    assert not ours["dw"].any()      # every term of dw carries a factor β
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_g", [False, True], ids=["", "g"])
+@pytest.mark.parametrize("repeated", [False, True], ids=["random-w", "one-w"])
+def test_reflections(device, with_g, repeated):
+    """β = 2 and unit w: every factor a reflection (orthogonal); ``one-w``: the same direction at
+    every token, so consecutive factors cancel and the UT inverse is ±2 everywhere below.
+
+    ``one-w`` is ill-conditioned: ``I + Diag(β)(W Wᵀ ⊙ M⁻)`` on a block of 64 has condition number
+    ~6.6e3, so float32 round-off (6e-8) may grow to ~4e-4 in the block's scores; a float32 PyTorch
+    solve gets 4e-5 there and the kernel 9e-5 (its inverse T is exactly as accurate as PyTorch's
+    float32 inverse; the rest is summation order). Without gates, whose decay hides the far scores,
+    the measured errors reach 1.6e-5 (o) and 1.5e-4 (dβ): tolerances 1e-4 and 1e-3."""
+    q, k, v, w, _, g = make_inputs(1, 150, 2, 16, 16, torch.float32, device, gates=with_g, seed=5)
+    if repeated:
+        w = w[:, :1].expand_as(w).contiguous()
+    beta = torch.full((1, 150, 2), 2.0, device=device)
+    check_against_float64([q, k, v, w, beta, g], f"path reflections g={with_g} repeated={repeated}",
+                          tol=(1e-4, 1e-3) if repeated else None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_rows_of_w(device):
+    """Rows of w exactly zero (every fifth token, and the whole second block): identity factors
+    whatever β (here some β = 2, some 0); and w = 0 everywhere: softmax attention, dβ = 0."""
+    q, k, v, w, beta, g = make_inputs(1, 150, 2, 16, 16, torch.float32, device, gates=True, seed=6)
+    w[:, ::5] = 0
+    w[:, 64:128] = 0
+    beta[:, 1::7] = 2.0
+    beta[:, 3::11] = 0.0
+    check_against_float64([q, k, v, w, beta, g], "path zero rows of w")
+    ours, _ = check_against_float64([q, k, v, torch.zeros_like(w), beta, None], "path w = 0")
+    assert not ours["dbeta"].any()
+    o = ours["o"].detach().to("cpu", torch.float64)
+    ref = attention_ref(*(x.detach().to("cpu", torch.float64) for x in (q, k, v)), 16 ** -0.5)
+    lc.check_close("w = 0 is softmax attention", o.numpy(), ref.numpy(), 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_g", [False, True], ids=["", "g"])
+def test_large_qk(device, with_g):
+    """q, k ×30: logits of thousands, a near one-hot softmax; finite, and within float32 of the
+    float64 reference at those logits (tolerance in the module docstring)."""
+    q, k, v, w, beta, g = make_inputs(1, 130, 2, 16, 16, torch.float32, device, gates=with_g, seed=7)
+    check_against_float64([30 * q, 30 * k, v, w, beta, g], f"path q,k x30 g={with_g}", tol=(2e-3, 2e-3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_memory_is_linear_in_T(device):
+    """No T x T tensor: what the autograd graph keeps (inputs, the prepared q̃, k̂, U, W, the blocks'
+    64 x 64 scores and inverses, o and the log-sum-exps) doubles when T doubles."""
+    kept = []
+    for T in (128, 256):
+        q, k, v, w, beta, g = make_inputs(1, T, 2, 16, 32, torch.float32, device, gates=True, seed=8)
+        o, extra = kernels.parallel_path_attn(q.requires_grad_(), k, v, w, beta, g, backend="triton")
+        assert extra is None
+        saved = [t for t in o.grad_fn.saved_tensors if t is not None]
+        assert max(t.numel() for t in saved) <= 2 * T * max(16, 32, CHUNK), [t.shape for t in saved]
+        kept.append(sum(t.numel() for t in saved))
+    assert kept[1] == 2 * kept[0], kept
+
+
+def test_torch_backend_is_the_reference():
+    """The CPU default (backend "torch") is the differentiable reference, equal to lattn_core."""
+    q, k, v, w, beta, g = make_inputs(2, 37, 3, 8, 12, torch.float32, "cpu", gates=True, seed=11)
+    x64 = [x.double() for x in (q, k, v, w, beta, g)]
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        kernels.parallel_path_attn(*x64)
+    for gate in (None, g):
+        ref = lattn_reference(q, k, v, w, beta, gate, 8 ** -0.5)
+        # float64 on both sides: round-off of a 37-token triangular solve
+        o64 = path_attn_ref(*x64[:5], None if gate is None else x64[5], 8 ** -0.5)
+        lc.check_close("reference vs lattn_core", o64.numpy(), ref, 1e-12)
+        # float32: a 37-token solve and softmax in float32 (~1e-6)
+        o32, extra = kernels.parallel_path_attn(q, k, v, w, beta, gate)     # K = 8: the torch path takes any
+        assert extra is None and o32.dtype == torch.float32
+        lc.check_close(f"torch backend (float32) g={gate is not None}", o32.double().numpy(), ref, 1e-5)
+        o32s, _ = kernels.parallel_path_attn(q, k, v, w, beta, gate, scale=0.5, backend="torch")
+        lc.check_close("torch backend, scale 0.5", o32s.double().numpy(),
+                       lattn_reference(q, k, v, w, beta, gate, 0.5), 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_inputs_raise(device):
+    q, k, v, w, beta, g = make_inputs(1, 8, 2, 32, 32, torch.float32, device, gates=True)
+    path = kernels.parallel_path_attn
+    with pytest.raises(ValueError, match=r"w must have shape \[1, 8, 2, 32\]"):
+        path(q, k, v, w[..., :16], beta)
+    with pytest.raises(ValueError, match=r"w must have shape"):
+        path(q, k, v, w[:, :7], beta)
+    with pytest.raises(ValueError, match="w must be a torch.Tensor"):
+        path(q, k, v, None, beta)
+    with pytest.raises(ValueError, match=r"beta must have shape \[1, 8, 2\]"):
+        path(q, k, v, w, beta[:, :7])
+    with pytest.raises(ValueError, match=r"beta must have shape \[1, 8, 2\]"):
+        path(q, k, v, w, beta[..., None])
+    with pytest.raises(ValueError, match="beta must be a torch.Tensor"):
+        path(q, k, v, w, 0.5)
+    with pytest.raises(ValueError, match=r"g must have shape \[1, 8, 2\]"):
+        path(q, k, v, w, beta, g[:, :, :1])
+    with pytest.raises(ValueError, match="k must have the shape of q"):
+        path(q, k[:, :7], v, w, beta)
+    with pytest.raises(ValueError, match="v must have shape"):
+        path(q, k, v[:, :7], w, beta)
+    with pytest.raises(ValueError, match="scale must be a positive"):
+        path(q, k, v, w, beta, scale=-1.0)
+    # dtypes and devices, as kernels.validate checks them
+    with pytest.raises(ValueError, match="q, k and v must share one dtype"):
+        path(q, k.half(), v, w, beta)
+    with pytest.raises(ValueError, match="w must be float32, float16 or bfloat16"):
+        path(q, k, v, w.double(), beta)
+    with pytest.raises(ValueError, match="beta must be float32, float16 or bfloat16"):
+        path(q, k, v, w, beta.double())
+    with pytest.raises(ValueError, match="g must be float32, float16 or bfloat16"):
+        path(q, k, v, w, beta, g.double())
+    with pytest.raises(ValueError, match="q, k and v must be on one device"):
+        path(q, k.to("meta"), v, w, beta)
+    for name, i in (("w", 3), ("beta", 4), ("g", 5)):
+        args = [q, k, v, w, beta, g]
+        args[i] = args[i].to("meta")
+        with pytest.raises(ValueError, match=f"{name} must be on {q.device} like q"):
+            path(*args)
+    # head sizes the Triton kernels tile (the torch path takes any)
+    for K, V, which in ((48, 32, "head size K"), (32, 48, "head size V"), (8, 8, "head size K"),
+                        (256, 256, "head size K")):
+        a, b, c, d, e, _ = make_inputs(1, 8, 2, K, V, torch.float32, device)
+        with pytest.raises(ValueError, match=which):
+            path(a, b, c, d, e, backend="triton")
+    if device == "cpu":   # the value checks need a device sync, so validate runs them on CPU tensors only
+        for bad in (2.5, -0.1):
+            with pytest.raises(ValueError, match=r"beta must lie in \[0, 2\]"):
+                path(q, k, v, w, beta.clone().fill_(bad))
+        with pytest.raises(ValueError, match="g holds log decays and must be <= 0"):
+            path(q, k, v, w, beta, g.abs() + 0.1)
+        for name, i in (("w", 3), ("beta", 4), ("g", 5)):
+            args = [q, k, v, w, beta, g]
+            args[i] = args[i].clone()
+            args[i].view(-1)[3] = float("nan")
+            with pytest.raises(ValueError, match=f"{name} contains NaN or inf"):
+                path(*args)
+
+
+def test_plan():
+    """Transport dtypes (float16 carries the queries of 16-bit inputs, float32 of float32 ones);
+    classes below sm_80 run PyTorch on the device and refuse bfloat16 before compiling."""
+    cuda = torch.device("cuda")
+    for dtype, transport in ((torch.float32, torch.float32), (torch.float16, torch.float16),
+                             (torch.bfloat16, torch.float16)):
+        for caps in (GPU_CLASSES[80], GPU_CLASSES[90]):
+            plan = plan_for(dtype, cuda, interpret=False, caps=caps)
+            assert plan.transport == transport and plan.path == "triton"
+        assert plan_for(dtype, torch.device("cpu"), interpret=True).transport == transport
+    assert plan_for(torch.float32, cuda, interpret=False, caps=GPU_CLASSES[90]).precision == "ieee"
+    assert plan_for(torch.float16, cuda, interpret=False, caps=GPU_CLASSES[75]).path == "torch"
+    assert plan_for(torch.float16, torch.device("cpu"), interpret=True).precision == "ieee"
+    assert HEAD_SIZES == (16, 32, 64, 128)
+    q, k, v, w, beta, _ = make_inputs(1, 8, 2, 16, 16, torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="q is bfloat16, which needs compute capability 8.0"):
+        parallel_path_attn_triton(q, k, v, w, beta, None, 0.25, caps=GPU_CLASSES[75])
+
+
+# fla's test shapes and tolerances (bfloat16, w and beta in float32, T = 1000, K = V = 128), V ≠ K
+# both ways, float16 inputs (w in float16 too: the transport dtype), float32 (IEEE products).
+GPU_SHAPES = [(1, 1000, 2, 128, 128, torch.bfloat16, torch.float32, False),
+              (1, 1000, 2, 128, 128, torch.bfloat16, torch.float32, True),
+              (1, 1000, 2, 64, 128, torch.bfloat16, torch.float32, True),
+              (1, 1000, 2, 128, 64, torch.bfloat16, torch.float32, False),
+              (1, 1000, 2, 128, 128, torch.float16, torch.float32, True),
+              (2, 777, 3, 64, 64, torch.float16, torch.float16, True),
+              (1, 4096, 2, 128, 128, torch.bfloat16, torch.float32, True),
+              (1, 513, 2, 32, 16, torch.float32, torch.float32, True)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton needs a CUDA device")
+@pytest.mark.parametrize("B,T,H,K,V,dtype,w_dtype,with_g", GPU_SHAPES)
+def test_gpu_large_shapes(B, T, H, K, V, dtype, w_dtype, with_g):
+    """The production plans on the GPU against float64, fla's error ratios for 16-bit inputs."""
+    inputs = make_inputs(B, T, H, K, V, dtype, "cuda", gates=with_g, w_dtype=w_dtype, seed=T)
+    check_against_float64(inputs, f"path GPU {(B, T, H, K, V)} {dtype} w {w_dtype} g={with_g}", lattn=T <= 1000)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton needs a CUDA device")
+def test_gpu_memory_is_linear_in_T():
+    """Peak memory of a training step doubles, not quadruples, when T doubles (at B·H = 4 the
+    backward's persistent programs, and so its scratch, are at their cap of two per SM)."""
+    peaks = []
+    for T in (8192, 16384):
+        inputs = make_inputs(1, T, 4, 128, 128, torch.bfloat16, "cuda", gates=True, w_dtype=torch.float32, seed=1)
+        leaves = [x.requires_grad_() for x in inputs]
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        kernels.parallel_path_attn(*leaves)[0].sum().backward()
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+    assert peaks[1] < 2.5 * peaks[0], peaks
