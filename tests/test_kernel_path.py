@@ -381,3 +381,32 @@ def test_gpu_memory_is_linear_in_T():
         torch.cuda.synchronize()
         peaks.append(torch.cuda.max_memory_allocated() - base)
     assert peaks[1] < 2.5 * peaks[0], peaks
+
+
+# Query blocks of 128 rows (the plan's ``rows``: two 64-blocks per program, the second block's rows
+# meeting the first block's keys through the carried queries): the same function as 64 rows.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,with_g", [(1, False), (100, True), (128, False), (257, True)])
+def test_query_blocks_of_128_rows(device, T, with_g):
+    from kernels.path.op import PathFunction
+    from kernels.path.plan import plan_for
+    inputs = make_inputs(1, T, 2, 16, 32, torch.float32, device, gates=with_g, seed=T + 7)
+    plan = plan_for(torch.float32, torch.device(device), rows=128)
+    assert plan.rows == 128
+    scale = 16 ** -0.5
+    gen = torch.Generator().manual_seed(3)
+    do = torch.randn(1, T, 2, 32, generator=gen).to(device)
+    ours = grads(lambda q, k, v, w, b, g: PathFunction.apply(q, k, v, w, b, g, scale, plan), inputs, do)
+    d64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)   # noqa: E731
+    ref = grads(lambda *a: path_attn_ref(*a, scale=scale), [d64(x) for x in inputs], d64(do))
+    for name, a in ours.items():
+        r = ref[name].detach()
+        err = (a.detach().to("cpu", torch.float64) - r).abs().max().item() / max(r.abs().max().item(), 1.0)
+        # float32 with IEEE products, as test_float32_against_float64: ~1e-6, tolerance with margin
+        assert err <= (2e-5 if name == "o" else 5e-5), f"rows=128 T={T} {name}: {err:.2e}"
+
+
+def test_plan_rows_must_be_64_or_128():
+    from kernels.path.plan import plan_for
+    with pytest.raises(ValueError, match="rows must be 64 or 128"):
+        plan_for(torch.float32, torch.device("cpu"), rows=96)

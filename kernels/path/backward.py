@@ -26,104 +26,133 @@ import triton
 import triton.language as tl
 
 from ..backend import launch
-from .forward import LOG2E, _gates, _in_rows, _tile
+from .forward import LOG2E, _gates, _in_rows, _tile, _tile_rows, diagonal_scores
 from .plan import CHUNK, backward_slots
 
 __all__ = ["path_backward"]
 
 
 @triton.jit
-def _add_tile(base, row0, x, D: tl.constexpr):
-    """``base[row0 : row0+64, :D] += x`` (float32 atomics, relaxed: only the sums matter)."""
-    r = row0 + tl.arange(0, 64)
+def _add_tile(base, row0, x, R: tl.constexpr, D: tl.constexpr):
+    """``base[row0 : row0+R, :D] += x`` (float32 atomics, relaxed: only the sums matter)."""
+    r = row0 + tl.arange(0, R)
     tl.atomic_add(base + r[:, None] * D + tl.arange(0, D)[None, :], x, sem="relaxed")
 
 
 @triton.jit
-def _put_tile(base, row0, x, D: tl.constexpr):
-    r = row0 + tl.arange(0, 64)
+def _put_tile(base, row0, x, R: tl.constexpr, D: tl.constexpr):
+    r = row0 + tl.arange(0, R)
     tl.store(base + r[:, None] * D + tl.arange(0, D)[None, :], x.to(base.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["T", "H", "NT", "NTC", "BH"])
+@triton.jit
+def _probs(s, lse, valid, do, v, dlt, qk_scale, PREC: tl.constexpr):
+    """The probabilities of one block of scores and ``dZ = P ⊙ (dO Vᵀ − δ)``, the gradient of the
+    logits ``scale · A + G_i − G_j``; rows past ``T`` give zeros."""
+    p = tl.where(valid[:, None], tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
+    dz = p * (tl.dot(do, tl.trans(v), input_precision=PREC) - dlt[:, None])
+    return p, dz
+
+
+@triton.jit(do_not_specialize=["T", "H", "NQ", "NTC", "BH"])
 def _path_bwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, do_ptr, lse_ptr, dlt_ptr, G_ptr,
                      dqt_ptr, dkh_ptr, gw_ptr, hu_ptr, daloc_ptr, dv_ptr, dG_ptr, xs_ptr, dzs_ptr,
-                     T, H, NT, NTC, BH, scale, qk_scale, g_to_s,
-                     K: tl.constexpr, V: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr):
+                     T, H, NQ, NTC, BH, scale, qk_scale, g_to_s,
+                     K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, HAS_G: tl.constexpr,
+                     PREC: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    r = tl.arange(0, BM)
     cols = tl.arange(0, 64)
+    top = r < 64
     td = qt_ptr.dtype.element_ty
-    xs_base = xs_ptr + pid.to(tl.int64) * NT * 64 * K         # this program's slot of scratch
-    dzs_base = dzs_ptr + pid.to(tl.int64) * NT * 64 * 64
-    for work in range(pid, NT * BH, nprog):
+    # this program's slot of scratch: BM rows of X (and of dS) per 64-token key block
+    xs_base = xs_ptr + pid.to(tl.int64) * NTC * BM * K // 64
+    dzs_base = dzs_ptr + pid.to(tl.int64) * NTC * BM
+    for work in range(pid, NQ * BH, nprog):
         bh = (work % BH).to(tl.int64)
-        i = NT - 1 - work // BH                               # longest first
+        i = NQ - 1 - work // BH                               # longest first
         bi = bh // H
         h = bh % H
-        t0 = i * 64
-        rows = t0 + cols
+        t0 = i * BM
+        rows = t0 + r
         valid = rows < T
         buf = bh * NTC * K
         v_base = v_ptr + (bi * T * H + h) * V
         g_base = G_ptr + bi * T * H + h
-        x = _tile(qt_ptr + buf, t0, K).to(tl.float32)
-        do = _in_rows(do_ptr + (bi * T * H + h) * V, t0, T, H * V, V)
+        x = _tile_rows(qt_ptr + buf, t0, BM, K).to(tl.float32)
+        do = tl.load(do_ptr + (bi * T * H + h) * V + rows.to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :],
+                     mask=valid[:, None], other=0.0)
         lse = tl.load(lse_ptr + bh * NTC + rows)
         dlt = tl.load(dlt_ptr + bh * NTC + rows)
-        g_row = tl.zeros([64], dtype=tl.float32)
+        g_row = tl.zeros([BM], dtype=tl.float32)
         if HAS_G:
-            g_row = _gates(g_base, t0, T, H)
-        dg_row = tl.zeros([64], dtype=tl.float32)
-        # the diagonal block (its scores are stage 1's A_loc: their gradient goes back there)
-        s = _tile(aloc_ptr + bh * NTC * 64, t0, 64)
+            g_row = tl.load(g_base + rows.to(tl.int64) * H, mask=valid, other=0.0)
+        dg_row = tl.zeros([BM], dtype=tl.float32)
+        # the block's own keys (stage 1's A_loc: their gradient goes back there), as the forward
+        s_a, s_b = diagonal_scores(aloc_ptr + bh * NTC * 64, x.to(td), kh_ptr + buf, g_row, g_base, t0, T, H,
+                                   g_to_s, K, BM, HAS_G, PREC)
+        p, dz_a = _probs(s_a, lse, valid, do, _in_rows(v_base, t0, T, H * V, V), dlt, qk_scale, PREC)
+        _add_tile(dv_ptr + bh * NTC * V, t0, tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC), 64, V)
         if HAS_G:
-            s += (g_row[:, None] - g_row[None, :]) * g_to_s
-        s = tl.where((cols[None, :] <= cols[:, None]) & ((t0 + cols)[None, :] < T), s, float("-inf"))
-        p = tl.where(valid[:, None], tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
-        v = _in_rows(v_base, t0, T, H * V, V)
-        dz = p * (tl.dot(do, tl.trans(v), input_precision=PREC) - dlt[:, None])
-        _put_tile(daloc_ptr + bh * NTC * 64, t0, dz * scale, 64)
-        _add_tile(dv_ptr + bh * NTC * V, t0, tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC), V)
-        if HAS_G:
-            dg_row += tl.sum(dz, 1)
-            tl.atomic_add(dG_ptr + bh * NTC + rows, -tl.sum(dz, 0), sem="relaxed")
-        # first sweep, down: the forward's walk, keeping X and dS for the second
-        for n in range(0, i):
-            s0 = (i - 1 - n) * 64
+            dg_row += tl.sum(dz_a, 1)
+            tl.atomic_add(dG_ptr + bh * NTC + t0 + cols, -tl.sum(dz_a, 0), sem="relaxed")
+        if BM == 128:
+            p, dz_b = _probs(s_b, lse, valid, do, _in_rows(v_base, t0 + 64, T, H * V, V), dlt, qk_scale, PREC)
+            _add_tile(dv_ptr + bh * NTC * V, t0 + 64, tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC),
+                      64, V)
+            if HAS_G:
+                dg_row += tl.sum(dz_b, 1)
+                tl.atomic_add(dG_ptr + bh * NTC + t0 + 64 + cols, -tl.sum(dz_b, 0), sem="relaxed")
+            _put_tile(daloc_ptr + bh * NTC * 64, t0, tl.where(top[:, None], dz_a, dz_b) * scale, BM, 64)
+            # the rows of b met block a's keys through X K̂_aᵀ, and then crossed it: as a walk step
             xt = x.to(td)
-            _put_tile(xs_base, s0, xt, K)
+            dsc = tl.where(top[:, None], 0.0, dz_a * scale).to(td)
+            _put_tile(xs_base, t0 // 64 * BM, xt, BM, K)
+            _put_tile(dzs_base, t0 // 64 * BM, dsc, BM, 64)
+            _add_tile(dkh_ptr + buf, t0, tl.dot(tl.trans(dsc), xt, input_precision=PREC), 64, K)
+            a = tl.dot(xt, tl.trans(_tile(wt_ptr + buf, t0, K)), input_precision=PREC)
+            x -= tl.dot(tl.where(top[:, None], 0.0, a).to(td), _tile(u_ptr + buf, t0, K), input_precision=PREC)
+        else:
+            _put_tile(daloc_ptr + bh * NTC * 64, t0, dz_a * scale, BM, 64)
+        # first sweep, down: the forward's walk, keeping X and dS for the second
+        nb = i * (BM // 64)
+        for n in range(0, nb):
+            s0 = (nb - 1 - n) * 64
+            xt = x.to(td)
+            _put_tile(xs_base, s0 // 64 * BM, xt, BM, K)
             s = tl.dot(xt, tl.trans(_tile(kh_ptr + buf, s0, K)), input_precision=PREC)
             if HAS_G:
                 s += (g_row[:, None] - _gates(g_base, s0, T, H)[None, :]) * g_to_s
-            p = tl.where(valid[:, None], tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
-            v = tl.load(v_base + (s0 + cols)[:, None] * (H * V) + tl.arange(0, V)[None, :])
-            dz = p * (tl.dot(do, tl.trans(v), input_precision=PREC) - dlt[:, None])
+            v = tl.load(v_base + (s0 + cols).to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :])
+            p, dz = _probs(s, lse, valid, do, v, dlt, qk_scale, PREC)
             dsc = (dz * scale).to(td)
-            _put_tile(dzs_base, s0, dsc, 64)
-            _add_tile(dv_ptr + bh * NTC * V, s0, tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC), V)
-            _add_tile(dkh_ptr + buf, s0, tl.dot(tl.trans(dsc), xt, input_precision=PREC), K)
+            _put_tile(dzs_base, s0 // 64 * BM, dsc, BM, 64)
+            _add_tile(dv_ptr + bh * NTC * V, s0, tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC), 64, V)
+            _add_tile(dkh_ptr + buf, s0, tl.dot(tl.trans(dsc), xt, input_precision=PREC), 64, K)
             if HAS_G:
                 dg_row += tl.sum(dz, 1)
                 tl.atomic_add(dG_ptr + bh * NTC + s0 + cols, -tl.sum(dz, 0), sem="relaxed")
             a = tl.dot(xt, tl.trans(_tile(wt_ptr + buf, s0, K)), input_precision=PREC)
             x -= tl.dot(a.to(td), _tile(u_ptr + buf, s0, K), input_precision=PREC)
         tl.debug_barrier()            # the slot's writes, visible to every thread of the program
-        # second sweep, up: R ← R P_lᵀ + dS_il K̂_l, and M_l's two products
-        r_acc = tl.zeros([64, K], dtype=tl.float32)
-        for l in range(0, i):
+        # second sweep, up: R ← R P_lᵀ + dS_il K̂_l, and M_l's two products (with BM = 128 the last
+        # step is block a, which only the rows of b crossed)
+        r_acc = tl.zeros([BM, K], dtype=tl.float32)
+        for l in range(0, nb + BM // 64 - 1):
             s0 = l * 64
-            xt = _tile(xs_base, s0, K)
+            act = ~top | (l < nb)
+            xt = _tile_rows(xs_base, l * BM, BM, K)
             w = _tile(wt_ptr + buf, s0, K)
             u = _tile(u_ptr + buf, s0, K)
             rt = r_acc.to(td)
-            a = tl.dot(xt, tl.trans(w), input_precision=PREC)
-            _add_tile(gw_ptr + buf, s0, tl.dot(tl.trans(a.to(td)), rt, input_precision=PREC), K)
-            c = tl.dot(rt, tl.trans(u), input_precision=PREC).to(td)
-            _add_tile(hu_ptr + buf, s0, tl.dot(tl.trans(c), xt, input_precision=PREC), K)
+            a = tl.where(act[:, None], tl.dot(xt, tl.trans(w), input_precision=PREC), 0.0)
+            _add_tile(gw_ptr + buf, s0, tl.dot(tl.trans(a.to(td)), rt, input_precision=PREC), 64, K)
+            c = tl.where(act[:, None], tl.dot(rt, tl.trans(u), input_precision=PREC), 0.0).to(td)
+            _add_tile(hu_ptr + buf, s0, tl.dot(tl.trans(c), xt, input_precision=PREC), 64, K)
             r_acc -= tl.dot(c, w, input_precision=PREC)
-            r_acc += tl.dot(_tile(dzs_base, s0, 64), _tile(kh_ptr + buf, s0, K), input_precision=PREC)
-        _put_tile(dqt_ptr + buf, t0, r_acc, K)
+            r_acc += tl.dot(_tile_rows(dzs_base, l * BM, BM, 64), _tile(kh_ptr + buf, s0, K), input_precision=PREC)
+        _put_tile(dqt_ptr + buf, t0, r_acc, BM, K)
         if HAS_G:
             tl.atomic_add(dG_ptr + bh * NTC + rows, dg_row, sem="relaxed")
         tl.debug_barrier()            # every read of the slot done before the next pair writes it
@@ -134,9 +163,8 @@ def path_backward(qt, kh, u, wt, aloc, v, do, o, lse, G, scale: float, plan):
     the prepared layouts (for :func:`kernels.path.local.local_backward`), ``dv`` ``[B, T, H, V]`` in
     ``v``'s dtype, ``dG`` ``[B, T, H]`` (the gradient of the cumulative gates) or ``None``."""
     B, T, H, V = v.shape
-    K = qt.shape[-1]
-    NT = triton.cdiv(T, CHUNK)
-    NTC = NT * CHUNK
+    K, NTC = qt.shape[-1], qt.shape[1]
+    NQ = triton.cdiv(T, plan.rows)
     BH = B * H
     dev = v.device
     do = do.contiguous()
@@ -148,14 +176,15 @@ def path_backward(qt, kh, u, wt, aloc, v, do, o, lse, G, scale: float, plan):
     daloc = torch.empty(BH, NTC, CHUNK, **f32)
     dv = torch.zeros(BH, NTC, V, **f32)
     dG = torch.zeros(BH, NTC, **f32) if G is not None else None
-    nprog = backward_slots(plan, dev, NT * BH)
-    xs = torch.empty(nprog, NT * CHUNK, K, dtype=qt.dtype, device=dev)
-    dzs = torch.empty(nprog, NT * CHUNK, CHUNK, dtype=qt.dtype, device=dev)
+    nprog = backward_slots(plan, dev, NQ * BH)
+    per = NTC // CHUNK * plan.rows            # scratch rows per slot: BM per 64-token key block
+    xs = torch.empty(nprog, per, K, dtype=qt.dtype, device=dev)
+    dzs = torch.empty(nprog, per, CHUNK, dtype=qt.dtype, device=dev)
     launch(_path_bwd_kernel, (nprog,),
            (qt, kh, u, wt, aloc, v, do, lse, dlt, G if G is not None else dlt,
             dqt, dkh, gw, hu, daloc, dv, dG if G is not None else dlt, xs, dzs,
-            T, H, NT, NTC, BH, float(scale), float(scale) * LOG2E, 1.0 / float(scale)),
-           dict(K=K, V=V, HAS_G=G is not None, PREC=plan.precision), plan.bwd)
+            T, H, NQ, NTC, BH, float(scale), float(scale) * LOG2E, 1.0 / float(scale)),
+           dict(K=K, V=V, BM=plan.rows, HAS_G=G is not None, PREC=plan.precision), plan.bwd)
     dv = dv[:, :T].reshape(B, H, T, V).transpose(1, 2).to(v.dtype)
     if dG is not None:
         dG = dG[:, :T].reshape(B, H, T).transpose(1, 2)

@@ -33,61 +33,102 @@ def _tile(base, row0, D: tl.constexpr):
 def _in_rows(base, t0, T, stride_t, D: tl.constexpr):
     """Rows ``t0 .. t0+63`` of an input ``[T, D]`` view; zeros past ``T``."""
     r = t0 + tl.arange(0, 64)
-    return tl.load(base + r[:, None] * stride_t + tl.arange(0, D)[None, :], mask=(r < T)[:, None], other=0.0)
+    return tl.load(base + r.to(tl.int64)[:, None] * stride_t + tl.arange(0, D)[None, :], mask=(r < T)[:, None],
+                   other=0.0)
 
 
 @triton.jit
 def _gates(g_base, t0, T, stride_t):
     r = t0 + tl.arange(0, 64)
-    return tl.load(g_base + r * stride_t, mask=r < T, other=0.0)
+    return tl.load(g_base + r.to(tl.int64) * stride_t, mask=r < T, other=0.0)
 
 
-@triton.jit(do_not_specialize=["T", "H", "NT", "NTC"])
+@triton.jit
+def _tile_rows(base, row0, R: tl.constexpr, D: tl.constexpr):
+    """An ``[R, D]`` tile of a dense ``[rows, D]`` buffer at row ``row0``."""
+    r = row0 + tl.arange(0, R)
+    return tl.load(base + r[:, None] * D + tl.arange(0, D)[None, :])
+
+
+@triton.jit
+def diagonal_scores(aloc_ptr, xt, kh_ptr, g_row, g_base, t0, T, H, g_to_s,
+                    K: tl.constexpr, BM: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr):
+    """The scores of a query block of ``BM`` rows against its own keys, ``(s_a, s_b)``: ``s_a``
+    against the keys of its first 64-block ``a``, ``s_b`` against those of its second ``b`` (all
+    ``-inf`` when ``BM = 64``). Rows of ``a`` read ``a``'s keys from stage 1's ``A_loc``; rows of
+    ``b`` read ``b``'s from ``A_loc`` and ``a``'s through ``X K̂_aᵀ``, ``X`` their queries pulled
+    back to ``b``'s start, which is ``a``'s end."""
+    r = tl.arange(0, BM)
+    c = tl.arange(0, 64)
+    aload = _tile_rows(aloc_ptr, t0, BM, 64)
+    top = r < 64
+    s_a = tl.where(top[:, None], aload, 0.0)
+    if BM == 128:
+        s_a = tl.where(top[:, None], s_a, tl.dot(xt, tl.trans(_tile(kh_ptr, t0, K)), input_precision=PREC))
+    s_a = tl.where((top[:, None] & (c[None, :] <= r[:, None])) | ~top[:, None], s_a, float("-inf"))
+    s_a = tl.where((t0 + c)[None, :] < T, s_a, float("-inf"))
+    s_b = tl.where(~top[:, None] & (c[None, :] <= r[:, None] - 64) & ((t0 + 64 + c)[None, :] < T), aload,
+                   float("-inf"))
+    if HAS_G:
+        s_a += (g_row[:, None] - _gates(g_base, t0, T, H)[None, :]) * g_to_s
+        if BM == 128:
+            s_b += (g_row[:, None] - _gates(g_base, t0 + 64, T, H)[None, :]) * g_to_s
+    return s_a, s_b
+
+
+@triton.jit(do_not_specialize=["T", "H", "NQ", "NTC"])
 def _path_fwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, G_ptr, o_ptr, lse_ptr,
-                     T, H, NT, NTC, qk_scale, g_to_s,
-                     K: tl.constexpr, V: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr):
+                     T, H, NQ, NTC, qk_scale, g_to_s,
+                     K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, HAS_G: tl.constexpr,
+                     PREC: tl.constexpr):
     pid = tl.program_id(0)
-    BH = tl.num_programs(0) // NT
+    BH = tl.num_programs(0) // NQ
     bh = (pid % BH).to(tl.int64)
-    i = NT - 1 - pid // BH                     # longest rows first
+    i = NQ - 1 - pid // BH                     # longest rows first
     bi = bh // H
     h = bh % H
-    t0 = i * 64
-    rows = t0 + tl.arange(0, 64)
+    t0 = i * BM
+    rows = t0 + tl.arange(0, BM)
+    r = tl.arange(0, BM)
     cols = tl.arange(0, 64)
     buf = bh * NTC * K
     v_base = v_ptr + (bi * T * H + h) * V
     g_base = G_ptr + bi * T * H + h
     td = qt_ptr.dtype.element_ty
-    x = _tile(qt_ptr + buf, t0, K).to(tl.float32)
-    g_row = tl.zeros([64], dtype=tl.float32)
+    x = _tile_rows(qt_ptr + buf, t0, BM, K).to(tl.float32)
+    g_row = tl.zeros([BM], dtype=tl.float32)
     if HAS_G:
-        g_row = _gates(g_base, t0, T, H)
-    m_i = tl.full([64], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([64], dtype=tl.float32)
-    acc = tl.zeros([64, V], dtype=tl.float32)
-    # the diagonal block: its scores from stage 1, causal and tail masks
-    s = _tile(aloc_ptr + bh * NTC * 64, t0, 64)
-    if HAS_G:
-        s += (g_row[:, None] - g_row[None, :]) * g_to_s
-    s = tl.where((cols[None, :] <= cols[:, None]) & ((t0 + cols)[None, :] < T), s, float("-inf"))
-    v = _in_rows(v_base, t0, T, H * V, V)
-    acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, PREC)
+        g_row = tl.load(g_base + rows.to(tl.int64) * H, mask=rows < T, other=0.0)
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, V], dtype=tl.float32)
+    # the block's own keys: block a first (every row sees one of its keys), then block b
+    s_a, s_b = diagonal_scores(aloc_ptr + bh * NTC * 64, x.to(td), kh_ptr + buf, g_row, g_base, t0, T, H,
+                               g_to_s, K, BM, HAS_G, PREC)
+    acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s_a, _in_rows(v_base, t0, T, H * V, V), qk_scale, PREC)
+    if BM == 128:
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s_b, _in_rows(v_base, t0 + 64, T, H * V, V),
+                                            qk_scale, PREC)
+        # the rows of b cross block a
+        a = tl.dot(x.to(td), tl.trans(_tile(wt_ptr + buf, t0, K)), input_precision=PREC)
+        a = tl.where((r >= 64)[:, None], a, 0.0)
+        x -= tl.dot(a.to(td), _tile(u_ptr + buf, t0, K), input_precision=PREC)
     # the earlier blocks, last first, the queries carried backwards across each
-    for n in range(0, i):
-        s0 = (i - 1 - n) * 64
+    nb = i * (BM // 64)
+    for n in range(0, nb):
+        s0 = (nb - 1 - n) * 64
         xt = x.to(td)
         s = tl.dot(xt, tl.trans(_tile(kh_ptr + buf, s0, K)), input_precision=PREC)
         if HAS_G:
             s += (g_row[:, None] - _gates(g_base, s0, T, H)[None, :]) * g_to_s
-        v = tl.load(v_base + (s0 + cols)[:, None] * (H * V) + tl.arange(0, V)[None, :])
+        v = tl.load(v_base + (s0 + cols).to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :])
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, PREC)
         a = tl.dot(xt, tl.trans(_tile(wt_ptr + buf, s0, K)), input_precision=PREC)
         x -= tl.dot(a.to(td), _tile(u_ptr + buf, s0, K), input_precision=PREC)
     lse = m_i + tl.math.log2(l_i)
     tl.store(lse_ptr + bh * NTC + rows, lse)
     o = acc / l_i[:, None]
-    tl.store(o_ptr + (bi * T * H + h) * V + rows[:, None] * (H * V) + tl.arange(0, V)[None, :],
+    tl.store(o_ptr + (bi * T * H + h) * V + rows.to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :],
              o.to(o_ptr.dtype.element_ty), mask=(rows < T)[:, None])
 
 
@@ -96,13 +137,12 @@ def path_forward(qt, kh, u, wt, aloc, v, G, scale: float, plan):
     ``[B·H, NT·64]`` (log2 units of ``scale · A + G_i − G_j``). ``G``: ``None`` or the cumulative
     log gates, float32 ``[B, T, H]``."""
     B, T, H, V = v.shape
-    K = qt.shape[-1]
-    NT = triton.cdiv(T, CHUNK)
-    NTC = NT * CHUNK
+    K, NTC = qt.shape[-1], qt.shape[1]
+    NQ = triton.cdiv(T, plan.rows)
     o = torch.empty_like(v)
     lse = torch.empty(B * H, NTC, dtype=torch.float32, device=v.device)
-    launch(_path_fwd_kernel, (NT * B * H,),
-           (qt, kh, u, wt, aloc, v, G if G is not None else lse, o, lse, T, H, NT, NTC,
+    launch(_path_fwd_kernel, (NQ * B * H,),
+           (qt, kh, u, wt, aloc, v, G if G is not None else lse, o, lse, T, H, NQ, NTC,
             float(scale) * LOG2E, 1.0 / float(scale)),
-           dict(K=K, V=V, HAS_G=G is not None, PREC=plan.precision), plan.fwd)
+           dict(K=K, V=V, BM=plan.rows, HAS_G=G is not None, PREC=plan.precision), plan.fwd)
     return o, lse

@@ -54,9 +54,9 @@ def _block_tile(base, row0, C: tl.constexpr):
     return tl.load(base + r[:, None] * C + c[None, :]).to(tl.float32)
 
 
-@triton.jit(do_not_specialize=["T", "H", "NTC"])
+@triton.jit(do_not_specialize=["T", "H", "NTC", "TMS"])
 def _prepare_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr,
-                    T, H, NTC, K: tl.constexpr, PREC: tl.constexpr):
+                    T, H, NTC, TMS, K: tl.constexpr, PREC: tl.constexpr):
     n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     bi = bh // H
@@ -69,7 +69,7 @@ def _prepare_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, qt_ptr, kh_ptr, u_ptr
     k = _rows(k_ptr + row_base, t0, T, H * K, K)
     w = _rows(w_ptr + row_base, t0, T, H * K, K)
     beta = tl.load(beta_ptr + bi * T * H + h + r * H, mask=r < T, other=0.0).to(tl.float32)
-    tmat = _block_tile(tm_ptr + bh * NTC * 64, t0, 64)
+    tmat = _block_tile(tm_ptr + bh * TMS * 64, t0, 64)
     lower = c[None, :] <= c[:, None]
     below = c[None, :] < c[:, None]
     u = tl.dot(tmat, beta[:, None] * w, input_precision=PREC)                       # U = T Diag(β) W
@@ -95,14 +95,16 @@ def prepare_blocks(q, k, w, beta, plan):
     inverses ``[B·H, NT·64, 64]`` float32."""
     B, T, H, K = q.shape
     NT = triton.cdiv(T, CHUNK)
-    NTC = NT * CHUNK
+    NTC = triton.cdiv(T, plan.rows) * plan.rows      # rows per head: whole query blocks of the passes
     b0, _ = chunk_cumsum(None, beta, B, T, H, NT)
-    tm = torch.empty(B * H, NTC, CHUNK, dtype=torch.float32, device=q.device)
+    tm = torch.empty(B * H, NT * CHUNK, CHUNK, dtype=torch.float32, device=q.device)
     td = plan.transport
     solve_chunks(w, b0, beta, plan.solve_plan(K, w.dtype), tm=tm)
-    qt, kh, u, wt = (torch.empty(B * H, NTC, K, dtype=td, device=q.device) for _ in range(4))
-    aloc = torch.empty(B * H, NTC, CHUNK, dtype=torch.float32, device=q.device)
-    launch(_prepare_kernel, (NT, B * H), (q, k, w, beta, tm, qt, kh, u, wt, aloc, T, H, NTC),
+    # a padded 64-block past the last (NTC > NT·64) holds zeros, what its zero inputs would give
+    alloc = torch.zeros if NTC > NT * CHUNK else torch.empty
+    qt, kh, u, wt = (alloc(B * H, NTC, K, dtype=td, device=q.device) for _ in range(4))
+    aloc = alloc(B * H, NTC, CHUNK, dtype=torch.float32, device=q.device)
+    launch(_prepare_kernel, (NT, B * H), (q, k, w, beta, tm, qt, kh, u, wt, aloc, T, H, NTC, NT * CHUNK),
            dict(K=K, PREC=plan.local_precision), plan.local)
     return qt, kh, u, wt, aloc, tm
 
@@ -122,9 +124,9 @@ def _store_cols(base, x, t0, c0, T, stride_t, KB: tl.constexpr):
     tl.store(base + r[:, None] * stride_t + c[None, :], x.to(base.dtype.element_ty), mask=(r < T)[:, None])
 
 
-@triton.jit(do_not_specialize=["T", "H", "NTC"])
+@triton.jit(do_not_specialize=["T", "H", "NTC", "TMS"])
 def _local_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, dqt_ptr, dkh_ptr, gw_ptr, hu_ptr, daloc_ptr,
-                      dq_ptr, dk_ptr, dw_ptr, dbeta_ptr, T, H, NTC,
+                      dq_ptr, dk_ptr, dw_ptr, dbeta_ptr, T, H, NTC, TMS,
                       K: tl.constexpr, KB: tl.constexpr, PREC: tl.constexpr):
     # Two sweeps over column blocks of KB: the first forms every 64×64 matrix the chain rule needs
     # (products over K), the second the 64×K gradients, a column block at a time (few live tiles).
@@ -138,7 +140,7 @@ def _local_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, dqt_ptr, dkh_ptr, g
     row_base = (bi * T * H + h) * K
     acc = bh * NTC * K
     beta = tl.load(beta_ptr + bi * T * H + h + r * H, mask=r < T, other=0.0).to(tl.float32)
-    tmat = _block_tile(tm_ptr + bh * NTC * 64, t0, 64)
+    tmat = _block_tile(tm_ptr + bh * TMS * 64, t0, 64)
     da = _block_tile(daloc_ptr + bh * NTC * 64, t0, 64)
     lower = c[None, :] <= c[:, None]
     below = c[None, :] < c[:, None]
@@ -207,6 +209,6 @@ def local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, plan, dw_dtype):
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dw, dbeta = torch.empty_like(w, dtype=dw_dtype), torch.empty_like(beta)
     launch(_local_bwd_kernel, (NT, B * H),
-           (q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, dq, dk, dw, dbeta, T, H, NT * CHUNK),
+           (q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, dq, dk, dw, dbeta, T, H, dqt.shape[1], NT * CHUNK),
            dict(K=K, KB=min(K, 64), PREC=plan.local_precision), plan.local)
     return dq, dk, dw, dbeta

@@ -31,8 +31,9 @@ class _SolvePlan:
 class PathPlan:
     """``transport``: dtype of the carried queries and of ``K̂, U, W``; ``precision``: the passes'
     ``tl.dot`` precision; ``local_precision``: the per-block stage's; ``fwd``, ``bwd``, ``local``:
-    launches; ``slots_per_sm``: persistent backward programs per SM; ``path``: ``"torch"`` where the
-    class cannot run these kernels."""
+    launches; ``slots_per_sm``: persistent backward programs per SM; ``rows``: query rows per
+    program of the passes (64, or 128: two 64-blocks, half the tile reads and atomics per query);
+    ``path``: ``"torch"`` where the class cannot run these kernels."""
     transport: torch.dtype
     precision: str
     local_precision: str
@@ -40,6 +41,7 @@ class PathPlan:
     bwd: tuple = field(default_factory=lambda: (Launch(8, 1), Launch(4, 1)))
     local: tuple = field(default_factory=lambda: (Launch(8, 1), Launch(4, 1)))
     slots_per_sm: int = 2
+    rows: int = 64
     path: str = "triton"
 
     def solve_plan(self, K: int, w_dtype) -> _SolvePlan:
@@ -49,19 +51,23 @@ class PathPlan:
         return _SolvePlan(solve=(Launch(warps, 1), Launch(4, 1)), solve_kc=K)
 
 
-def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = None) -> PathPlan:
+def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = None, rows: int = 64) -> PathPlan:
     """The plan for inputs of ``dtype`` on ``device`` of the GPU class ``caps`` (default: the
-    device's)."""
+    device's); ``rows``: query rows per program of the passes (128 takes 8 warps in the forward:
+    at 4 its two ``[128, K]`` float32 accumulators spill, compile check)."""
+    if rows not in (64, 128):
+        raise ValueError(f"rows must be 64 or 128; got {rows!r}")
     half = dtype != torch.float32
     transport = torch.float16 if half else torch.float32
     prec = "ieee" if (not half or interpret) else "tf32"
     local_prec = "ieee" if (interpret or not half) else "tf32"
     if interpret:
-        return PathPlan(transport, prec, local_prec)
+        return PathPlan(transport, prec, local_prec, rows=rows)
     caps = caps if caps is not None else device_caps(device)
     if caps.major < 8:
         return PathPlan(transport, prec, local_prec, path="torch")
-    return PathPlan(transport, prec, local_prec)
+    fwd = (Launch(8, 2), Launch(8, 1)) if rows == 128 else (Launch(4, 2), Launch(4, 1))
+    return PathPlan(transport, prec, local_prec, fwd=fwd, rows=rows)
 
 
 def backward_slots(plan: PathPlan, device, work: int) -> int:
