@@ -1,6 +1,6 @@
 """What the experiments share: input checks, CPU threads, per-run seeds, loss windows, stored runs.
 
-Each experiment (:mod:`experiments.mqar`, :mod:`experiments.extrapolation`) trains small models once
+Each experiment (:mod:`experiments.mqar`, :mod:`experiments.extrapolation`, ...) trains small models once
 per seed with a configuration dataclass that has ``as_dict()`` and a ``gpu_config()``; its GPU runs
 live in ``experiments/results/<name>.json`` with the device, date and library versions
 (:func:`kernels.harness.write_results`).
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["RESULTS_DIR", "check_int", "check_seeds", "torch_threads", "derived_seeds", "window_means",
-           "summarize_seeds", "load_stored_runs", "seeds_cli"]
+           "summarize_seeds", "train_each", "run_each_seed", "load_stored_runs", "seeds_cli"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -59,6 +59,57 @@ def derived_seeds(seed: int, eval_offset: int) -> tuple[int, int, int]:
 def window_means(x: list, w: int) -> list:
     """Means of ``x`` over consecutive windows of ``w`` (the last may be shorter)."""
     return [float(sum(x[i:i + w]) / len(x[i:i + w])) for i in range(0, len(x), w)]
+
+
+def train_each(cfg, names, key: str, train_model, *, keep_models: bool = False, loss_every: int = 10,
+               progress: bool = False) -> dict:
+    """One seed of an experiment: ``train_model(name, cfg[, progress=bar])`` for every model
+    ``name`` in ``names`` (a record with ``"model"`` and ``"losses"``). Returns ``{"config",
+    "records", "accuracy": {name: record["accuracy"]}, "seconds"}``; each record gains ``seed``,
+    ``final_loss`` (the mean of the last 20 losses) and ``losses`` as window means of
+    ``loss_every`` steps, under ``key`` its name; the models under ``"models"`` with
+    ``keep_models``. ``progress``: one tqdm bar over every model's steps."""
+    import time
+    check_int(loss_every, "loss_every", 1)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=cfg.steps * len(names), desc=f"seed {cfg.seed}", unit="step", mininterval=0.5)
+    t0 = time.perf_counter()
+    records, models = [], {}
+    try:
+        for name in names:
+            r = train_model(name, cfg, progress=bar) if progress else train_model(name, cfg)
+            models[name] = r.pop("model")
+            tail = r["losses"][-20:]
+            r.update(seed=cfg.seed, final_loss=float(sum(tail) / len(tail)),
+                     losses=window_means(r["losses"], loss_every))
+            records.append(r)
+    finally:
+        if bar is not None:
+            bar.close()
+    out = {"config": cfg.as_dict(), "records": records,
+           "accuracy": {r[key]: r["accuracy"] for r in records},
+           "seconds": time.perf_counter() - t0}
+    if keep_models:
+        out["models"] = models
+    return out
+
+
+def run_each_seed(config, seeds, run_one) -> dict:
+    """``run_one(config with seed s)`` for every seed. Returns ``{"config" (with "seeds" in place
+    of "seed"), "records" (all seeds'), "seconds": {seed: wall seconds}}``."""
+    from dataclasses import replace
+    seeds = check_seeds(seeds)
+    records, seconds = [], {}
+    for s in seeds:
+        run = run_one(replace(config, seed=s))
+        records += run["records"]
+        seconds[s] = run["seconds"]
+    cfg = config.as_dict()
+    cfg.pop("seed")
+    cfg["seeds"] = seeds
+    return {"config": cfg, "records": records, "seconds": seconds}
 
 
 def summarize_seeds(records: list[dict], model_key: str, x_key: str) -> dict:

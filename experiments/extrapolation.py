@@ -35,7 +35,6 @@ for the larger setting, ``--write`` to store it with the device, date and versio
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, replace
 
@@ -43,8 +42,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (check_int, check_seeds, derived_seeds, load_stored_runs, summarize_seeds,
-                     seeds_cli, torch_threads, window_means)
+from .common import (check_int, derived_seeds, load_stored_runs, run_each_seed, seeds_cli,
+                     summarize_seeds, torch_threads, train_each)
 
 __all__ = ["ENCODINGS", "ExtrapolationConfig", "cpu_config", "gpu_config", "make_recency_recall",
            "vocab_size", "token_text", "attention_bias", "SoftmaxAttention", "RecallTransformer",
@@ -325,42 +324,19 @@ def run_extrapolation(config: ExtrapolationConfig | None = None, *, keep_models:
     "accuracy": {encoding: [...]}, "seconds"}``; ``losses`` are window means of ``loss_every``
     steps (the models too, under ``"models"``, with ``keep_models``)."""
     cfg = config or cpu_config()
-    check_int(loss_every, "loss_every", 1)
     for e in cfg.encodings:
         if e not in ENCODINGS:
             raise ValueError(f"encodings must be drawn from {ENCODINGS}; got {e!r}")
     if max(cfg.eval_lens) < cfg.train_len:
         raise ValueError("eval_lens must reach train_len or beyond")
-    t0 = time.perf_counter()
-    records, models = [], {}
-    for enc in cfg.encodings:
-        r = train_model(enc, cfg)
-        models[enc] = r.pop("model")
-        tail = r["losses"][-20:]
-        r.update(seed=cfg.seed, final_loss=float(sum(tail) / len(tail)),
-                 losses=window_means(r["losses"], loss_every))
-        records.append(r)
-    out = {"config": cfg.as_dict(), "records": records,
-           "accuracy": {r["encoding"]: r["accuracy"] for r in records},
-           "seconds": time.perf_counter() - t0}
-    if keep_models:
-        out["models"] = models
-    return out
+    return train_each(cfg, cfg.encodings, "encoding", train_model, keep_models=keep_models,
+                      loss_every=loss_every)
 
 
 def run_seeds(config: ExtrapolationConfig, seeds) -> dict:
     """:func:`run_extrapolation` once per seed. Returns ``{"config" (with "seeds"), "records" (one
     per encoding and seed), "seconds": {seed: wall seconds}}``."""
-    seeds = check_seeds(seeds)
-    records, seconds = [], {}
-    for s in seeds:
-        run = run_extrapolation(replace(config, seed=s))
-        records += run["records"]
-        seconds[s] = run["seconds"]
-    cfg = config.as_dict()
-    cfg.pop("seed")
-    cfg["seeds"] = seeds
-    return {"config": cfg, "records": records, "seconds": seconds}
+    return run_each_seed(config, seeds, run_extrapolation)
 
 
 def seed_summary(records: list[dict]) -> dict:

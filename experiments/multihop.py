@@ -69,8 +69,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (check_int, check_seeds, derived_seeds, load_stored_runs,
-                     seeds_cli, summarize_seeds, torch_threads, window_means)
+from .common import (check_int, derived_seeds, load_stored_runs, run_each_seed, seeds_cli,
+                     summarize_seeds, torch_threads, train_each)
 
 __all__ = ["MIXERS", "NAMES", "MultihopConfig", "cpu_config", "gpu_config", "vocab_size",
            "sequence_length", "make_variable_chains", "token_text", "link_matrices", "mode_baseline",
@@ -498,47 +498,15 @@ def run_multihop(config: MultihopConfig | None = None, *, keep_models: bool = Fa
     "accuracy": {mixer: [...]}, "seconds"}``; ``losses`` are window means of ``loss_every`` steps
     (the models too, under ``"models"``, with ``keep_models``). ``progress``: a tqdm bar."""
     cfg = config or cpu_config()
-    check_int(loss_every, "loss_every", 1)
     _check_config(cfg)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=cfg.steps * len(cfg.mixers), desc=f"seed {cfg.seed}", unit="step",
-                   mininterval=0.5)
-    t0 = time.perf_counter()
-    records, models = [], {}
-    try:
-        for mixer in cfg.mixers:
-            r = train_model(mixer, cfg, progress=bar)
-            models[mixer] = r.pop("model")
-            tail = r["losses"][-20:]
-            r.update(seed=cfg.seed, final_loss=float(sum(tail) / len(tail)),
-                     losses=window_means(r["losses"], loss_every))
-            records.append(r)
-    finally:
-        if bar is not None:
-            bar.close()
-    out = {"config": cfg.as_dict(), "records": records,
-           "accuracy": {r["mixer"]: r["accuracy"] for r in records},
-           "seconds": time.perf_counter() - t0}
-    if keep_models:
-        out["models"] = models
-    return out
+    return train_each(cfg, cfg.mixers, "mixer", train_model, keep_models=keep_models, loss_every=loss_every,
+                      progress=progress)
 
 
 def run_seeds(config: MultihopConfig, seeds, *, progress: bool = False) -> dict:
     """:func:`run_multihop` once per seed. Returns ``{"config" (with "seeds"), "records" (one per
     mixer and seed), "seconds": {seed: wall seconds}}``."""
-    seeds = check_seeds(seeds)
-    records, seconds = [], {}
-    for s in seeds:
-        run = run_multihop(replace(config, seed=s), progress=progress)
-        records += run["records"]
-        seconds[s] = run["seconds"]
-    cfg = config.as_dict()
-    cfg.pop("seed")
-    cfg["seeds"] = seeds
-    return {"config": cfg, "records": records, "seconds": seconds}
+    return run_each_seed(config, seeds, lambda c: run_multihop(c, progress=progress))
 
 
 def seed_summary(records: list[dict]) -> dict:

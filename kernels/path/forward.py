@@ -15,7 +15,6 @@ import triton.language as tl
 
 from ..backend import launch
 from ..flash.forward import online_softmax_step
-from .plan import CHUNK
 
 __all__ = ["path_forward", "LOG2E"]
 

@@ -1,7 +1,6 @@
 """Time each stage of parallel_path_attn on the GPU (lab: where the time goes)."""
-import dataclasses, sys, torch, triton
+import dataclasses, torch, triton
 from kernels.backend import Launch
-from kernels.flash.forward import cumulative_gates
 from kernels.path.plan import plan_for
 from kernels.path.local import prepare_blocks, local_backward
 from kernels.path.forward import path_forward
