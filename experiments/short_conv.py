@@ -23,14 +23,14 @@ from ``"none"`` by its convolution alone). With no convolution on K or V, ``k_t 
 Values are L2-normalised like the keys so that this holds (fla's layers leave values unnormalised).
 The variants (:data:`VARIANTS`):
 
-=========  ====================================================================================
-``none``   K = V, no convolution
-``q``      a convolution on Q only (still K = V)
-``k``      a convolution on K only
-``v``      a convolution on V only
-``qkv``    a convolution on each of Q, K, V (what DeltaNet's layers do)
+==========  ===================================================================================
+``none``    K = V, no convolution
+``q``       a convolution on Q only (still K = V)
+``k``       a convolution on K only
+``v``       a convolution on V only
+``qkv``     a convolution on each of Q, K, V (what DeltaNet's layers do)
 ``untied``  no convolution, but K and V from two projections (``k_t != v_t``, both from ``x_t``)
-=========  ====================================================================================
+==========  ===================================================================================
 
 The convolutions are a PyTorch implementation in this module, :func:`causal_conv1d` (fla's
 ``causal_conv1d`` argument order and layout; ``torch.nn.functional.conv1d`` with left padding),
@@ -60,7 +60,8 @@ Entry points: :func:`train_model`, :func:`run_short_conv` (one seed, every varia
 :func:`load_stored` (the GPU runs in ``experiments/results/short_conv.json``), and
 ``python -m experiments.short_conv`` (``--gpu`` for the larger setting, ``--write`` to store it with
 the device, date and versions; ``--gpu --device cpu --steps 2`` checks the GPU setting's code path
-on a CPU).
+on a CPU: its evaluation batches of 1024 sequences of 256 tokens make that about a minute and a half
+per seed on the book's 2-core machine, three seeds by default).
 """
 from __future__ import annotations
 
@@ -72,14 +73,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (check_int, check_seeds, derived_seeds, load_stored_runs, seeds_cli,
-                     summarize_seeds, torch_threads, window_means)
+from .common import (check_int, derived_seeds, load_stored_runs, run_each_seed, seeds_cli,
+                     summarize_seeds, torch_threads, train_each)
 from .mqar import make_mqar
 
 __all__ = ["VARIANTS", "CPU_VARIANTS", "NAMES", "guess_baseline", "STORED", "causal_conv1d",
-           "ShortConvolution", "TiedDeltaNetMixer", "ConvAblationModel", "identity_gap", "ShortConvConfig", "cpu_config", "gpu_config",
-           "evaluate", "train_model", "run_short_conv", "run_seeds", "seed_summary", "plot_summary",
-           "summary_sentences", "load_stored", "main"]
+           "ShortConvolution", "TiedDeltaNetMixer", "ConvAblationModel", "identity_gap",
+           "ShortConvConfig", "cpu_config", "gpu_config", "evaluate", "train_model", "run_short_conv",
+           "run_seeds", "seed_summary", "plot_summary", "summary_sentences", "load_stored", "main"]
 
 STORED = "short_conv"          # experiments/results/short_conv.json: the GPU runs
 VARIANTS = ("none", "q", "k", "v", "qkv", "untied")
@@ -267,9 +268,9 @@ def gpu_config(**changes) -> ShortConvConfig:
     at a learning rate of ``3e-3``.
     ``python -m experiments.short_conv --gpu --seeds 0 1 2 --write`` runs it on the GPU's Triton
     delta-rule kernel (the convolutions stay in PyTorch)."""
-    base = ShortConvConfig(variants=VARIANTS, kv_pairs=(8, 16, 32, 48, 64), vocab_size=256, seq_len=256, d_model=128,
-                           n_heads=2, head_dim=64, steps=3000, batch=128, lr=3e-3, eval_batch=1024,
-                           threads=None, device="cuda")
+    base = ShortConvConfig(variants=VARIANTS, kv_pairs=(8, 16, 32, 48, 64), vocab_size=256,
+                           seq_len=256, d_model=128, n_heads=2, head_dim=64, steps=3000,
+                           batch=128, lr=3e-3, eval_batch=1024, threads=None, device="cuda")
     return replace(base, **changes)
 
 
@@ -326,7 +327,8 @@ def train_model(variant: str, config: ShortConvConfig | None = None, *, progress
         t0 = time.perf_counter()
         for step in range(cfg.steps):
             N = cfg.kv_pairs[step % len(cfg.kv_pairs)]
-            x, y, m = make_mqar(cfg.vocab_size, N, cfg.seq_len, cfg.batch, data_seed + step, device=cfg.device)
+            x, y, m = make_mqar(cfg.vocab_size, N, cfg.seq_len, cfg.batch, data_seed + step,
+                                device=cfg.device)
             loss = F.cross_entropy(model(x)[m], y[m])
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -351,54 +353,24 @@ def train_model(variant: str, config: ShortConvConfig | None = None, *, progress
 
 
 def run_short_conv(config: ShortConvConfig | None = None, *, keep_models: bool = False,
-                   loss_every: int = 10, progress: bool = False) -> dict:
-    """Every variant of ``config`` (default :func:`cpu_config`), one seed. Returns ``{"config",
-    "records": [{variant, seed, kv_pairs, accuracy, identity_gap, train_seconds, final_loss,
-    losses}], "accuracy": {variant: [...]}, "seconds"}``; ``losses`` are window means of
-    ``loss_every`` steps (the models too, under ``"models"``, with ``keep_models``). ``progress``:
-    a tqdm bar."""
+                   loss_every: int = 20, progress: bool = False) -> dict:
+    """Every variant of ``config`` (default :func:`cpu_config`), one seed
+    (:func:`experiments.common.train_each`). Returns ``{"config", "records": [{variant, seed,
+    kv_pairs, accuracy, identity_gap, train_seconds, final_loss, losses}], "accuracy": {variant:
+    [...]}, "seconds"}``; ``losses`` are window means of ``loss_every`` steps (20: a multiple of the
+    cycle through the ``N`` of both settings, so every window averages every ``N`` alike); the
+    models too, under ``"models"``, with ``keep_models``. ``progress``: a tqdm bar."""
     cfg = config or cpu_config()
-    check_int(loss_every, "loss_every", 1)
     _check_config(cfg)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=cfg.steps * len(cfg.variants), desc=f"seed {cfg.seed}", unit="step",
-                   mininterval=0.5)
-    t0 = time.perf_counter()
-    records, models = [], {}
-    try:
-        for variant in cfg.variants:
-            r = train_model(variant, cfg, progress=bar)
-            models[variant] = r.pop("model")
-            tail = r["losses"][-20:]
-            r.update(seed=cfg.seed, final_loss=float(sum(tail) / len(tail)),
-                     losses=window_means(r["losses"], loss_every))
-            records.append(r)
-    finally:
-        if bar is not None:
-            bar.close()
-    out = {"config": cfg.as_dict(), "records": records,
-           "accuracy": {r["variant"]: r["accuracy"] for r in records},
-           "seconds": time.perf_counter() - t0}
-    if keep_models:
-        out["models"] = models
-    return out
+    return train_each(cfg, cfg.variants, "variant", train_model, keep_models=keep_models,
+                      loss_every=loss_every, progress=progress)
 
 
 def run_seeds(config: ShortConvConfig, seeds, *, progress: bool = False) -> dict:
-    """:func:`run_short_conv` once per seed. Returns ``{"config" (with "seeds"), "records" (one per
-    variant and seed), "seconds": {seed: wall seconds}}``."""
-    seeds = check_seeds(seeds)
-    records, seconds = [], {}
-    for s in seeds:
-        run = run_short_conv(replace(config, seed=s), progress=progress)
-        records += run["records"]
-        seconds[s] = run["seconds"]
-    cfg = config.as_dict()
-    cfg.pop("seed")
-    cfg["seeds"] = seeds
-    return {"config": cfg, "records": records, "seconds": seconds}
+    """:func:`run_short_conv` once per seed (:func:`experiments.common.run_each_seed`). Returns
+    ``{"config" (with "seeds"), "records" (one per variant and seed), "seconds": {seed: wall
+    seconds}}``."""
+    return run_each_seed(config, seeds, lambda c: run_short_conv(c, progress=progress))
 
 
 def seed_summary(records: list[dict]) -> dict:
@@ -450,7 +422,8 @@ def load_stored() -> dict:
     """The stored GPU runs (``experiments/results/short_conv.json``: ``env``, ``config`` with its
     ``seeds``, ``records``), with ``same_as_gpu_config``: whether they were run with the settings
     :func:`gpu_config` has now. Raises ``FileNotFoundError`` when this copy of the book has none."""
-    return load_stored_runs(STORED, gpu_config, "python -m experiments.short_conv --gpu --seeds 0 1 2 --write")
+    return load_stored_runs(STORED, gpu_config,
+                            "python -m experiments.short_conv --gpu --seeds 0 1 2 --write")
 
 
 def main(argv=None) -> int:

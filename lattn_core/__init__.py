@@ -7,12 +7,13 @@ always, no implicit ``1/sqrt(d)``, float64 in and out. See the book's notation p
 Modules, in the order of the book: ``_validate`` (the one input-validation helper), ``checks``
 (state an identity and check it), ``masks``, ``rnn`` (chapter 0), ``softmax`` (chapter 1),
 ``linear_attention`` (chapter 2), ``forget_gates`` (chapter 3), ``ttt`` (chapter 4), ``delta``
-(chapters 5-6), ``feeding_back`` (chapter 7), ``path`` (chapter 8). ``lattn_core.notebook`` (notebook conveniences) is
+(chapters 5-6), ``feeding_back`` (chapter 7), ``path`` (chapter 8), ``mesanet`` (chapter 9),
+``short_convolution`` (chapter 10). ``lattn_core.notebook`` (notebook conveniences) is
 imported on its own. The package imports nothing from :mod:`kernels`; the experiments that train
 torch models live in :mod:`experiments`.
 """
-from . import (_validate, checks, delta, feeding_back, forget_gates, linear_attention, masks, path, rnn,
-               softmax, ttt)
+from . import (_validate, checks, delta, feeding_back, forget_gates, linear_attention, masks, mesanet, path,
+               rnn, short_convolution, softmax, ttt)
 from ._validate import *  # noqa: F401,F403
 from .checks import *  # noqa: F401,F403
 from .masks import *  # noqa: F401,F403
@@ -24,6 +25,9 @@ from .ttt import *  # noqa: F401,F403
 from .delta import *  # noqa: F401,F403
 from .feeding_back import *  # noqa: F401,F403
 from .path import *  # noqa: F401,F403
+from .mesanet import *  # noqa: F401,F403
+from .short_convolution import *  # noqa: F401,F403
 
 __all__ = [name for module in (_validate, checks, masks, rnn, softmax, linear_attention, forget_gates,
-                               ttt, delta, feeding_back, path) for name in module.__all__]
+                               ttt, delta, feeding_back, path, mesanet, short_convolution)
+           for name in module.__all__]

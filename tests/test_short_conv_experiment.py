@@ -1,0 +1,242 @@
+"""Chapter 10's experiment (experiments.short_conv): the PyTorch causal convolution against
+lattn_core's, the tied mixer (K = V exactly where it should be, the book's delta rule, its state in
+closed form), the variants' parameters, the 1/N guess, seeding, bad input, a tiny run, the
+chapter's claims on its CPU run, the GPU setting's code path and the stored-results loader.
+
+Tolerances: the convolution is compared in float64, where F.conv1d differs from lattn_core's loop
+by round-off, ~1e-16 on values of size ~1; 1e-10 leaves room and still fails by O(1) for a wrong
+tap. The delta-rule op takes float32 only, so the mixer is compared with float64 references at
+1e-4 (float32 round-off over 70 tokens is ~1e-6)."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import lattn_core as lc
+from experiments import short_conv as sc
+
+
+# ------------------------------------------------------------------ the convolution
+@pytest.mark.parametrize("T,W", [(1, 4), (3, 4), (17, 4), (9, 2), (6, 1)])
+def test_causal_conv1d_is_lattn_cores_short_conv(T, W):
+    """fla's layout ([D, W], last column current) through F.conv1d = lc.short_conv with the weight
+    converted by lc.conv_weight_from_fla, per sequence, with and without SiLU, bias and residual."""
+    g = torch.Generator().manual_seed(T * 10 + W)
+    x = torch.randn(2, T, 5, generator=g, dtype=torch.float64)
+    w = torch.randn(5, W, generator=g, dtype=torch.float64)
+    bias = torch.randn(5, generator=g, dtype=torch.float64)
+    res = torch.randn(2, T, 5, generator=g, dtype=torch.float64)
+    W_book = lc.conv_weight_from_fla(w.numpy())
+    for b in range(2):
+        ref = lc.short_conv(x[b].numpy(), W_book)
+        lc.check_close("causal_conv1d = lc.short_conv", sc.causal_conv1d(x, w)[0][b].numpy(), ref, 1e-10)
+        got = sc.causal_conv1d(x, w, bias=bias, residual=res, activation="silu")[0][b].numpy()
+        lc.check_close("with bias, SiLU, residual", got, lc.silu(ref + bias.numpy()) + res[b].numpy(), 1e-10)
+
+
+def test_causal_conv1d_state_continues_the_sequence():
+    """The final state [B, D, W] (the last W inputs) passed as the next piece's initial state
+    continues the sequence exactly, also when a piece is shorter than W."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 11, 3, generator=g, dtype=torch.float64)
+    w = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    y_full, s_full = sc.causal_conv1d(x, w, output_final_state=True)
+    assert torch.equal(s_full, x[:, -4:].transpose(1, 2))
+    pieces, state = [], None
+    for a, b in ((0, 2), (2, 7), (7, 11)):
+        y, state = sc.causal_conv1d(x[:, a:b], w, initial_state=state, output_final_state=True)
+        pieces.append(y)
+    lc.check_close("three pieces = one sequence", torch.cat(pieces, 1).numpy(), y_full.numpy(), 1e-12)
+    assert sc.causal_conv1d(x, w)[1] is None
+
+
+@pytest.mark.parametrize("T,W", [(1, 4), (10, 4), (7, 2), (3, 5)])
+def test_gradients_in_closed_form(T, W):
+    """lc.short_conv_grads (dX_s = Σ_i ψ_i ⊙ dY_{s+i}, dψ_i = Σ_t dY_t ⊙ x_{t−i}) = float64
+    autograd through causal_conv1d, weight converted to fla's layout (round-off ~1e-16: 1e-10)."""
+    g = torch.Generator().manual_seed(T + 100 * W)
+    x = torch.randn(1, T, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, W, generator=g, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(1, T, 4, generator=g, dtype=torch.float64)
+    dx, dw = torch.autograd.grad(sc.causal_conv1d(x, w)[0], (x, w), dy)
+    dX, dW = lc.short_conv_grads(x[0].detach().numpy(), lc.conv_weight_from_fla(w.detach().numpy()),
+                                 dy[0].numpy())
+    lc.check_close("dX in closed form = autograd", dX, dx[0].numpy(), 1e-10)
+    lc.check_close("dW in closed form = autograd", dW, lc.conv_weight_from_fla(dw.numpy()), 1e-10)
+
+
+def test_causal_conv1d_rejects_bad_input():
+    x, w = torch.zeros(1, 4, 3), torch.zeros(3, 2)
+    with pytest.raises(ValueError, match=r"x must have shape \[B, T, D\]"):
+        sc.causal_conv1d(torch.zeros(4, 3), w)
+    with pytest.raises(ValueError, match=r"weight must have shape \[D, W\] = \[3, W\]"):
+        sc.causal_conv1d(x, torch.zeros(4, 2))
+    with pytest.raises(ValueError, match="activation must be"):
+        sc.causal_conv1d(x, w, activation="gelu")
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[B, D, W\] = \[1, 3, 2\]"):
+        sc.causal_conv1d(x, w, initial_state=torch.zeros(1, 3, 3))
+    with pytest.raises(ValueError, match=r"bias must have shape \[D\]"):
+        sc.causal_conv1d(x, w, bias=torch.zeros(2))
+    with pytest.raises(ValueError, match="residual must have shape"):
+        sc.causal_conv1d(x, w, residual=torch.zeros(1, 3, 3))
+
+
+# ------------------------------------------------------------------ the models
+def test_variants_differ_only_where_they_say():
+    """'none' and 'q' give k = v exactly; 'k', 'v', 'qkv', 'untied' do not. The parameters are
+    the shared ones plus one convolution per named place (and a value projection for 'untied')."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 16)
+    shared = {"q_proj.weight", "kv_proj.weight", "b_proj.weight", "b_proj.bias", "o_proj.weight"}
+    for v in sc.VARIANTS:
+        mix = sc.TiedDeltaNetMixer(v, 16, 2, 8, conv_width=4)
+        _, k, vv = mix.qkv(x)
+        assert torch.equal(k, vv) == (v in ("none", "q")), v
+        names = {n for n, _ in mix.named_parameters()}
+        extra = {f"convs.{c}.weight" for c in sc.CONVS[v]} | ({"v_proj.weight"} if v == "untied" else set())
+        assert names == shared | extra, (v, names)
+        for c in sc.CONVS[v]:
+            assert tuple(mix.convs[c].weight.shape) == (16, 4)
+            assert mix.convs[c].weight.abs().max() <= 0.5       # Conv1d's bound 1/sqrt(4)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        sc.TiedDeltaNetMixer("kv", 16, 2, 8)
+
+
+@pytest.mark.parametrize("variant", ["none", "qkv"])
+def test_mixer_is_lattn_cores_deltanet_and_its_tied_state_the_closed_form(variant):
+    """The mixer's output = o_proj of lc.deltanet_recurrent per head on the layer's own q, k, v,
+    beta (scale 1); the op's final state [K, V] is Sᵀ; with K = V ('none') S is
+    lc.tied_deltanet_state(k, beta), I minus the product of the transitions. The op runs in
+    float32 (its dtypes), the references in float64 on the same q, k, v, beta: float32 round-off
+    on O(1) entries over 70 tokens (two chunks of 64) is ~1e-6; 1e-4 still catches a wrong beta,
+    a transposed state or a missing token."""
+    torch.manual_seed(1)
+    mix = sc.TiedDeltaNetMixer(variant, 12, 2, 16)
+    x = torch.randn(2, 70, 12)
+    with torch.no_grad():
+        out, S = mix(x, output_final_state=True)
+        q, k, v = mix.qkv(x)
+        beta = torch.sigmoid(mix.b_proj(x))
+    heads = np.zeros((2, 70, 2, 16))
+    for b in range(2):
+        for h in range(2):
+            Q, K, V, bt = (t[b, :, h].double().numpy() for t in (q, k, v, beta))
+            heads[b, :, h] = lc.deltanet_recurrent(Q, K, V, bt)
+            St = S[b, h].double().numpy().T
+            lc.check_close("final state = Sᵀ", St, lc.deltanet_states(K, V, bt)[-1], 1e-4)
+            if variant == "none":
+                lc.check_close("K = V: S = I − Π(I − β k kᵀ)", St, lc.tied_deltanet_state(K, bt), 1e-4)
+    with torch.no_grad():
+        ref = mix.o_proj(torch.tensor(heads, dtype=torch.float32).reshape(2, 70, 32))
+    lc.check_close("mixer = lattn_core per head", out.numpy(), ref.numpy(), 1e-4)
+
+
+def test_identity_gap_reads_the_final_state():
+    """identity_gap(model, ids) = the mean over sequences and heads of lc.identity_gap of the
+    op's final state (float32: 1e-5)."""
+    torch.manual_seed(2)
+    m = sc.ConvAblationModel("none", 20, d_model=16, n_heads=2, head_dim=16)
+    ids = torch.randint(0, 20, (3, 30))
+    with torch.no_grad():
+        _, S = m.mix(m.norm(m.embed(ids)), output_final_state=True)
+    want = np.mean([lc.identity_gap(S[b, h].double().numpy()) for b in range(3) for h in range(2)])
+    assert abs(sc.identity_gap(m, ids) - want) < 1e-5
+
+
+def test_guess_baseline():
+    assert sc.guess_baseline([4, 8, 16]) == [0.25, 0.125, 0.0625]
+    with pytest.raises(ValueError, match="kv_pairs must be an integer >= 1"):
+        sc.guess_baseline([0])
+
+
+# ------------------------------------------------------------------ training
+TINY = sc.cpu_config(kv_pairs=(2, 4), vocab_size=16, seq_len=16, d_model=16, head_dim=16, steps=3,
+                     batch=4, eval_batch=8, variants=("none", "k"))
+
+
+def test_tiny_run_is_reproducible_and_complete():
+    a, b = sc.run_short_conv(TINY), sc.run_short_conv(TINY)
+    assert [r["variant"] for r in a["records"]] == ["none", "k"]
+    for ra, rb in zip(a["records"], b["records"]):
+        assert ra["accuracy"] == rb["accuracy"] and ra["losses"] == rb["losses"]
+        assert len(ra["accuracy"]) == 2 and all(0 <= x <= 1 for x in ra["accuracy"])
+        assert math.isfinite(ra["identity_gap"]) and ra["seed"] == 0
+    c = sc.run_short_conv(sc.cpu_config(**{**TINY.as_dict(), "seed": 1}))
+    assert any(ra["losses"] != rc["losses"] for ra, rc in zip(a["records"], c["records"]))
+
+
+def test_run_arguments_are_checked():
+    with pytest.raises(ValueError, match="variants must be drawn from"):
+        sc.run_short_conv(sc.cpu_config(**{**TINY.as_dict(), "variants": ("none", "kq")}))
+    with pytest.raises(ValueError, match="variant must be one of"):
+        sc.train_model("kq", TINY)
+    with pytest.raises(ValueError, match="seeds must be a non-empty list"):
+        sc.run_seeds(TINY, [])
+    with pytest.raises(ValueError, match="num_kv_pairs must be"):
+        sc.run_short_conv(sc.cpu_config(**{**TINY.as_dict(), "kv_pairs": (40,)}))
+    with pytest.raises(ValueError, match="loss_every"):
+        sc.run_short_conv(TINY, loss_every=0)
+
+
+def test_seed_summary_and_sentences():
+    recs = [{"variant": v, "seed": s, "kv_pairs": [4, 8], "accuracy": acc, "identity_gap": g}
+            for v, s, acc, g in [("none", 0, [0.25, 0.125], 0.5), ("k", 0, [1.0, 0.9], 1.0),
+                                 ("none", 1, [0.25, 0.125], 0.7), ("k", 1, [0.8, 0.7], 1.2)]]
+    summ = sc.seed_summary(recs)
+    assert summ["mean"]["k"] == pytest.approx([0.9, 0.8]) and summ["first"]["k"] == [2, 2]
+    assert summ["identity_gap"] == pytest.approx({"none": 0.6, "k": 1.1})
+    lines = sc.summary_sentences(summ)
+    assert lines == ["conv on K: accuracy 0.90, 0.80 at N = 4, 8; state's distance from I 1.10",
+                     "K = V, no conv: accuracy 0.25, 0.12 at N = 4, 8; state's distance from I 0.60"]
+
+
+def test_the_chapters_claims_on_one_seed():
+    """What the chapter says of its CPU run (seed 0, the run the notebook trains): the variants
+    with a convolution on K reach at least 0.8 at every N; those without one (K = V, a convolution
+    on Q, a convolution on V) stay within 0.05 of the 1/N guess at every N. About 30 s on two
+    quiet cores."""
+    run = sc.run_short_conv(sc.cpu_config(seed=0))
+    acc, guess = run["accuracy"], sc.guess_baseline(sc.cpu_config().kv_pairs)
+    for v in ("k", "qkv"):
+        assert min(acc[v]) >= 0.8, (v, acc[v])
+    for v in ("none", "q", "v"):
+        assert max(abs(a - b) for a, b in zip(acc[v], guess)) < 0.05, (v, acc[v])
+
+
+def test_gpu_setting_runs_and_stores_through_main(tmp_path, monkeypatch, capsys):
+    """The GPU setting's code path on a CPU (`--gpu --device cpu --steps 2`), with its batches
+    shrunk so that the test stays short (`gpu_config` patched: the same shapes, variants and
+    model, 4 training and 8 evaluation sequences, one thread): trained two steps, written with the device,
+    date and versions, read back by load_stored (not the same settings as gpu_config's),
+    summarised and plotted. A file written with gpu_config's own settings reads back as the same."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import experiments.common
+    real = sc.gpu_config
+    monkeypatch.setattr(experiments.common, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(sc, "gpu_config", lambda **ch: real(**{"batch": 4, "eval_batch": 8, "threads": 1, **ch}))
+    with pytest.raises(FileNotFoundError, match="--gpu --seeds 0 1 2 --write"):
+        sc.load_stored()
+    assert sc.main(["--gpu", "--device", "cpu", "--steps", "2", "--seeds", "0", "--write"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    data = sc.load_stored()
+    assert data["env"]["torch"] == torch.__version__ and not data["same_as_gpu_config"]
+    assert data["config"]["kv_pairs"] == list(real().kv_pairs) and data["config"]["steps"] == 2
+    assert data["config"]["seq_len"] == real().seq_len and data["config"]["head_dim"] == real().head_dim
+    summ = sc.seed_summary(data["records"])
+    assert set(summ["mean"]) == set(sc.VARIANTS)
+    assert len(sc.summary_sentences(summ)) == len(sc.VARIANTS)
+    fig, ax = plt.subplots()
+    sc.plot_summary(summ, ax, "t")
+    assert len(ax.get_lines()) == len(sc.VARIANTS) + 1          # the variants and the 1/N guess
+    plt.close(fig)
+    cfg = real().as_dict()
+    cfg.pop("seed")
+    cfg["seeds"] = [0]
+    (tmp_path / f"{sc.STORED}.json").write_text(json.dumps(
+        {"name": sc.STORED, "env": {"device": "test"}, "config": cfg, "records": data["records"]}))
+    monkeypatch.setattr(sc, "gpu_config", real)
+    assert sc.load_stored()["same_as_gpu_config"]
