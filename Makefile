@@ -4,6 +4,7 @@
 #   make book       the HTML book in _build/html, every notebook executed (cached), warnings are errors
 #   make pagecheck  the built book in headless Chromium at 1280 px and 390 px (tools/page_check.py):
 #                   fails on anything wider than the text column, MathJax errors, widgets shown twice
+#   make pageshots  the same check, keeping a full-page screenshot of every page (for a reviewer's eye)
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 # A CPU torch pin first, so that requirements.txt's loose `torch>=` never pulls CUDA wheels.
@@ -14,7 +15,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 CHROMIUM ?= /usr/bin/chromium
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup browser check test test-py test-nb book pagecheck clean
+.PHONY: setup browser check test test-py test-nb book pagecheck pageshots clean
 
 setup: $(STAMP)
 
@@ -46,7 +47,12 @@ test-nb: $(STAMP)
 book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . --warningiserror --keep-going
 
+# The check reads the rendered page, not pictures of it: screenshots are for a reviewer (pageshots),
+# and a full-page capture of a long page can outlast the browser's timeout on a slow machine.
 pagecheck: book $(CHROMIUM)
+	$(PY) tools/page_check.py --chromium $(CHROMIUM) --no-screenshots
+
+pageshots: book $(CHROMIUM)
 	$(PY) tools/page_check.py --chromium $(CHROMIUM)
 
 clean:
