@@ -9,14 +9,49 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 
-__all__ = ["RESULTS_DIR", "check_int", "check_seeds", "torch_threads", "derived_seeds", "window_means",
+__all__ = ["RESULTS_DIR", "TrainConfig", "mlp_block", "residual_stack", "check_int", "check_seeds", "torch_threads", "derived_seeds", "window_means",
            "summarize_seeds", "train_each", "run_each_seed", "load_stored_runs", "seeds_cli"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training settings every experiment's configuration shares (each subclasses it, adds its
+    task and model fields and overrides the defaults it trains with)."""
+
+    steps: int = 600
+    batch: int = 32
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    eval_batch: int = 256
+    seed: int = 0
+    threads: int | None = 2
+    device: str = "cpu"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def mlp_block(d_model: int, width: int = 4) -> nn.Sequential:
+    """The experiments' feed-forward block: LayerNorm, ``d_model -> width * d_model``, GELU, back."""
+    return nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, width * d_model), nn.GELU(),
+                         nn.Linear(width * d_model, d_model))
+
+
+def residual_stack(x, norms, mixers, mlps):
+    """The pre-norm residual stack: per layer ``x + mixer(norm(x))``, then ``x + mlp(x)`` (the MLP
+    block carries its own norm)."""
+    for norm, mix, mlp in zip(norms, mixers, mlps):
+        x = x + mix(norm(x))
+        x = x + mlp(x)
+    return x
 
 
 def check_int(x, name: str, low: int) -> int:

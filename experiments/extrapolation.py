@@ -36,14 +36,14 @@ for the larger setting, ``--write`` to store it with the device, date and versio
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (check_int, derived_seeds, load_stored_runs, run_each_seed, seeds_cli,
-                     summarize_seeds, torch_threads, train_each)
+from .common import (TrainConfig, check_int, derived_seeds, load_stored_runs, mlp_block, residual_stack,
+                     run_each_seed, seeds_cli, summarize_seeds, torch_threads, train_each)
 
 __all__ = ["ENCODINGS", "ExtrapolationConfig", "cpu_config", "gpu_config", "make_recency_recall",
            "vocab_size", "token_text", "attention_bias", "SoftmaxAttention", "RecallTransformer",
@@ -193,18 +193,13 @@ class RecallTransformer(nn.Module):
         self.embed = nn.Embedding(vocab, d_model)
         self.attn = nn.ModuleList([SoftmaxAttention(d_model, n_heads, encoding)
                                    for _ in range(n_layers)])
-        self.mlp = nn.ModuleList([nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, 4 * d_model),
-                                                nn.GELU(), nn.Linear(4 * d_model, d_model))
-                                  for _ in range(n_layers)])
+        self.mlp = nn.ModuleList([mlp_block(d_model) for _ in range(n_layers)])
         self.norms = nn.ModuleList([nn.LayerNorm(d_model) for _ in range(n_layers)])
         self.norm_out = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_values)
 
     def forward(self, ids):
-        x = self.embed(ids)
-        for attn, mlp, norm in zip(self.attn, self.mlp, self.norms):
-            x = x + attn(norm(x))
-            x = x + mlp(x)
+        x = residual_stack(self.embed(ids), self.norms, self.attn, self.mlp)
         return self.head(self.norm_out(x))
 
 
@@ -212,7 +207,7 @@ class RecallTransformer(nn.Module):
 # training and evaluation
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ExtrapolationConfig:
+class ExtrapolationConfig(TrainConfig):
     """Everything that defines one run. The defaults are the CPU setting (:func:`cpu_config`)."""
 
     encodings: tuple = ENCODINGS
@@ -225,16 +220,7 @@ class ExtrapolationConfig:
     n_heads: int = 4
     n_layers: int = 2
     steps: int = 250
-    batch: int = 32
-    lr: float = 3e-3
-    weight_decay: float = 0.01
     eval_batch: int = 128
-    seed: int = 0
-    threads: int | None = 2
-    device: str = "cpu"
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def cpu_config(**changes) -> ExtrapolationConfig:

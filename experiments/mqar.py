@@ -42,14 +42,14 @@ update rule, decided which model scored best.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (RESULTS_DIR, check_int, check_seeds, derived_seeds, load_stored_runs, summarize_seeds,
-                     torch_threads, window_means)
+from .common import (RESULTS_DIR, TrainConfig, check_int, check_seeds, derived_seeds, load_stored_runs,
+                     mlp_block, summarize_seeds, torch_threads, window_means)
 
 __all__ = ["MIXERS", "MQARConfig", "make_mqar", "MQARModel", "TokenMixer", "state_size",
            "train_mqar", "evaluate_mqar", "run_mqar_sweep", "cpu_config", "gpu_config", "sweep_records",
@@ -204,8 +204,7 @@ class MQARModel(nn.Module):
         self.embed = nn.Embedding(vocab_size, d_model)
         self.norm1 = nn.LayerNorm(d_model)
         self.mix = TokenMixer(mixer, d_model, n_heads, head_dim, conv_width, backend, key_from_previous)
-        self.mlp = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, 2 * d_model), nn.GELU(),
-                                 nn.Linear(2 * d_model, d_model)) if mlp else None
+        self.mlp = mlp_block(d_model, 2) if mlp else None
         self.norm_out = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size)
 
@@ -231,7 +230,7 @@ def state_size(model: MQARModel) -> int:
 # training and evaluation
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class MQARConfig:
+class MQARConfig(TrainConfig):
     """Everything that defines one sweep.
 
     The CPU defaults train each of the four models (one head, ``d_k = d_v = 8``: a state of 64
@@ -251,18 +250,11 @@ class MQARConfig:
     mlp: bool = False
     conv_width: int = 2
     key_from_previous: bool = True
-    steps: int = 600
-    batch: int = 32
     lr: float = 1e-2
     weight_decay: float = 0.1
     eval_batch: int = 512
-    seed: int = 0
     threads: int | None = 1
     backend: str | None = None
-    device: str = "cpu"
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def cpu_config(**changes) -> MQARConfig:

@@ -63,14 +63,14 @@ with the device, date and versions).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (check_int, derived_seeds, load_stored_runs, run_each_seed, seeds_cli,
-                     summarize_seeds, torch_threads, train_each)
+from .common import (TrainConfig, check_int, derived_seeds, load_stored_runs, mlp_block, residual_stack,
+                     run_each_seed, seeds_cli, summarize_seeds, torch_threads, train_each)
 
 __all__ = ["MIXERS", "NAMES", "MultihopConfig", "cpu_config", "gpu_config", "vocab_size",
            "sequence_length", "make_variable_chains", "token_text", "link_matrices", "mode_baseline",
@@ -319,15 +319,12 @@ class MultihopModel(nn.Module):
                                   backend=backend)
         else:
             self.mix = AttentionMixer(mixer, d_model, n_heads, d_model // n_heads, backend)
-        self.mlp = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, 4 * d_model), nn.GELU(),
-                                 nn.Linear(4 * d_model, d_model))
+        self.mlp = mlp_block(d_model)
         self.norm_out = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_values)
 
     def forward(self, ids):
-        x = self.embed(ids)
-        x = x + self.mix(self.norm(x))
-        x = x + self.mlp(x)
+        x = residual_stack(self.embed(ids), [self.norm], [self.mix], [self.mlp])
         return self.head(self.norm_out(x))
 
 
@@ -335,7 +332,7 @@ class MultihopModel(nn.Module):
 # training and evaluation
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class MultihopConfig:
+class MultihopConfig(TrainConfig):
     """Everything that defines one run. The defaults are the CPU setting (:func:`cpu_config`)."""
 
     mixers: tuple = MIXERS
@@ -345,18 +342,9 @@ class MultihopConfig:
     n_values: int = 8
     d_model: int = 64
     n_heads: int = 4
-    steps: int = 600
     batch: int = 64
-    lr: float = 3e-3
-    weight_decay: float = 0.01
     eval_batch: int = 512
-    seed: int = 0
-    threads: int | None = 2
     backend: str | None = None
-    device: str = "cpu"
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def cpu_config(**changes) -> MultihopConfig:

@@ -67,13 +67,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (check_int, derived_seeds, load_stored_runs, run_each_seed, seeds_cli,
+from .common import (TrainConfig, check_int, derived_seeds, load_stored_runs, run_each_seed, seeds_cli,
                      summarize_seeds, torch_threads, train_each)
 from .mqar import make_mqar
 
@@ -230,7 +230,7 @@ def identity_gap(model: ConvAblationModel, ids) -> float:
 # training and evaluation
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ShortConvConfig:
+class ShortConvConfig(TrainConfig):
     """Everything that defines one run. The defaults are the CPU setting (:func:`cpu_config`)."""
 
     variants: tuple = CPU_VARIANTS
@@ -242,17 +242,10 @@ class ShortConvConfig:
     head_dim: int = 16
     conv_width: int = 4
     steps: int = 800
-    batch: int = 32
     lr: float = 1e-2
     weight_decay: float = 0.1
-    eval_batch: int = 256
-    seed: int = 0
     threads: int | None = 1
     backend: str | None = None
-    device: str = "cpu"
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def cpu_config(**changes) -> ShortConvConfig:

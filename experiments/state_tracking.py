@@ -68,15 +68,15 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (check_int, derived_seeds, load_stored_runs, run_each_seed, seeds_cli,
-                     summarize_seeds, torch_threads, train_each)
+from .common import (TrainConfig, check_int, derived_seeds, load_stored_runs, mlp_block, residual_stack,
+                     run_each_seed, seeds_cli, summarize_seeds, torch_threads, train_each)
 
 __all__ = ["MIXERS", "NAMES", "StateTrackingConfig", "cpu_config", "gpu_config", "transpositions",
            "vocab_size", "make_shell_game", "token_text", "chance", "transposition_factor",
@@ -288,17 +288,12 @@ class ShellGameModel(nn.Module):
         self.norms = nn.ModuleList([nn.LayerNorm(d_model) for _ in range(n_layers)])
         self.mix = nn.ModuleList([Mixer(mixer, d_model, n_heads, d_model // n_heads, backend,
                                         rope_base) for _ in range(n_layers)])
-        self.mlp = nn.ModuleList([nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, 4 * d_model),
-                                                nn.GELU(), nn.Linear(4 * d_model, d_model))
-                                  for _ in range(n_layers)])
+        self.mlp = nn.ModuleList([mlp_block(d_model) for _ in range(n_layers)])
         self.norm_out = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_cups)
 
     def forward(self, ids):
-        x = self.embed(ids)
-        for norm, mix, mlp in zip(self.norms, self.mix, self.mlp):
-            x = x + mix(norm(x))
-            x = x + mlp(x)
+        x = residual_stack(self.embed(ids), self.norms, self.mix, self.mlp)
         return self.head(self.norm_out(x))
 
 
@@ -306,7 +301,7 @@ class ShellGameModel(nn.Module):
 # training and evaluation
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class StateTrackingConfig:
+class StateTrackingConfig(TrainConfig):
     """Everything that defines one run. The defaults are the CPU setting (:func:`cpu_config`)."""
 
     mixers: tuple = MIXERS
@@ -316,20 +311,9 @@ class StateTrackingConfig:
     d_model: int = 64
     n_heads: int = 4
     n_layers: int = 1
-    steps: int = 600
-    batch: int = 32
-    lr: float = 3e-3
-    weight_decay: float = 0.01
-    eval_batch: int = 256
     eval_chunk: int = 64
     rope_base: float = 10000.0
-    seed: int = 0
-    threads: int | None = 2
     backend: str | None = None
-    device: str = "cpu"
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def cpu_config(**changes) -> StateTrackingConfig:
