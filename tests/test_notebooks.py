@@ -158,6 +158,17 @@ class TestNotebook:
             "every hidden solution must end in a check"
         assert any("show_widget(" in c.source for c in nb.cells if c.cell_type == "code")
 
+    def test_links_back_and_forward(self, path):
+        """The chapter's last text cell links to the chapter before it and the one after it (by file,
+        so the link works on the web, on Colab and in a clone); the first and the last chapter link
+        one way."""
+        i = NOTEBOOKS.index(path)
+        last = [c for c in _load(path).cells if c.cell_type == "markdown"][-1].source
+        links = set(re.findall(r"\]\((\d\d_[a-z0-9_]+\.ipynb)\)", last))
+        want = {p.name for p in NOTEBOOKS[max(i - 1, 0):i + 2] if p != path}
+        assert links == want, (f"last text cell links to {sorted(links)}; expected {sorted(want)} "
+                               "(python tools/chapter_links.py writes them)")
+
     def test_headings(self, path):
         nb = _load(path)
         levels = []
