@@ -32,9 +32,9 @@ The variants (:data:`VARIANTS`):
 ``untied``  no convolution, but K and V from two projections (``k_t != v_t``, both from ``x_t``)
 ==========  ===================================================================================
 
-The convolutions are a PyTorch implementation in this module, :func:`causal_conv1d` (fla's
-``causal_conv1d`` argument order and layout; ``torch.nn.functional.conv1d`` with left padding),
-checked against :func:`lattn_core.short_conv`; the book's Triton kernel for it is not written yet.
+The convolutions are the book's op :func:`kernels.causal_conv1d` (fla's argument order and
+layout: its differentiable PyTorch path on a CPU, the Triton kernel on a GPU), checked against
+:func:`lattn_core.short_conv` in ``tests/test_kernel_conv.py``.
 Their weights start as ``torch.nn.Conv1d``'s do (uniform in ``±1/sqrt(width)``), so no variant
 starts with the shift built in. :func:`identity_gap` measures how far a trained layer's final
 state is from the identity.
@@ -77,8 +77,7 @@ from .common import (TrainConfig, check_int, derived_seeds, load_stored_runs, ru
                      summarize_seeds, torch_threads, train_each)
 from .mqar import make_mqar
 
-__all__ = ["VARIANTS", "CPU_VARIANTS", "NAMES", "guess_baseline", "STORED", "causal_conv1d",
-           "ShortConvolution", "TiedDeltaNetMixer", "ConvAblationModel", "identity_gap",
+__all__ = ["VARIANTS", "CPU_VARIANTS", "NAMES", "guess_baseline", "STORED", "ShortConvolution", "TiedDeltaNetMixer", "ConvAblationModel", "identity_gap",
            "ShortConvConfig", "cpu_config", "gpu_config", "evaluate", "train_model", "run_short_conv",
            "run_seeds", "seed_summary", "plot_summary", "summary_sentences", "load_stored", "main"]
 
@@ -90,54 +89,8 @@ NAMES = {"none": "K = V, no conv", "q": "K = V, conv on Q", "k": "conv on K", "v
 CONVS = {"none": "", "q": "q", "k": "k", "v": "v", "qkv": "qkv", "untied": ""}
 
 
-# ---------------------------------------------------------------------------------------------
-# the convolution (PyTorch; fla's causal_conv1d argument order and layout)
-# ---------------------------------------------------------------------------------------------
-def causal_conv1d(x, weight, bias=None, residual=None, initial_state=None, output_final_state: bool = False,
-                  activation=None):
-    """Causal depthwise convolution over time in fla's layout: ``x`` ``[B, T, D]``, ``weight``
-    ``[D, W]`` with ``weight[:, -1]`` multiplying the current token (``F.conv1d`` with ``W - 1``
-    zeros of left padding and ``groups = D``), ``bias`` ``[D]``, ``activation`` ``None`` or
-    ``"silu"``/``"swish"``, ``residual`` ``[B, T, D]`` added after the activation. ``initial_state``
-    ``[B, D, W]``: the ``W`` inputs before the first token (the last ``W - 1`` of them are used;
-    default zeros). Returns ``(y, final_state)``, ``final_state`` ``[B, D, W]`` the last ``W``
-    inputs (zero-padded on the left for ``T < W``) when ``output_final_state``, else ``None``.
-
-    A plain PyTorch implementation, differentiable; it is :func:`lattn_core.short_conv` with the
-    weight flipped (:func:`lattn_core.conv_weight_to_fla`). The book's Triton kernel for this op
-    is a later job; the models here call this function on every device."""
-    if x.dim() != 3:
-        raise ValueError(f"x must have shape [B, T, D]; got {tuple(x.shape)}")
-    B, T, D = x.shape
-    if weight.dim() != 2 or weight.shape[0] != D:
-        raise ValueError(f"weight must have shape [D, W] = [{D}, W]; got {tuple(weight.shape)}")
-    W = weight.shape[1]
-    if bias is not None and tuple(bias.shape) != (D,):
-        raise ValueError(f"bias must have shape [D] = [{D}]; got {tuple(bias.shape)}")
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"residual must have shape [B, T, D] = {list(x.shape)}; got {tuple(residual.shape)}")
-    if activation not in (None, "silu", "swish"):
-        raise ValueError(f"activation must be None, 'silu' or 'swish'; got {activation!r}")
-    xt = x.transpose(1, 2)                                           # [B, D, T]
-    if initial_state is None:
-        head = xt.new_zeros(B, D, W)
-    else:
-        if tuple(initial_state.shape) != (B, D, W):
-            raise ValueError(f"initial_state must have shape [B, D, W] = [{B}, {D}, {W}]; "
-                             f"got {tuple(initial_state.shape)}")
-        head = initial_state.to(xt.dtype)
-    full = torch.cat([head[:, :, 1:], xt], dim=2)                   # W - 1 inputs before the first
-    y = F.conv1d(full, weight.unsqueeze(1).to(xt.dtype), bias, groups=D).transpose(1, 2)
-    if activation is not None:
-        y = F.silu(y)
-    if residual is not None:
-        y = y + residual
-    final = torch.cat([head, xt], dim=2)[:, :, -W:].contiguous() if output_final_state else None
-    return y, final
-
-
 class ShortConvolution(nn.Module):
-    """A learned :func:`causal_conv1d` of width ``width`` on ``dim`` channels, no bias, its weight
+    """A learned :func:`kernels.causal_conv1d` of width ``width`` on ``dim`` channels, no bias, its weight
     ``[dim, width]`` initialised as ``torch.nn.Conv1d``'s (uniform in ``±1/sqrt(width)``)."""
 
     def __init__(self, dim: int, width: int):
@@ -147,7 +100,8 @@ class ShortConvolution(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim, width).uniform_(-bound, bound))
 
     def forward(self, x):
-        return causal_conv1d(x, self.weight)[0]
+        import kernels
+        return kernels.causal_conv1d(x, self.weight)[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 One folder per kernel family: ``flash/`` (softmax attention, and FoX's forget-gated form), ``gla/`` (linear attention with no,
 scalar or vector gates), ``delta/`` (the plain and gated delta rule), ``deltaformer/`` (the delta rule inside softmax
-attention), ``path/`` (PaTH: Householder products as position encoding). Each holds its op, its stages,
+attention), ``path/`` (PaTH: Householder products as position encoding), ``conv/`` (the short causal
+convolution of Chapter 10). Each holds its op, its stages,
 its launch plan, its benchmark of record with the results, its ``NOTES.md`` and a ``lab/``.
 Shared here: ``backend`` (which backend an op takes, Triton's interpreter, first-fit launches),
 ``validate`` (input checks), ``reference`` (the differentiable PyTorch implementations: the CPU
@@ -25,6 +26,7 @@ except Exception:  # pragma: no cover
     pass
 
 from .backend import HAS_TRITON, INTERPRET, resolve_backend  # noqa: E402
+from .conv import causal_conv1d  # noqa: E402
 from .delta import chunk_delta_rule, chunk_gated_delta_rule  # noqa: E402
 from .deltaformer import deltaformer_attn  # noqa: E402
 from .flash import flash_attention, parallel_forgetting_attn  # noqa: E402
@@ -32,4 +34,4 @@ from .gla import chunk_gla, chunk_linear_attn, chunk_simple_gla  # noqa: E402
 from .path import parallel_path_attn  # noqa: E402
 
 __all__ = ["flash_attention", "parallel_forgetting_attn", "chunk_linear_attn", "chunk_simple_gla", "chunk_gla",
-           "chunk_delta_rule", "chunk_gated_delta_rule", "deltaformer_attn", "parallel_path_attn", "HAS_TRITON", "INTERPRET", "resolve_backend"]
+           "chunk_delta_rule", "chunk_gated_delta_rule", "deltaformer_attn", "parallel_path_attn", "causal_conv1d", "HAS_TRITON", "INTERPRET", "resolve_backend"]

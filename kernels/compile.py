@@ -1,6 +1,6 @@
 """Compile every kernel launch of a family for a GPU class, without a GPU.
 
-    TRITON_INTERPRET=0 python -m kernels.compile flash|gla|delta|deltaformer|path [--quick] [--arch 75|80|89|90]
+    TRITON_INTERPRET=0 python -m kernels.compile flash|gla|delta|deltaformer|path|conv [--quick] [--arch 75|80|89|90]
                                                  [--smem BYTES] [--dtype bf16|fp16]
 
 The family's Triton path (validation, the class's plan, the stages) runs on CPU tensors with every
@@ -285,8 +285,26 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
                 o = parallel_path_attn_triton(q, q, v, w, beta, g, 0.1, caps=caps)
                 torch.autograd.grad(o.float().sum(), [q, v, w, beta] + ([] if g is None else [g]))
         launches = sink
+    elif family == "conv":
+        from .conv import backward as conv_bwd, forward as conv_fwd
+        from .conv.op import causal_conv1d_triton
+        # (dtype, D, W, activation, bias/residual/state/final state): the benchmark's setting, then others
+        cases = [(bf, 2048, 4, "silu", False), (bf, 4096, 4, "silu", True), (bf, 2048, 4, None, False)]
+        if not quick:
+            cases += [(dt, D, W, a, o) for dt in halves + (f32,) for D, W in ((64, 2), (200, 3), (512, 8))
+                      for a in (None, "silu") for o in (False, True)]
+        with capture([conv_fwd, conv_bwd]) as sink:
+            for dt, D, W, act, opts in cases:
+                x = torch.randn(2, 300, D, dtype=dt, requires_grad=True)
+                w = torch.randn(D, W, dtype=dt, requires_grad=True)
+                b, r, s = ((torch.randn(*sh, dtype=dt, requires_grad=True) if opts else None)
+                           for sh in ((D,), (2, 300, D), (2, D, W)))
+                y, ht = causal_conv1d_triton(x, w, b, r, s, opts, act, caps=caps)
+                loss = y.float().sum() + (ht.float().sum() if ht is not None else 0)
+                torch.autograd.grad(loss, [t for t in (x, w, b, r, s) if t is not None])
+        launches = sink
     else:
-        raise SystemExit(f"unknown family {family!r}; choose flash, gla, delta, deltaformer or path")
+        raise SystemExit(f"unknown family {family!r}; choose flash, gla, delta, deltaformer, path or conv")
     return _dedup(launches)
 
 
@@ -294,7 +312,7 @@ def main(argv=None):
     import torch
     from .backend import GPU_CLASSES
     p = argparse.ArgumentParser(prog="python -m kernels.compile", description=__doc__.split("\n\n")[0])
-    p.add_argument("family", choices=("flash", "gla", "delta", "deltaformer", "path"))
+    p.add_argument("family", choices=("flash", "gla", "delta", "deltaformer", "path", "conv"))
     p.add_argument("--quick", action="store_true", help="the benchmark shapes and one of each other path")
     p.add_argument("--arch", type=int, default=90, choices=sorted(GPU_CLASSES),
                    help="the GPU class: 75 T4, 80 A100, 89 L4, 90 H100/H200")

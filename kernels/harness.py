@@ -112,10 +112,14 @@ def short_error(e: BaseException, n: int = 300) -> str:
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:n]
 
 
-def _slice(x: dict, err_T: int, heads) -> dict:
-    """Batch element 0, the first ``err_T`` tokens and ``heads`` of every ``[B, T, ...]`` input."""
+def _slice(x: dict, err_T: int, heads, token_inputs=None) -> dict:
+    """Batch element 0, the first ``err_T`` tokens and ``heads`` of every ``[B, T, ...]`` input (those
+    named in ``token_inputs``, default all; the others, e.g. a convolution's weight, whole)."""
     out = {}
     for n, t in x.items():
+        if token_inputs is not None and n not in token_inputs:
+            out[n] = t.contiguous()
+            continue
         t = t[:1, :err_T]
         if heads is not None and t.dim() >= 3:
             t = t[:, :, :heads]
@@ -125,7 +129,8 @@ def _slice(x: dict, err_T: int, heads) -> dict:
 
 def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names, passes=("fwd", "fwdbwd"),
                   path=None, config=None, quick=False, budget_s=400.0, err_T_max=8192, err_heads=None,
-                  extra_err=None, keep=None, flops=None):
+                  extra_err=None, keep=None, flops=None, token_inputs=None, out_like="v", yardsticks=None,
+                  annotate=None):
     """Time and check every implementation on every case; returns the records (see the module doc).
 
     ``cases``: dicts with at least ``op``, ``B`` and ``T`` (every other key is recorded with the
@@ -142,6 +147,13 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
     ``flops(case)``: the forward's floating-point operations; each timed record then also gets
     ``tflops``, its achieved rate (forward + backward counted as 3.5 forwards: the backward's five
     products per tile against the forward's two, FlashAttention's convention).
+
+    For ops whose inputs are not all ``[B, T, ...]`` or that are memory-bound: ``token_inputs`` names
+    the inputs sliced for the accuracy check (default all); ``out_like`` the input whose shape the
+    output has (the upstream gradient of the timed backward; without it, the sliced output's);
+    ``yardsticks(case, inputs, warmup, rep)`` returns records measured once per case before the
+    implementations (e.g. a device-to-device copy); ``annotate(case, record, yardstick_records)``
+    adds fields to every timed record (e.g. the achieved bandwidth).
     """
     import torch
     warmup, rep = (5, 20) if quick else (10, 50)
@@ -168,14 +180,16 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
         x = make_inputs(case)
         err_T = min(case["T"], err_T_max)
         names = grad_names(case)
-        xs = _slice(x, err_T, err_heads)
+        xs = _slice(x, err_T, err_heads, token_inputs)
+        extra = yardsticks(case, x, warmup, rep) if yardsticks is not None else []
+        records += extra
         x64 = {n: t.detach().double().requires_grad_(n in names) for n, t in xs.items()}
         gen = torch.Generator(device=next(iter(x.values())).device).manual_seed(1234)
         o_ref = reference(case, x64)
         do_ref = torch.randn(o_ref.shape, device=o_ref.device, dtype=torch.float64, generator=gen)
         g_ref = dict(zip(names, torch.autograd.grad(o_ref, [x64[n] for n in names], do_ref))) if names else {}
         o_ref = o_ref.detach()
-        do_full = torch.randn(x["v"].shape if "v" in x else o_ref.shape, device=o_ref.device,
+        do_full = torch.randn(x[out_like].shape if out_like in x else o_ref.shape, device=o_ref.device,
                               dtype=next(iter(x.values())).dtype, generator=gen)
         for impl, fn in impls(case).items():
             base = dict(impl=impl, **case, err_T=err_T)
@@ -224,6 +238,8 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
                         del leaves, ins
                 except Exception as e:
                     rec["note"] = short_error(e)
+                if annotate is not None and rec["ms"]:
+                    annotate(case, rec, extra)
                 if flops is not None and rec["ms"]:
                     rec["tflops"] = round(flops(case) * (3.5 if p == "fwdbwd" else 1.0) / rec["ms"] / 1e9, 1)
                 rec["wall_s"] = round(time.perf_counter() - t_impl, 1)

@@ -11,6 +11,10 @@ never divide by a product of gates and stay finite for gates near 0 over long se
 :func:`delta_chunk` is one delta-rule chunk in closed form (Chapter 6's WY factors, pseudo-values,
 outputs and leaving state) and :func:`delta_chunk_adjoint` its closed-form gradients: the chapter,
 its tests and the delta family's PyTorch backward share them.
+
+:func:`causal_conv1d_ref` puts the past inputs a decoding state holds in front of ``x`` along time,
+so token ``t`` sees rows ``t - W + 1 .. t`` of ``concat(state, x)`` and the final state is the last
+``W`` rows of the same concatenation (exact also when ``T < W - 1``).
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["attention_ref", "deltaformer_ref", "path_attn_ref", "chunk_scalar_ref", "chunk_gla_ref", "recurrent_ref", "DeltaChunk", "delta_chunk",
-           "delta_chunk_adjoint"]
+           "delta_chunk_adjoint", "causal_conv1d_ref", "past_and_inputs"]
 
 
 def _acc_dtype(t: torch.Tensor) -> torch.dtype:
@@ -290,3 +294,36 @@ def delta_chunk_adjoint(q, b, chunk: DeltaChunk, S0, dO, dS_next) -> dict:
     dX = -dY @ mT(S0)
     dA = -(dY @ mT(chunk.Ut) + dX @ mT(chunk.W)) * strict
     return {"dU": dU, "dS0": dS0, "dY": dY, "dX": dX, "dA": dA}
+
+
+# ---------------------------------------------------------------------------------------------
+# the short causal convolution (Chapter 10): one concatenation and W shifted, weighted slices
+# ---------------------------------------------------------------------------------------------
+def past_and_inputs(x, initial_state, dtype):
+    """``concat(state, x)`` along time, ``[B, W + T, D]`` in ``dtype``: row ``i < W`` is state slot
+    ``i`` (slot ``W - 1`` the newest past input), row ``W + t`` is ``x_t``; zeros without a state."""
+    return torch.cat([initial_state.to(dtype).transpose(1, 2), x.to(dtype)], dim=1)
+
+
+def causal_conv1d_ref(x, weight, bias=None, residual=None, initial_state=None, output_final_state=False,
+                      activation=None):
+    """``y_t = act(sum_{j<W} weight[:, W-1-j] ⊙ x_{t-j} + bias) + residual_t`` with ``x_{t-j}`` for
+    ``t < j`` taken from ``initial_state`` (slot ``W + t - j``) or zero; returns ``(y, final_state)``,
+    ``y`` in ``x``'s dtype, ``final_state`` (the last ``W`` rows of ``concat(state, x)``, ``[B, D, W]``
+    in ``x``'s dtype) or ``None``. Arithmetic in float32, or float64 for float64 ``x`` (the oracle).
+    No validation (the op validates); differentiable in every tensor argument."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    B, T, D = x.shape
+    W = weight.shape[1]
+    past = initial_state if initial_state is not None else x.new_zeros(B, D, W, dtype=acc)
+    xc = past_and_inputs(x, past, acc)                        # [B, W + T, D]
+    w = weight.to(acc)
+    z = sum(w[:, W - 1 - j] * xc[:, W - j:W - j + T] for j in range(W))
+    if bias is not None:
+        z = z + bias.to(acc)
+    if activation in ("silu", "swish"):
+        z = F.silu(z)
+    if residual is not None:
+        z = z + residual.to(acc)
+    ht = xc[:, T:].transpose(1, 2).to(x.dtype).contiguous() if output_final_state else None
+    return z.to(x.dtype), ht

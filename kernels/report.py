@@ -26,7 +26,7 @@ __all__ = ["show_benchmark", "ratio_table", "ratio_rows", "stored_goal", "goal_v
 GOALS_PEER = "fla"
 
 # Record fields that are measurements or bookkeeping, not part of what was measured.
-_NOT_KEY = {"impl", "ms", "err", "note", "wall_s", "err_T", "tflops", "max_abs_err", "ok", "env", "peak_mib"}
+_NOT_KEY = {"impl", "ms", "err", "note", "wall_s", "err_T", "tflops", "max_abs_err", "ok", "env", "peak_mib", "gbps", "copy_fraction"}
 
 
 def _num(v) -> bool:

@@ -29,7 +29,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FAMILIES = ("flash", "gla", "delta", "deltaformer")
+FAMILIES = ("flash", "gla", "delta", "deltaformer", "conv")
+# the short convolution's kernels: elementwise and reductions, no matrix products anywhere
+CONV_KERNELS = {"_conv_fwd_kernel", "_final_state_kernel", "_conv_bwd_kernel", "_sum_rows_kernel",
+                "_state_grad_kernel"}
 ARCHS = (90, 89, 80, 75)
 SMEM = {75: 64 * 1024, 80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}      # GPU_CLASSES, written out
 # the two runs that must fail: an L4 given 32 KiB of shared memory (flash's 64 x 64 tiles at D = 128
@@ -69,11 +72,12 @@ def _launches(runs, family, arch):
         assert r["fits"] and r["smem_limit"] == SMEM[arch] and r["shared"] <= SMEM[arch], r
         half = r["dtype"] in ("bf16", "fp16")
         if arch == 90:
-            if half and r["kernel"] not in ("_solve_kernel", "_gate_cumsum_kernel", "_bwd_delta_kernel", "_cumsum_kernel"):
+            if half and r["kernel"] not in {"_solve_kernel", "_gate_cumsum_kernel", "_bwd_delta_kernel",
+                                            "_cumsum_kernel"} | CONV_KERNELS:
                 assert r["wgmma"], r
         elif arch in (80, 89):
             assert not r["wgmma"] and not r["tma"], r
-            if half and r["kernel"] not in ("_gate_cumsum_kernel", "_bwd_delta_kernel", "_cumsum_kernel"):
+            if half and r["kernel"] not in {"_gate_cumsum_kernel", "_bwd_delta_kernel", "_cumsum_kernel"} | CONV_KERNELS:
                 assert r["mma_sync"], r
         else:   # sm_75: products on the CUDA cores, no bfloat16 anywhere
             assert not (r["wgmma"] or r["mma_sync"] or r["tma"]) and r["dtype"] != "bf16", r
@@ -173,3 +177,13 @@ def test_compile_check_rejects_bfloat16_on_t4(runs):
     assert rc == 2 and len(rows) == 1, (rc, rows, err[-2000:])
     msg = rows[0]["rejected"]
     assert "bfloat16" in msg and "8.0" in msg and "7.5" in msg, msg
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_conv_compiles(runs, arch):
+    """Every stage of the short convolution compiles on every class, with no products (it has none to
+    make) and no spills: a memory-bound kernel that spills pays for it in the bandwidth it is judged by."""
+    rows = _launches(runs, "conv", arch)
+    assert {r["kernel"] for r in rows} == CONV_KERNELS, {r["kernel"] for r in rows}
+    assert not any(r["wgmma"] or r["mma_sync"] for r in rows)
+    assert all(r["spill_bytes"] == 0 for r in rows), [(r["kernel"], r["spill_bytes"]) for r in rows if r["spill_bytes"]]

@@ -1,9 +1,9 @@
-"""Chapter 10's experiment (experiments.short_conv): the PyTorch causal convolution against
-lattn_core's, the tied mixer (K = V exactly where it should be, the book's delta rule, its state in
+"""Chapter 10's experiment (experiments.short_conv): the convolution's gradients in closed form, the
+tied mixer (K = V exactly where it should be, the book's delta rule, its state in
 closed form), the variants' parameters, the 1/N guess, seeding, bad input, a tiny run, the
 chapter's claims on its CPU run, the GPU setting's code path and the stored-results loader.
 
-Tolerances: the convolution is compared in float64, where F.conv1d differs from lattn_core's loop
+Tolerances: the convolution's gradients are compared in float64, where autograd differs from the closed form
 by round-off, ~1e-16 on values of size ~1; 1e-10 leaves room and still fails by O(1) for a wrong
 tap. The delta-rule op takes float32 only, so the mixer is compared with float64 references at
 1e-4 (float32 round-off over 70 tokens is ~1e-6)."""
@@ -16,71 +16,25 @@ import torch
 
 import lattn_core as lc
 from experiments import short_conv as sc
+from kernels.reference import causal_conv1d_ref
 
 
-# ------------------------------------------------------------------ the convolution
-@pytest.mark.parametrize("T,W", [(1, 4), (3, 4), (17, 4), (9, 2), (6, 1)])
-def test_causal_conv1d_is_lattn_cores_short_conv(T, W):
-    """fla's layout ([D, W], last column current) through F.conv1d = lc.short_conv with the weight
-    converted by lc.conv_weight_from_fla, per sequence, with and without SiLU, bias and residual."""
-    g = torch.Generator().manual_seed(T * 10 + W)
-    x = torch.randn(2, T, 5, generator=g, dtype=torch.float64)
-    w = torch.randn(5, W, generator=g, dtype=torch.float64)
-    bias = torch.randn(5, generator=g, dtype=torch.float64)
-    res = torch.randn(2, T, 5, generator=g, dtype=torch.float64)
-    W_book = lc.conv_weight_from_fla(w.numpy())
-    for b in range(2):
-        ref = lc.short_conv(x[b].numpy(), W_book)
-        lc.check_close("causal_conv1d = lc.short_conv", sc.causal_conv1d(x, w)[0][b].numpy(), ref, 1e-10)
-        got = sc.causal_conv1d(x, w, bias=bias, residual=res, activation="silu")[0][b].numpy()
-        lc.check_close("with bias, SiLU, residual", got, lc.silu(ref + bias.numpy()) + res[b].numpy(), 1e-10)
-
-
-def test_causal_conv1d_state_continues_the_sequence():
-    """The final state [B, D, W] (the last W inputs) passed as the next piece's initial state
-    continues the sequence exactly, also when a piece is shorter than W."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 11, 3, generator=g, dtype=torch.float64)
-    w = torch.randn(3, 4, generator=g, dtype=torch.float64)
-    y_full, s_full = sc.causal_conv1d(x, w, output_final_state=True)
-    assert torch.equal(s_full, x[:, -4:].transpose(1, 2))
-    pieces, state = [], None
-    for a, b in ((0, 2), (2, 7), (7, 11)):
-        y, state = sc.causal_conv1d(x[:, a:b], w, initial_state=state, output_final_state=True)
-        pieces.append(y)
-    lc.check_close("three pieces = one sequence", torch.cat(pieces, 1).numpy(), y_full.numpy(), 1e-12)
-    assert sc.causal_conv1d(x, w)[1] is None
-
-
+# ------------------------------------------------------------------ the convolution's gradients
 @pytest.mark.parametrize("T,W", [(1, 4), (10, 4), (7, 2), (3, 5)])
 def test_gradients_in_closed_form(T, W):
     """lc.short_conv_grads (dX_s = Σ_i ψ_i ⊙ dY_{s+i}, dψ_i = Σ_t dY_t ⊙ x_{t−i}) = float64
-    autograd through causal_conv1d, weight converted to fla's layout (round-off ~1e-16: 1e-10)."""
+    autograd through the op's reference (kernels.reference.causal_conv1d_ref, fla's layout), the
+    weight converted by lc.conv_weight_from_fla (round-off ~1e-16: 1e-10). The op itself, its
+    state and its input checks are tested in tests/test_kernel_conv.py."""
     g = torch.Generator().manual_seed(T + 100 * W)
     x = torch.randn(1, T, 4, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(4, W, generator=g, dtype=torch.float64, requires_grad=True)
     dy = torch.randn(1, T, 4, generator=g, dtype=torch.float64)
-    dx, dw = torch.autograd.grad(sc.causal_conv1d(x, w)[0], (x, w), dy)
+    dx, dw = torch.autograd.grad(causal_conv1d_ref(x, w)[0], (x, w), dy)
     dX, dW = lc.short_conv_grads(x[0].detach().numpy(), lc.conv_weight_from_fla(w.detach().numpy()),
                                  dy[0].numpy())
     lc.check_close("dX in closed form = autograd", dX, dx[0].numpy(), 1e-10)
     lc.check_close("dW in closed form = autograd", dW, lc.conv_weight_from_fla(dw.numpy()), 1e-10)
-
-
-def test_causal_conv1d_rejects_bad_input():
-    x, w = torch.zeros(1, 4, 3), torch.zeros(3, 2)
-    with pytest.raises(ValueError, match=r"x must have shape \[B, T, D\]"):
-        sc.causal_conv1d(torch.zeros(4, 3), w)
-    with pytest.raises(ValueError, match=r"weight must have shape \[D, W\] = \[3, W\]"):
-        sc.causal_conv1d(x, torch.zeros(4, 2))
-    with pytest.raises(ValueError, match="activation must be"):
-        sc.causal_conv1d(x, w, activation="gelu")
-    with pytest.raises(ValueError, match=r"initial_state must have shape \[B, D, W\] = \[1, 3, 2\]"):
-        sc.causal_conv1d(x, w, initial_state=torch.zeros(1, 3, 3))
-    with pytest.raises(ValueError, match=r"bias must have shape \[D\]"):
-        sc.causal_conv1d(x, w, bias=torch.zeros(2))
-    with pytest.raises(ValueError, match="residual must have shape"):
-        sc.causal_conv1d(x, w, residual=torch.zeros(1, 3, 3))
 
 
 # ------------------------------------------------------------------ the models

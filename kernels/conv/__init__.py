@@ -1,0 +1,12 @@
+"""Short convolutions: fla's ``causal_conv1d`` (Chapter 10).
+
+``op.py`` holds the public op (``causal_conv1d``) and its input checks, ``forward.py`` the forward
+and the final state, ``backward.py`` the gradients (the transposed convolution, the taps' and bias's
+partial sums and their reduction, the initial state's gradient), ``plan.py`` the launch choices, ``bench.py`` the
+benchmark of record (``results.json``), ``NOTES.md`` the design and what is still to measure,
+``lab/`` the layer-level timing. The differentiable PyTorch form (the CPU path and the oracle) is
+:func:`kernels.reference.causal_conv1d_ref`, beside the other families' references.
+"""
+from .op import causal_conv1d
+
+__all__ = ["causal_conv1d"]

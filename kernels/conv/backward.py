@@ -1,0 +1,168 @@
+"""Stage: the gradients, all from ``dz = dy ⊙ act'(z)`` (``z`` the convolution plus bias, recomputed).
+
+- ``dx_t = sum_j w_j ⊙ dz_{t+j} + dht[:, t - T + W]``: the same taps run backwards in time (the
+  transposed convolution), plus the final state's gradient for the last ``W`` tokens that it holds;
+- ``dw_j = sum_{b,t} dz_t ⊙ concat(state, x)_{t-j}``, ``db = sum_{b,t} dz_t``: each program sums its
+  ``bwd_steps`` tiles in registers and writes one partial sum; :func:`_sum_rows_kernel` adds the
+  partials in a fixed order (deterministic, no atomics);
+- the initial state's slot ``i`` collects ``w_j ⊙ dz_t`` of the tokens ``t < i`` that read it
+  (``i = t + W - j``) and, when ``T <= i``, the final state's slot ``i - T`` that holds it unchanged
+  (the case fla's tracker #1140 got wrong): :func:`state_grad`, one small program per channel block.
+
+With SiLU, a tile of ``dx`` needs ``dz`` on its rows and the ``W - 1`` after them, so each program
+recomputes ``z`` (and the sigmoid) on ``W`` shifted copies of its tile instead of storing ``z`` in the
+forward: it reads ``x`` and ``dy`` once from memory (the shifted copies come from the caches) and
+writes ``dx`` once. (Here ``w_j`` is the tap of lag ``j``, ``weight[:, W - 1 - j]``.)
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..backend import launch
+from .forward import ACTIVATION_CODES, _preactivation, _rows, _tap
+
+__all__ = ["conv_backward", "state_grad"]
+
+
+@triton.jit
+def _silu_grad(g, z):
+    """``g · SiLU'(z)`` with ``SiLU'(z) = σ(z) (1 + z (1 − σ(z)))``."""
+    sg = tl.sigmoid(z)
+    return g * sg * (1.0 + z * (1.0 - sg))
+
+
+@triton.jit
+def _conv_bwd_kernel(x, w, bias, s, dy, dht, dx, dwp, dbp, T, D, NP, sxb, sxt, sdb, sdt, W: tl.constexpr,
+                     BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, STEPS: tl.constexpr, ACT: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, HAS_DHT: tl.constexpr,
+                     NEED_DW: tl.constexpr, NEED_DB: tl.constexpr):
+    """``STEPS`` consecutive ``[BT, BD]`` tiles of ``dx``; one partial ``[BD, W]`` of ``dw`` and ``[BD]``
+    of ``db`` (row ``i_b · NP + i_p`` of ``dwp``, ``dbp``)."""
+    i_p, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    cols = tl.arange(0, BW)
+    dw_acc = tl.zeros((BD, BW), dtype=tl.float32)
+    db_acc = tl.zeros((BD,), dtype=tl.float32)
+    pdy = dy + i_b.to(tl.int64) * sdb
+    for c in range(STEPS):
+        t0 = (i_p * STEPS + c) * BT
+        o_t = t0 + tl.arange(0, BT)
+        dx_acc = tl.zeros((BT, BD), dtype=tl.float32)
+        for j in tl.static_range(W):          # dz on the rows j after the tile's, through the tap of lag j
+            r = o_t + j
+            g = tl.load(pdy + r.to(tl.int64)[:, None] * sdt + o_d[None, :], mask=(r < T)[:, None] & m_d[None, :],
+                        other=0.0).to(tl.float32)
+            if ACT == 1:
+                z = _preactivation(x, s, w, bias, i_b, r, t0 + j, o_d, m_d, sxb, sxt, T, D, W, HAS_BIAS, HAS_STATE)
+                g = _silu_grad(g, z)
+            dx_acc += _tap(w, o_d, m_d, j, W)[None, :] * g
+            if j == 0:                          # the tile's own dz: the taps' and the bias's sums
+                if NEED_DB:
+                    db_acc += tl.sum(g, 0)
+                if NEED_DW:
+                    for i in tl.static_range(W):
+                        xi = _rows(x, s, i_b, o_t - i, t0 - i, o_d, m_d, sxb, sxt, T, D, W, HAS_STATE)
+                        dw_acc += tl.where(cols[None, :] == W - 1 - i, tl.sum(g * xi, 0)[:, None], 0.0)
+        if HAS_DHT:                             # x_t is slot t - T + W of the final state
+            k = o_t - T + W
+            mk = ((k >= 0) & (o_t < T))[:, None] & m_d[None, :]
+            ph = dht + i_b.to(tl.int64) * D * W + o_d[None, :].to(tl.int64) * W + k[:, None]
+            dx_acc += tl.load(ph, mask=mk, other=0.0).to(tl.float32)
+        px = dx + i_b.to(tl.int64) * T * D + o_t.to(tl.int64)[:, None] * D + o_d[None, :]
+        tl.store(px, dx_acc.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
+    row = (i_b * NP + i_p).to(tl.int64)
+    if NEED_DW:
+        pw = dwp + row * D * W + o_d[:, None] * W + cols[None, :]
+        tl.store(pw, dw_acc, mask=m_d[:, None] & (cols < W)[None, :])
+    if NEED_DB:
+        tl.store(dbp + row * D + o_d, db_acc, mask=m_d)
+
+
+@triton.jit
+def _sum_rows_kernel(part, out, P, N, BP: tl.constexpr, BN: tl.constexpr):
+    """``out[n] = sum_p part[p, n]`` (float32 partials, summed in a fixed order), cast to ``out``."""
+    o_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    for p0 in range(0, P, BP):
+        o_p = p0 + tl.arange(0, BP)
+        v = tl.load(part + o_p.to(tl.int64)[:, None] * N + o_n[None, :], mask=(o_p < P)[:, None] & m_n[None, :],
+                    other=0.0)
+        acc += tl.sum(v, 0)
+    tl.store(out + o_n, acc.to(out.dtype.element_ty), mask=m_n)
+
+
+@triton.jit
+def _state_grad_kernel(x, w, bias, s, dy, dht, ds, T, D, sxb, sxt, sdb, sdt, W: tl.constexpr, BW: tl.constexpr,
+                       BD: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DHT: tl.constexpr):
+    """``ds[b, :, i]``: the tokens ``t < min(i, T)`` read slot ``i`` through the tap of lag
+    ``t + W - i``; the final state's slot ``i - T`` holds it when ``i >= T``."""
+    i_d, i_b = tl.program_id(0), tl.program_id(1)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    o_r = tl.arange(0, BW)                               # tokens 0 .. BW - 1; slots 0 .. BW - 1
+    m_r = (o_r < W - 1) & (o_r < T)
+    g = tl.load(dy + i_b.to(tl.int64) * sdb + o_r.to(tl.int64)[:, None] * sdt + o_d[None, :],
+                mask=m_r[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+    if ACT == 1:
+        z = _preactivation(x, s, w, bias, i_b, o_r, 0, o_d, m_d, sxb, sxt, T, D, W, HAS_BIAS, True)
+        g = _silu_grad(g, z)
+    acc = tl.zeros((BW, BD), dtype=tl.float32)
+    for j in tl.static_range(W):                         # token t, lag j reads slot t + W - j (if t < j)
+        c = _tap(w, o_d, m_d, j, W)[None, :] * g
+        sel = o_r[:, None] == o_r[None, :] + W - j       # [slot, token]
+        acc += tl.sum(tl.where(sel[:, :, None], c[None, :, :], 0.0), 1)
+    if HAS_DHT:
+        k = o_r - T
+        ph = dht + i_b.to(tl.int64) * D * W + o_d[None, :].to(tl.int64) * W + k[:, None]
+        acc += tl.load(ph, mask=((k >= 0) & (o_r < W))[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+    p = ds + i_b.to(tl.int64) * D * W + o_d[None, :].to(tl.int64) * W + o_r[:, None]
+    tl.store(p, acc.to(ds.dtype.element_ty), mask=(o_r < W)[:, None] & m_d[None, :])
+
+
+def _sum_rows(part, out, plan):
+    P, N = part.shape[0], part[0].numel()
+    launch(_sum_rows_kernel, (triton.cdiv(N, plan.red_bn),), (part, out, P, N),
+           dict(BP=plan.red_bp, BN=plan.red_bn), plan.small)
+    return out
+
+
+def conv_backward(x, weight, bias, state, dy, dht, activation, plan, *, need_dw: bool, need_db: bool):
+    """``(dx, dw, db)``: ``dx`` contiguous in ``x``'s dtype, ``dw``/``db`` in the dtypes of ``weight`` and
+    ``bias`` (``None`` where not needed). ``dy`` with unit channel stride; ``dht`` ``None`` or
+    contiguous ``[B, D, W]``."""
+    B, T, D = x.shape
+    W = weight.shape[1]
+    L = plan.bwd_bt * plan.bwd_steps
+    NP = triton.cdiv(T, L)
+    dx = torch.empty(B, T, D, dtype=x.dtype, device=x.device)
+    dwp = torch.empty(B * NP, D, W, dtype=torch.float32, device=x.device) if need_dw else dx
+    dbp = torch.empty(B * NP, D, dtype=torch.float32, device=x.device) if need_db else dx
+    grid = (NP, triton.cdiv(D, plan.bwd_bd), B)
+    launch(_conv_bwd_kernel, grid,
+           (x, weight, bias if bias is not None else weight, state if state is not None else x, dy,
+            dht if dht is not None else dy, dx, dwp, dbp, T, D, NP, x.stride(0), x.stride(1),
+            dy.stride(0), dy.stride(1)),
+           dict(W=W, BW=triton.next_power_of_2(W), BT=plan.bwd_bt, BD=plan.bwd_bd, STEPS=plan.bwd_steps,
+                ACT=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None, HAS_STATE=state is not None,
+                HAS_DHT=dht is not None, NEED_DW=need_dw, NEED_DB=need_db), plan.bwd)
+    dw = _sum_rows(dwp, torch.empty_like(weight), plan) if need_dw else None
+    db = _sum_rows(dbp, torch.empty_like(bias), plan) if need_db else None
+    return dx, dw, db
+
+
+def state_grad(x, weight, bias, state, dy, dht, activation, plan):
+    """The initial state's gradient, ``[B, D, W]`` in ``state``'s dtype."""
+    B, T, D = x.shape
+    W = weight.shape[1]
+    ds = torch.empty(B, D, W, dtype=state.dtype, device=x.device)
+    grid = (triton.cdiv(D, plan.small_bd), B)
+    launch(_state_grad_kernel, grid,
+           (x, weight, bias if bias is not None else weight, state, dy, dht if dht is not None else dy, ds, T, D,
+            x.stride(0), x.stride(1), dy.stride(0), dy.stride(1)),
+           dict(W=W, BW=triton.next_power_of_2(W), BD=plan.small_bd, ACT=ACTIVATION_CODES[activation],
+                HAS_BIAS=bias is not None, HAS_DHT=dht is not None), plan.small)
+    return ds

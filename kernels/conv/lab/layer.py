@@ -1,0 +1,123 @@
+"""Lab: what the short convolution costs inside a DeltaNet layer (issue 23's "the whole point").
+
+    python -m kernels.conv.lab.layer [--B 8] [--T 4096] [--hidden 2048] [--heads 16] [--write]
+
+One DeltaNet layer as fla builds it, in bfloat16: ``q, k, v = x W_q, x W_k, x W_v`` (``hidden ->
+heads · 128``), ``beta = sigmoid(x W_b)``, a short convolution with SiLU on each of q, k, v
+(``causal_conv1d``, W = 4, no bias), L2-normalised q and k, ``kernels.chunk_delta_rule``, and the
+output projection. Variants, each timed forward and forward + backward (gradients for ``x`` and every
+weight), CUDA events through ``kernels.harness.bench_ms``:
+
+- ``conv``: the short convolutions by our kernel (``kernels.conv.causal_conv1d``);
+- ``conv-fla``: by fla's Triton ``causal_conv1d`` (when fla is importable);
+- ``silu``: no convolution, SiLU alone on q, k, v (fla's layer with ``use_short_conv=False``);
+- ``bare``: no convolution and no activation.
+
+``bare`` is a lower bound for any variant that folds the convolution into the kernel that reads
+``k`` (a folded kernel still does everything ``bare`` does, and the convolution's arithmetic on top),
+so ``(conv − bare) / conv`` bounds from above what folding could save, and answers whether the conv
+costs more than a few percent of the layer. Not a benchmark of record: it prints its table, and with
+``--write`` keeps it in ``kernels/conv/lab/logs/layer.json``. Not yet run (needs a GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
+
+
+def build(hidden, heads, head_dim, width, device, dtype, seed=0):
+    import torch
+    gen = torch.Generator(device=device).manual_seed(seed)
+    D = heads * head_dim
+
+    def lin(i, o):
+        return (torch.randn(i, o, device=device, generator=gen) * i ** -0.5).to(dtype).requires_grad_()
+    p = {"wq": lin(hidden, D), "wk": lin(hidden, D), "wv": lin(hidden, D), "wb": lin(hidden, heads),
+         "wo": lin(D, hidden)}
+    for n in "qkv":
+        p["c" + n] = ((torch.rand(D, width, device=device, generator=gen) * 2 - 1) * width ** -0.5).to(dtype) \
+            .requires_grad_()
+    return p
+
+
+def layer(x, p, variant, heads, head_dim, conv=None):
+    """The layer's output ``[B, T, hidden]``; ``conv(x, weight) -> y`` is the short convolution + SiLU."""
+    import torch.nn.functional as F
+    import kernels
+    B, T, _ = x.shape
+    q, k, v = x @ p["wq"], x @ p["wk"], x @ p["wv"]
+    if variant.startswith("conv"):
+        q, k, v = conv(q, p["cq"]), conv(k, p["ck"]), conv(v, p["cv"])
+    elif variant == "silu":
+        q, k, v = F.silu(q), F.silu(k), F.silu(v)
+    q, k, v = (t.view(B, T, heads, head_dim) for t in (q, k, v))
+    q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    beta = (x @ p["wb"]).sigmoid()
+    o, _ = kernels.chunk_delta_rule(q, k, v, beta)
+    return o.reshape(B, T, heads * head_dim) @ p["wo"]
+
+
+def convs():
+    from kernels.conv import causal_conv1d
+    out = {"conv": lambda x, w: causal_conv1d(x, w, activation="silu")[0]}
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d as fla_conv
+        out["conv-fla"] = lambda x, w: fla_conv(x, w, activation="silu", backend="triton")[0]
+    except Exception as e:  # noqa: BLE001 - reported
+        print(f"conv-fla: not run ({type(e).__name__}: {e})")
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m kernels.conv.lab.layer", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--B", type=int, default=8)
+    ap.add_argument("--T", type=int, default=4096)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--width", type=int, default=4)
+    ap.add_argument("--write", action="store_true", help="keep the table in kernels/conv/lab/logs/layer.json")
+    args = ap.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("this lab needs a CUDA GPU")
+        return 2
+    from kernels.harness import bench_ms, environment
+    dt = torch.bfloat16
+    p = build(args.hidden, args.heads, args.head_dim, args.width, "cuda", dt)
+    x = torch.randn(args.B, args.T, args.hidden, device="cuda", dtype=dt, requires_grad=True)
+    do = torch.randn(args.B, args.T, args.hidden, device="cuda", dtype=dt)
+    variants = dict(convs(), silu=None, bare=None)
+    rows = []
+    for name, conv in variants.items():
+        def fwd():
+            with torch.no_grad():
+                return layer(x, p, name, args.heads, args.head_dim, conv)
+
+        def step():
+            o = layer(x, p, name, args.heads, args.head_dim, conv)
+            return torch.autograd.grad(o, [x] + list(p.values()), do, allow_unused=True)
+        rows.append({"variant": name, "fwd_ms": bench_ms(fwd), "fwdbwd_ms": bench_ms(step)})
+    bare = next(r for r in rows if r["variant"] == "bare")
+    print(f"B={args.B} T={args.T} hidden={args.hidden} heads={args.heads}x{args.head_dim} W={args.width} bf16")
+    print(f"{'variant':10s} {'fwd ms':>9s} {'fwd+bwd ms':>11s}  share over bare (fwd, fwd+bwd)")
+    for r in rows:
+        r["share_fwd"] = (r["fwd_ms"] - bare["fwd_ms"]) / r["fwd_ms"]
+        r["share_fwdbwd"] = (r["fwdbwd_ms"] - bare["fwdbwd_ms"]) / r["fwdbwd_ms"]
+        print(f"{r['variant']:10s} {r['fwd_ms']:9.3f} {r['fwdbwd_ms']:11.3f}  "
+              f"{100 * r['share_fwd']:5.1f}%  {100 * r['share_fwdbwd']:5.1f}%")
+    if args.write:
+        out = Path(__file__).resolve().parent / "logs" / "layer.json"
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps({"env": environment(), "args": vars(args), "rows": rows}, indent=1) + "\n")
+        print("wrote", out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,79 @@
+"""The launch plan of the short-convolution kernels: defaults, as data (not yet measured on a GPU).
+
+The op is memory-bound: every kernel walks tiles of ``BT`` tokens × ``BD`` channels of ``[B, T, D]``
+tensors, reading the ``W - 1`` earlier rows a tile needs a second time from the L1/L2 caches. The
+forward is one program per tile; the backward's programs each walk ``bwd_steps`` consecutive tiles
+of one channel block, so that the weight and bias gradients they accumulate in registers leave one
+partial sum per ``bwd_bt · bwd_steps`` tokens (reduced by a second, deterministic kernel, no atomics).
+The small kernels (final state, the initial state's gradient) take one program per (channel block,
+batch). Everything stays in registers; no shared memory is asked for, so every GPU class takes the
+same plan.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import triton
+
+from ..backend import INTERPRET, Caps, Launch, device_caps
+
+__all__ = ["ConvPlan", "plan_for", "MAX_WIDTH"]
+
+MAX_WIDTH = 8       #: the widest convolution the kernels unroll (fla's models use 2 to 4)
+_POW2 = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """``fwd_bt × fwd_bd``: the forward's tile; ``bwd_bt × bwd_bd``: the backward's, ``bwd_steps``
+    tiles per program; ``small_bd``: channels per program of the state kernels; ``red_bp × red_bn``:
+    the partial-sum reduction's tile (partials × columns); ``fwd``, ``bwd``, ``small``: launches."""
+    fwd_bt: int = 32
+    fwd_bd: int = 128
+    bwd_bt: int = 16
+    bwd_bd: int = 128
+    bwd_steps: int = 16
+    small_bd: int = 128
+    red_bp: int = 32
+    red_bn: int = 128
+    # 8 warps: 16 (backward: 8) elements of a tile per thread; the compile check (sm_90) gives the
+    # forward 62-117 registers and the SiLU backward 176-222, no spills (4 warps spill in the backward)
+    fwd: tuple = field(default_factory=lambda: (Launch(8, 1),))
+    bwd: tuple = field(default_factory=lambda: (Launch(8, 1),))
+    small: tuple = field(default_factory=lambda: (Launch(4, 1),))
+
+
+def _pow2_at_most(n: int, cap: int) -> int:
+    return min(cap, triton.next_power_of_2(max(1, n)))
+
+
+def plan_for(dtype, device, *, T: int, D: int, W: int = 4, interpret: bool = INTERPRET, caps: Caps | None = None,
+             **overrides) -> ConvPlan:
+    """The plan for ``[B, T, D]`` inputs of ``dtype`` and width ``W`` on ``device`` (GPU class ``caps``, default the
+    device's; every class takes the same plan). ``overrides``: field values to use instead (the tests
+    and the lab's sweeps try other tiles this way); block sizes must be powers of two.
+
+    Under the interpreter the tiles cover the whole (small) test shapes, up to 64 × 64, so that a
+    test costs few interpreted programs; the tests override them to cross tile borders."""
+    known = {f.name for f in fields(ConvPlan)}
+    bad = sorted(set(overrides) - known)
+    if bad:
+        raise ValueError(f"plan overrides: unknown field(s) {bad}; expected some of {sorted(known)}")
+    for name in ("fwd_bt", "fwd_bd", "bwd_bt", "bwd_bd", "small_bd", "red_bp", "red_bn"):
+        if name in overrides and overrides[name] not in _POW2:
+            raise ValueError(f"plan overrides: {name} must be a power of two in {_POW2}; got {overrides[name]!r}")
+    if "bwd_steps" in overrides and (not isinstance(overrides["bwd_steps"], int) or overrides["bwd_steps"] < 1):
+        raise ValueError(f"plan overrides: bwd_steps must be a positive int; got {overrides['bwd_steps']!r}")
+    if interpret:
+        bt, bd = _pow2_at_most(T, 64), _pow2_at_most(D, 64)
+        plan = ConvPlan(fwd_bt=bt, fwd_bd=bd, bwd_bt=bt, bwd_bd=bd, bwd_steps=1, small_bd=bd, red_bp=8, red_bn=64)
+    else:
+        caps = caps if caps is not None else device_caps(device)
+        # wider than 4: half the backward's tile (its SiLU recomputes W² products per element; at W = 8 and
+        # 16 × 128 the compile check found up to 2.7 KB spilled)
+        plan = ConvPlan() if W <= 4 else ConvPlan(bwd_bt=8, bwd_steps=32)
+        # short sequences: fewer tiles per backward program, so that B · T / (bwd_bt · steps) programs
+        # along time still fill the GPU
+        steps = max(1, min(plan.bwd_steps, triton.cdiv(T, plan.bwd_bt)))
+        plan = replace(plan, bwd_steps=steps)
+    return replace(plan, **overrides)

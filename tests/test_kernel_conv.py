@@ -1,0 +1,306 @@
+"""The short-convolution kernel (``kernels.conv.causal_conv1d``) against float64 references.
+
+On a machine without a GPU the kernels run through Triton's interpreter (CPU tensors, small shapes
+whose tiles are made smaller still so that every test crosses tile borders in time and channels);
+with CUDA the same tests also run compiled, plus the benchmark's width and dtype at a larger size.
+
+References: :func:`kernels.reference.causal_conv1d_ref` in float64 (outputs, and gradients by
+autograd), itself checked here against ``lattn_core.short_conv`` / ``short_conv_recurrent`` (the
+book's definition, weight ``(w, d)`` with row 0 the current token) and by ``gradcheck``. Inputs are
+cast to float64 *after* rounding to the tested dtype, so the tolerances measure the kernels'
+arithmetic, not the input rounding.
+
+Tolerances:
+- float32: max error ≤ 2e-5 · max(max |ref|, 1). Each output is a sum of W ≤ 8 products and a
+  bias in float32 (a few ulps, 6e-8 each); ``dweight``/``dbias`` are sums over B·T ≤ 100 terms,
+  reduced in float32. Measured ≤ 5e-6 relative; a wrong lag, slot or mask fails by O(1).
+- 16-bit: fla's RMS error ratio (``err_ratio``) ≤ 4e-3 for bfloat16 and 5e-4 for float16: the
+  result is rounded once to the 16-bit dtype (relative rounding 2^-9 and 2^-12 at most, RMS about
+  a third of that) after float32 arithmetic.
+- decoding continuity, strided inputs: exact equality (the same sums in the same order).
+"""
+import numpy as np
+import pytest
+import torch
+
+import kernels
+import lattn_core as lc
+from kernels.harness import err_ratio
+from kernels.conv import causal_conv1d
+from kernels.reference import causal_conv1d_ref
+from kernels.conv.op import causal_conv1d_triton
+from kernels.conv.plan import ConvPlan, plan_for
+
+DEVICES = (["cpu"] if kernels.INTERPRET else []) + (["cuda"] if torch.cuda.is_available() else [])
+if not DEVICES:  # pragma: no cover - a CUDA machine with TRITON_INTERPRET unset always has "cuda"
+    DEVICES = ["cpu"]
+
+# small tiles: T = 37 crosses 5 time tiles, D = 24 two channel tiles, the backward's partial sums
+# are reduced over several rows and steps
+SMALL = dict(fwd_bt=8, fwd_bd=16, bwd_bt=8, bwd_bd=16, bwd_steps=2, small_bd=16, red_bp=4, red_bn=16)
+NAMES = ("x", "weight", "bias", "residual", "initial_state")
+
+
+def _plan(device):
+    return SMALL if device == "cpu" else None
+
+
+def make_inputs(B, T, D, W, dtype, device, *, bias=True, residual=True, state=True, seed=0, wdtype=None):
+    gen = torch.Generator().manual_seed(seed)
+    wd = wdtype or dtype
+    x = torch.randn(B, T, D, generator=gen).to(dtype)
+    w = (torch.randn(D, W, generator=gen) / W ** 0.5).to(wd)
+    b = torch.randn(D, generator=gen).to(wd) if bias else None
+    r = torch.randn(B, T, D, generator=gen).to(dtype) if residual else None
+    s = torch.randn(B, D, W, generator=gen).to(wd) if state else None
+    return [t.to(device) if t is not None else None for t in (x, w, b, r, s)]
+
+
+def run(fn, inputs, act, final, dy, dh, **kw):
+    """Outputs and the gradients of ``<y, dy> + <final_state, dh>`` for every tensor input."""
+    leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in inputs]
+    y, ht = fn(*leaves, output_final_state=final, activation=act, **kw)
+    loss = (y.double() * dy).sum() + ((ht.double() * dh).sum() if final else 0)
+    used = [t for t in leaves if t is not None]
+    grads = torch.autograd.grad(loss, used)
+    it = iter(grads)
+    return y, ht, [next(it) if t is not None else None for t in leaves]
+
+
+def reference(inputs, act, final, dy, dh):
+    x64 = [t.detach().double() if t is not None else None for t in inputs]
+    return run(causal_conv1d_ref, x64, act, final, dy, dh)
+
+
+def max_rel(a, ref):
+    a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
+    return (a - ref).abs().max().item() / max(ref.abs().max().item(), 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the oracle
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("W,T", [(1, 5), (2, 1), (3, 7), (4, 2), (4, 9)])
+@pytest.mark.parametrize("act", [None, "silu"])
+def test_reference_is_lattn_core_short_conv(W, T, act):
+    """fla's layout [D, W] (last column current) is the book's (w, d) reversed and transposed; the
+    state's slots 1..W-1 are short_conv_recurrent's cache transposed (slot 0 is never read)."""
+    rng = np.random.default_rng(W * 10 + T)
+    D = 5
+    X, wb = rng.normal(size=(T, D)), rng.normal(size=(W, D))
+    cache = rng.normal(size=(W - 1, D))
+    w = torch.from_numpy(lc.conv_weight_to_fla(wb))
+    y, _ = causal_conv1d_ref(torch.from_numpy(X)[None], w, activation=act)
+    np.testing.assert_allclose(y[0].numpy(), lc.short_conv(X, wb, activation=act), rtol=1e-12, atol=1e-12)
+    state = torch.from_numpy(np.vstack([rng.normal(size=(1, D)), cache]).T.copy())[None]   # [1, D, W]
+    y, ht = causal_conv1d_ref(torch.from_numpy(X)[None], w, initial_state=state, output_final_state=True)
+    Y, new_cache = lc.short_conv_recurrent(X, wb, initial_state=cache, return_state=True)
+    np.testing.assert_allclose(y[0].numpy(), Y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ht[0, :, 1:].numpy().T, new_cache, rtol=0, atol=0)
+    # the last W inputs of concat(state, x), slot 0 included
+    np.testing.assert_array_equal(ht[0].numpy().T, np.vstack([state[0].numpy().T, X])[-W:])
+
+
+def test_reference_gradcheck_short_sequence():
+    """The oracle's gradients by finite differences, T = 1 < W - 1 with both states (fla #1140)."""
+    inputs = make_inputs(2, 1, 3, 4, torch.float64, "cpu", seed=3)
+    leaves = [t.requires_grad_() for t in inputs]
+
+    def f(*a):
+        y, ht = causal_conv1d_ref(*a, output_final_state=True, activation="silu")
+        return y, ht
+    assert torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-7)
+
+
+def test_cpu_default_is_reference():
+    inputs = make_inputs(2, 6, 4, 3, torch.float32, "cpu")
+    y, ht = causal_conv1d(*inputs, output_final_state=True, activation="silu")
+    y0, h0 = causal_conv1d_ref(*inputs, output_final_state=True, activation="silu")
+    assert torch.equal(y, y0) and torch.equal(ht, h0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernels in float32
+# ---------------------------------------------------------------------------------------------
+# (B, T, D, W, activation, bias/residual/state, final state)
+F32_CASES = [(2, 37, 24, 4, "silu", True, True), (2, 37, 24, 4, None, False, False),
+             (1, 1, 24, 4, "silu", True, True), (2, 2, 20, 4, None, True, True),     # T < W - 1
+             (2, 3, 24, 3, "swish", False, True), (1, 37, 24, 1, "silu", True, True),
+             (2, 19, 17, 2, None, True, False), (1, 21, 24, 8, "silu", True, True)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("B,T,D,W,act,opts,final", F32_CASES)
+def test_float32_against_float64(device, B, T, D, W, act, opts, final):
+    inputs = make_inputs(B, T, D, W, torch.float32, device, bias=opts, residual=opts, state=opts, seed=T + W)
+    gen = torch.Generator().manual_seed(1)
+    dy = torch.randn(B, T, D, generator=gen, dtype=torch.float64).to(device)
+    dh = torch.randn(B, D, W, generator=gen, dtype=torch.float64).to(device)
+    y0, h0, g0 = reference(inputs, act, final, dy, dh)
+    y, ht, g = run(causal_conv1d_triton, inputs, act, final, dy, dh, plan=_plan(device))
+    assert y.dtype == torch.float32 and y.shape == (B, T, D)
+    assert max_rel(y, y0) < 2e-5
+    if final:
+        assert ht.shape == (B, D, W) and max_rel(ht, h0) == 0.0      # copies of inputs: exact
+    else:
+        assert ht is None
+    for name, a, b in zip(NAMES, g, g0):
+        if b is None:
+            assert a is None
+            continue
+        assert a.dtype == torch.float32, name
+        assert max_rel(a, b) < 2e-5, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T", [1, 2])
+def test_final_state_gradient_short_sequence(device, T):
+    """T < W - 1 with a loss on the final state only (fla #1140): the old state's slots i >= T
+    reappear in slot i - T, so their gradient is dh's slot i - T exactly; x_t sits in slot W - T + t;
+    slots i < T left the state and were not read (no loss on y)."""
+    W, D = 4, 20
+    inputs = make_inputs(2, T, D, W, torch.float32, device, residual=False, seed=T)
+    leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in inputs]
+    y, ht = causal_conv1d_triton(*leaves, output_final_state=True, activation="silu", plan=_plan(device))
+    dh = torch.randn(2, D, W, device=device)
+    dx, dw, db, ds = torch.autograd.grad((ht * dh).sum(), [leaves[0], leaves[1], leaves[2], leaves[4]])
+    assert torch.equal(ds[..., T:], dh[..., :W - T]) and torch.equal(ds[..., :T], torch.zeros_like(ds[..., :T]))
+    assert torch.equal(dx, dh[..., W - T:].transpose(1, 2))
+    assert torch.equal(dw, torch.zeros_like(dw)) and torch.equal(db, torch.zeros_like(db))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cut", [1, 2, 9])
+def test_decoding_continuity(device, cut):
+    """Two pieces, the first's final state passed to the second, give one run's outputs and final
+    state exactly (pieces shorter than W - 1 included)."""
+    B, T, D, W = 2, 12, 24, 4
+    x, w, b, _, s = make_inputs(B, T, D, W, torch.float32, device, residual=False, seed=cut)
+    plan = _plan(device)
+    y, ht = causal_conv1d_triton(x, w, b, None, s, True, "silu", plan=plan)
+    y1, h1 = causal_conv1d_triton(x[:, :cut], w, b, None, s, True, "silu", plan=plan)
+    y2, h2 = causal_conv1d_triton(x[:, cut:], w, b, None, h1, True, "silu", plan=plan)
+    assert torch.equal(torch.cat([y1, y2], 1), y) and torch.equal(h2, ht)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_inputs(device):
+    """x and residual as column slices of wider tensors (time stride > D) and as a transposed
+    [B, D, T] tensor (channel stride > 1, copied): the contiguous results exactly."""
+    B, T, D, W = 2, 13, 24, 3
+    x, w, b, r, s = make_inputs(B, T, D, W, torch.float32, device, seed=5)
+    plan = _plan(device)
+    y0, h0 = causal_conv1d_triton(x, w, b, r, s, True, "silu", plan=plan)
+    wide = torch.randn(B, T, 3 * D, device=device)
+    xs, rs = wide.clone(), wide.clone()
+    xs[..., D:2 * D], rs[..., :D] = x, r
+    y1, h1 = causal_conv1d_triton(xs[..., D:2 * D], w, b, rs[..., :D], s, True, "silu", plan=plan)
+    xt = x.transpose(1, 2).contiguous().transpose(1, 2)
+    y2, h2 = causal_conv1d_triton(xt, w, b, r, s, True, "silu", plan=plan)
+    for y, h in ((y1, h1), (y2, h2)):
+        assert torch.equal(y, y0) and torch.equal(h, h0)
+    # gradients through a strided x
+    leaf = wide.clone().requires_grad_()
+    y, _ = causal_conv1d_triton(leaf[..., D:2 * D], w, b, None, None, False, "silu", plan=plan)
+    (gx,) = torch.autograd.grad(y.sum(), [leaf])
+    x64 = leaf[..., D:2 * D].detach().double().requires_grad_()
+    (g64,) = torch.autograd.grad(causal_conv1d_ref(x64, w.double(), b.double(), activation="silu")[0].sum(), [x64])
+    assert max_rel(gx[..., D:2 * D], g64) < 2e-5 and gx[..., :D].abs().max() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# 16-bit inputs
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,wdtype,tol", [(torch.bfloat16, None, 4e-3), (torch.float16, None, 5e-4),
+                                              (torch.bfloat16, torch.float32, 4e-3)],
+                         ids=["bf16", "fp16", "bf16-f32-weights"])
+def test_half_inputs(device, dtype, wdtype, tol):
+    B, T, D, W = 2, 37, 24, 4
+    inputs = make_inputs(B, T, D, W, dtype, device, seed=7, wdtype=wdtype)
+    gen = torch.Generator().manual_seed(2)
+    dy = torch.randn(B, T, D, generator=gen, dtype=torch.float64).to(dtype).double().to(device)
+    dh = torch.randn(B, D, W, generator=gen, dtype=torch.float64).to(dtype).double().to(device)
+    y0, h0, g0 = reference(inputs, "silu", True, dy, dh)
+    y, ht, g = run(causal_conv1d_triton, inputs, "silu", True, dy, dh, plan=_plan(device))
+    assert y.dtype == dtype and ht.dtype == dtype
+    assert err_ratio(y, y0) < tol and torch.equal(ht.double(), h0.double())
+    for name, a, b, t in zip(NAMES, g, g0, inputs):
+        assert a.dtype == t.dtype, name
+        assert err_ratio(a, b) < tol, name
+
+
+# ---------------------------------------------------------------------------------------------
+# contract
+# ---------------------------------------------------------------------------------------------
+def _bad_cases():
+    x, w = torch.randn(2, 5, 4), torch.randn(4, 3)
+    return [
+        (dict(x=torch.randn(5, 4)), "x must have shape"),
+        (dict(x=torch.randn(2, 0, 4)), "non-empty"),
+        (dict(x=x.double()), "x must be float32"),
+        (dict(x=x.to(torch.int32)), "x must be float32"),
+        (dict(weight=torch.randn(5, 3)), r"weight must have shape \[D, W\] = \[4, W\]"),
+        (dict(weight=torch.randn(4, 1, 3)), r"weight must have shape \[D, W\]"),
+        (dict(weight=torch.randn(4, 0)), r"in \[1, 8\]"),
+        (dict(weight=torch.randn(4, 9)), r"in \[1, 8\]; got 9"),
+        (dict(weight=w.double()), "weight must be float32"),
+        (dict(bias=torch.randn(3)), r"bias must have shape \[D\]"),
+        (dict(residual=torch.randn(2, 4, 4)), r"residual must have shape \[B, T, D\]"),
+        (dict(initial_state=torch.randn(2, 4, 2)), r"initial_state must have shape \[B, D, W\] = \[2, 4, 3\]"),
+        (dict(initial_state=torch.randn(1, 4, 3)), r"initial_state must have shape"),
+        (dict(activation="relu"), "activation must be None, 'silu' or 'swish'"),
+        (dict(output_final_state="yes"), "output_final_state must be a bool"),
+        (dict(backend="cuda"), "backend must be one of"),
+    ]
+
+
+@pytest.mark.parametrize("case,msg", _bad_cases())
+def test_bad_inputs(case, msg):
+    args = dict(x=torch.randn(2, 5, 4), weight=torch.randn(4, 3))
+    args.update(case)
+    with pytest.raises(ValueError, match=msg):
+        causal_conv1d(**args)
+
+
+def test_plan_overrides():
+    p = plan_for(torch.bfloat16, "cpu", T=100, D=64, interpret=False, fwd_bt=16)
+    assert isinstance(p, ConvPlan) and p.fwd_bt == 16 and p.bwd_steps >= 1
+    assert plan_for(torch.bfloat16, "cpu", T=5, D=64, interpret=False).bwd_steps == 1   # short T: one tile
+    with pytest.raises(ValueError, match="unknown field"):
+        plan_for(torch.float32, "cpu", T=8, D=8, tiles=3)
+    with pytest.raises(ValueError, match="power of two"):
+        plan_for(torch.float32, "cpu", T=8, D=8, fwd_bd=24)
+    with pytest.raises(ValueError, match="bwd_steps"):
+        plan_for(torch.float32, "cpu", T=8, D=8, bwd_steps=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# compiled, on a GPU
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton needs a CUDA device")
+@pytest.mark.parametrize("D", [2048, 4096])
+def test_gpu_benchmark_shape(D):
+    """The benchmark's setting (bfloat16, W = 4, SiLU) at B·T = 8192, the default plan."""
+    B, T, W = 4, 2048, 4
+    inputs = make_inputs(B, T, D, W, torch.bfloat16, "cuda", residual=False, seed=D)
+    gen = torch.Generator().manual_seed(3)
+    dy = torch.randn(B, T, D, generator=gen, dtype=torch.float64).to(torch.bfloat16).double().cuda()
+    dh = torch.randn(B, D, W, generator=gen, dtype=torch.float64).to(torch.bfloat16).double().cuda()
+    y0, h0, g0 = reference(inputs, "silu", True, dy, dh)
+    y, ht, g = run(causal_conv1d, inputs, "silu", True, dy, dh)
+    assert err_ratio(y, y0) < 4e-3 and torch.equal(ht.double(), h0)
+    for name, a, b in zip(NAMES, g, g0):
+        if b is not None:
+            assert err_ratio(a, b) < 4e-3, name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton needs a CUDA device")
+def test_gpu_deterministic_weight_gradient():
+    """The taps' and bias's gradients are reduced in a fixed order: two runs agree bit for bit."""
+    inputs = make_inputs(8, 1024, 512, 4, torch.bfloat16, "cuda", residual=False, seed=9)
+    dy = torch.randn(8, 1024, 512, device="cuda", dtype=torch.float64)
+    dh = torch.randn(8, 512, 4, device="cuda", dtype=torch.float64)
+    _, _, g1 = run(causal_conv1d, inputs, "silu", True, dy, dh)
+    _, _, g2 = run(causal_conv1d, inputs, "silu", True, dy, dh)
+    assert all(torch.equal(a, b) for a, b in zip(g1, g2) if a is not None)
