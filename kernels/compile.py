@@ -1,6 +1,6 @@
 """Compile every kernel launch of a family for a GPU class, without a GPU.
 
-    TRITON_INTERPRET=0 python -m kernels.compile flash|gla|delta|deltaformer|path|conv [--quick] [--arch 75|80|89|90]
+    TRITON_INTERPRET=0 python -m kernels.compile flash|gla|delta|deltaformer|path|conv|mesa [--quick] [--arch 75|80|89|90]
                                                  [--smem BYTES] [--dtype bf16|fp16]
 
 The family's Triton path (validation, the class's plan, the stages) runs on CPU tensors with every
@@ -303,8 +303,35 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
                 loss = y.float().sum() + (ht.float().sum() if ht is not None else 0)
                 torch.autograd.grad(loss, [t for t in (x, w, b, r, s) if t is not None])
         launches = sink
+    elif family == "mesa":
+        from .gla import backward as gla_bwd, march, prep
+        from .mesa import solve as mesa_solve, states as mesa_states
+        from .mesa.op import chunk_mesa_net_triton
+        import torch.nn.functional as F
+        # (dtype, K, V, T, num_segments, states, gate dtype): the benchmark's K = V = 128 with and without
+        # gla's sequence split, initial and final states; then float32, float16, small or unequal heads
+        cases = [(bf, 128, 128, 300, ns, st, gd) for ns in (None, 3) for st in (False, True) for gd in (f32, bf)]
+        if not quick:
+            cases += [(dt, K, V, 100, None, True, f32) for dt in (f16, f32) for K, V in ((16, 16), (32, 128), (64, 256))]
+        with capture([mesa_states, mesa_solve, march, gla_bwd, prep]) as sink:
+            for dt, K, V, T, ns, st, gd in cases:
+                B, H = 1, 2
+                q = torch.randn(B, T, H, K, dtype=dt, requires_grad=True)
+                k = F.normalize(torch.randn(B, T, H, K), dim=-1).to(dt).requires_grad_()
+                v = torch.randn(B, T, H, V, dtype=dt, requires_grad=True)
+                g = (-torch.rand(B, T, H)).to(gd).requires_grad_()
+                beta = torch.rand(B, T, H, dtype=gd, requires_grad=True)
+                lamb = (torch.rand(H, K) + 0.25).requires_grad_()
+                h0 = torch.eye(K).expand(B, H, K, K).contiguous().requires_grad_() if st else None
+                hv0 = torch.randn(B, H, K, V, requires_grad=True) if st else None
+                o, hk, hv = chunk_mesa_net_triton(q, k, v, g, beta, lamb, 30, h0, hv0, st, caps=caps,
+                                                  plan={"num_segments": ns})
+                loss = o.float().sum() + (hk.sum() + hv.sum() if st else 0)
+                leaves = [q, k, v, g, beta, lamb] + ([h0, hv0] if st else [])
+                torch.autograd.grad(loss, leaves, allow_unused=True)
+        launches = sink
     else:
-        raise SystemExit(f"unknown family {family!r}; choose flash, gla, delta, deltaformer, path or conv")
+        raise SystemExit(f"unknown family {family!r}; choose flash, gla, delta, deltaformer, path, conv or mesa")
     return _dedup(launches)
 
 
@@ -312,7 +339,7 @@ def main(argv=None):
     import torch
     from .backend import GPU_CLASSES
     p = argparse.ArgumentParser(prog="python -m kernels.compile", description=__doc__.split("\n\n")[0])
-    p.add_argument("family", choices=("flash", "gla", "delta", "deltaformer", "path", "conv"))
+    p.add_argument("family", choices=("flash", "gla", "delta", "deltaformer", "path", "conv", "mesa"))
     p.add_argument("--quick", action="store_true", help="the benchmark shapes and one of each other path")
     p.add_argument("--arch", type=int, default=90, choices=sorted(GPU_CLASSES),
                    help="the GPU class: 75 T4, 80 A100, 89 L4, 90 H100/H200")

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["attention_ref", "deltaformer_ref", "path_attn_ref", "chunk_scalar_ref", "chunk_gla_ref", "recurrent_ref", "DeltaChunk", "delta_chunk",
-           "delta_chunk_adjoint", "causal_conv1d_ref", "past_and_inputs"]
+           "delta_chunk_adjoint", "causal_conv1d_ref", "past_and_inputs", "chunk_mesa_net_ref"]
 
 
 def _acc_dtype(t: torch.Tensor) -> torch.dtype:
@@ -327,3 +327,86 @@ def causal_conv1d_ref(x, weight, bias=None, residual=None, initial_state=None, o
         z = z + residual.to(acc)
     ht = xc[:, T:].transpose(1, 2).to(x.dtype).contiguous() if output_final_state else None
     return z.to(x.dtype), ht
+
+
+# ---------------------------------------------------------------------------------------------
+# MesaNet (Chapter 9): the gated sums of Chapter 3, and a conjugate-gradient solve per token
+# ---------------------------------------------------------------------------------------------
+def _mesa_chunks(x, C, acc):
+    """``[B, T, H, ...]`` -> ``[B, H, N, C, ...]`` in ``acc``, zero-padded to ``N·C`` tokens."""
+    x = _pad_time(x.to(acc), C)
+    return x.reshape(x.shape[0], x.shape[1] // C, C, *x.shape[2:]).movedim(3, 1)
+
+
+def chunk_mesa_net_ref(q, k, v, g, beta, lamb, max_CG_iteration: int = 30, h_kk_init=None, h_kv_init=None,
+                       output_final_state: bool = False, *, exact: bool = False, chunk_size: int = 64):
+    """MesaNet in chunks of ``chunk_size`` tokens, in PyTorch, differentiable:
+    ``H_t = e^{g_t} H_{t-1} + beta_t k_t k_tᵀ``, ``G_t = e^{g_t} G_{t-1} + beta_t k_t v_tᵀ``,
+    ``x_t = (H_t + Diag(lamb_h))^{-1} q_t``, ``o_t = G_tᵀ x_t``; returns ``(o, h_kk, h_kv)``.
+
+    The solve: ``max_CG_iteration`` conjugate-gradient steps from zero, every token in lockstep, each
+    product ``H_t p_t`` from the chunk's entering state and the chunk's own keys (never forming
+    ``H_t``), with the kernel's guards (a row with a zero residual or curvature stays put); autograd
+    differentiates through the iterations. ``exact=True``: every ``H_t`` formed
+    (``[B, H, T, K, K]``) and solved by ``torch.linalg.solve``, whose gradient is the exact one (the
+    float64 oracle of the tests). The outputs are :func:`kernels.reference.chunk_scalar_ref` (gated
+    linear attention) with the queries ``x``, keys ``beta·k`` and values ``v``. Inputs are validated
+    by the caller (:func:`kernels.chunk_mesa_net`). Arithmetic in float32 (float64 for float64
+    inputs); ``o`` in ``v``'s dtype, states in the arithmetic dtype.
+    """
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    B, T, H, K = q.shape
+    C = int(chunk_size)
+    qc, kc = _mesa_chunks(q, C, acc), _mesa_chunks(k, C, acc)                         # [B, H, N, C, K]
+    gc = _mesa_chunks(g.unsqueeze(-1), C, acc)[..., 0]                           # [B, H, N, C]
+    bc = _mesa_chunks(beta.unsqueeze(-1), C, acc)[..., 0]
+    N = qc.shape[2]
+    b = gc.cumsum(-1)
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    W = torch.exp(torch.where(causal, b[..., :, None] - b[..., None, :], float("-inf"))) * bc[..., None, :]
+    to_end = kc * (bc * torch.exp(b[..., -1:] - b))[..., None]             # beta_j k_j decayed to the chunk's end
+    Hc = h_kk_init.to(acc) if h_kk_init is not None else q.new_zeros(B, H, K, K, dtype=acc)
+    Hs = []
+    for n in range(N):                                                      # the states entering each chunk
+        Hs.append(Hc)
+        Hc = torch.exp(b[:, :, n, -1])[..., None, None] * Hc + to_end[:, :, n].transpose(-1, -2) @ kc[:, :, n]
+    Hs = torch.stack(Hs, 2)                                                 # [B, H, N, K, K]
+    eb = torch.exp(b)[..., None]
+    lam = lamb.to(acc)[None, :, None, None, :]                             # [1, H, 1, 1, K]
+    if exact:
+        Ht = eb[..., None] * Hs[:, :, :, None] + torch.einsum("bhnij,bhnjk,bhnjl->bhnikl", W, kc, kc)
+        x = torch.linalg.solve(Ht + torch.diag_embed(lam.expand(Ht.shape[:-1])), qc[..., None])[..., 0]
+    else:
+        def apply_A(P):
+            return (P * eb) @ Hs + ((P @ kc.transpose(-1, -2)) * W) @ kc + lam * P
+        x = _cg(apply_A, qc, int(max_CG_iteration))
+    x = x.movedim(1, 3).reshape(B, N * C, H, K)[:, :T]                     # back to [B, T, H, K]
+    kb = k.to(acc) * beta.to(acc).unsqueeze(-1)
+    o, Gc = chunk_scalar_ref(x, kb, v.to(acc), g.to(acc), None, 1.0, h_kv_init, output_final_state, C)
+    if not output_final_state:
+        return o.to(v.dtype), None, None
+    return o.to(v.dtype), Hc, Gc
+
+
+def _cg(apply_A, rhs, iterations: int):
+    """CG from zero on the rows of ``rhs`` (``[..., K]``), ``iterations`` steps, in lockstep."""
+    def dot(a, c):
+        return (a * c).sum(-1, keepdim=True)
+
+    def ratio(num, den):          # num / den where den > 0, else 0 (and no 0/0 in the gradient)
+        ok = den > 0
+        return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num))
+
+    x = torch.zeros_like(rhs)
+    r = rhs
+    p = r
+    rr = dot(r, r)
+    for _ in range(iterations):
+        Ap = apply_A(p)
+        alpha = ratio(rr, dot(p, Ap))
+        x = x + alpha * p
+        r = r - alpha * Ap
+        rr_new = dot(r, r)
+        p = r + ratio(rr_new, rr) * p
+        rr = rr_new
+    return x

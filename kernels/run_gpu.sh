@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the GPU tests and the benchmarks of record of the book's kernels on a CUDA machine.
-# Usage: bash kernels/run_gpu.sh [tests|bench|all] [families...]      (families: flash gla delta deltaformer path conv)
+# Usage: bash kernels/run_gpu.sh [tests|bench|all] [families...]      (families: flash gla delta deltaformer path mesa conv)
 #   With fla-core wheels in .whl/ (pip download --no-deps -d .whl fla-core==0.6.0 einops), they are
 #   installed into /tmp/site first so the benchmarks time fla's pure-Triton kernels side by side.
 #   Results go to kernels/<family>/results.json; logs and copies to $OUT when it is set.
@@ -8,7 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
-families=${*:-"flash gla delta deltaformer path conv"}
+families=${*:-"flash gla delta deltaformer path mesa conv"}
 out=${OUT:-/tmp/gpu_out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 FLA_DISABLE_BACKEND_DISPATCH=1 TRITON_CACHE_AUTOTUNING=1
 if ls .whl/*.whl >/dev/null 2>&1; then

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FAMILIES = ("flash", "gla", "delta", "deltaformer", "conv")
+FAMILIES = ("flash", "gla", "delta", "deltaformer", "conv", "mesa")
 # the short convolution's kernels: elementwise and reductions, no matrix products anywhere
 CONV_KERNELS = {"_conv_fwd_kernel", "_final_state_kernel", "_conv_bwd_kernel", "_sum_rows_kernel",
                 "_state_grad_kernel"}
@@ -187,3 +187,18 @@ def test_conv_compiles(runs, arch):
     assert {r["kernel"] for r in rows} == CONV_KERNELS, {r["kernel"] for r in rows}
     assert not any(r["wgmma"] or r["mma_sync"] for r in rows)
     assert all(r["spill_bytes"] == 0 for r in rows), [(r["kernel"], r["spill_bytes"]) for r in rows if r["spill_bytes"]]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_mesa_compiles(runs, arch):
+    """MesaNet's stages compile where the plan runs them (sm_80 and up; a T4 takes the PyTorch path):
+    gla's state march and output kernels, and the conjugate-gradient solve, whose products are on the
+    tensor cores (its operands are float16 by design, NOTES.md)."""
+    rows = _launches(runs, "mesa", arch)
+    if arch == 75:
+        assert rows == []
+        return
+    names = {r["kernel"] for r in rows}
+    assert {"_cg_kernel", "_fwd_kernel"} <= names, names
+    solve = [r for r in rows if r["kernel"] == "_cg_kernel"]
+    assert all(r["wgmma" if arch == 90 else "mma_sync"] for r in solve), solve

@@ -1,0 +1,159 @@
+"""``chunk_mesa_net``: MesaNet's per-token regression solved by conjugate gradients, in Triton.
+
+Read top to bottom: check the inputs, pick the backend, plan the launches, then three stages.
+
+1. the states of ``H`` entering every chunk (:func:`kernels.mesa.states.h_states`): the gla
+   family's chunked gated sums with the keys ``beta·k`` and the values ``k``;
+2. the solve (:func:`kernels.mesa.solve.cg_solve`): ``x_t = (H_t + Diag(lamb)) ^{-1} q_t`` by a fixed
+   number of CG iterations, one program per chunk and head;
+3. the outputs ``o_t = G_tᵀ x_t``: gla's ``chunk_simple_gla`` with the queries ``x``, the keys
+   ``beta·k``, the values ``v`` and scale 1 (``G`` is never formed).
+
+The backward differentiates the exact solve (implicit differentiation): stage 3's gla backward
+gives ``dx`` (and the gradients of its keys, values, gates and initial state); ``y = (H_t + Λ)^{-1}
+dx_t`` by the same CG kernel (the matrix is symmetric); ``dq = y``, ``dlamb = -Σ_t y_t ⊙ x_t``; and
+``dH_t = -y_t x_tᵀ`` pulled back into ``k``, ``beta``, ``g`` and ``h_kk_init`` by gla's autograd of
+"linear attention with the queries ``x``, keys ``beta·k``, values ``k``", output gradient ``-y``.
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from ..backend import check_dtypes, device_caps, resolve_backend
+from ..gla.op import HEAD_SIZES as GLA_HEAD_SIZES, chunk_gla_triton
+from ..validate import check_gate_tensor, check_head_size, check_qkv
+from ..reference import chunk_mesa_net_ref
+from .plan import KEY_SIZES, plan_for
+from .solve import cg_solve
+from .states import h_states, h_states_again
+
+__all__ = ["chunk_mesa_net", "chunk_mesa_net_triton", "KEY_SIZES", "VALUE_SIZES"]
+
+VALUE_SIZES = GLA_HEAD_SIZES      #: V: stage 3 is gla's
+
+
+def _check_state(x, name: str, shape: tuple, like):
+    if x is None:
+        return
+    if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape:
+        got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must have shape [B, H, {'K, K' if name == 'h_kk_init' else 'K, V'}] = "
+                         f"{list(shape)}; got {got}")
+    if x.device != like.device:
+        raise ValueError(f"{name} must be on {like.device} like q; got {x.device}")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise ValueError(f"{name} must be a floating tensor; got {x.dtype}")
+
+
+def _check_mesa_inputs(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init, h_kv_init) -> int:
+    B, T, H, K, V = check_qkv(q, k, v)
+    check_gate_tensor(g, "g", (B, T, H), q, nonpositive=True)
+    check_gate_tensor(beta, "beta", (B, T, H), q)
+    check_gate_tensor(lamb, "lamb", (H, K), q)
+    if not beta.is_cuda and (beta < 0).any():
+        raise ValueError("beta must be >= 0 elementwise (H_t + Diag(lamb) must stay positive definite for CG)")
+    if not lamb.is_cuda and not (lamb > 0).all():
+        raise ValueError(f"lamb must be > 0 elementwise (shape [H, K] = [{H}, {K}]); found min "
+                         f"{lamb.min().item():g}")
+    if isinstance(max_CG_iteration, bool) or not isinstance(max_CG_iteration, numbers.Integral) \
+            or max_CG_iteration < 0:
+        raise ValueError(f"max_CG_iteration must be an integer >= 0; got {max_CG_iteration!r}")
+    _check_state(h_kk_init, "h_kk_init", (B, H, K, K), q)
+    _check_state(h_kv_init, "h_kv_init", (B, H, K, V), q)
+    if h_kk_init is not None and not h_kk_init.is_cuda and not torch.allclose(
+            h_kk_init, h_kk_init.transpose(-1, -2), rtol=1e-5, atol=1e-6 * max(1.0, h_kk_init.abs().max().item())):
+        raise ValueError("h_kk_init must be symmetric in its last two axes (a state of H_t = e^g H + beta k k^T)")
+    return int(max_CG_iteration)
+
+
+def chunk_mesa_net(q, k, v, g, beta, lamb, max_CG_iteration=30, h_kk_init=None, h_kv_init=None,
+                   output_final_state=False, backend=None):
+    """MesaNet (fla's ``chunk_mesa_net``; API.md): per batch and head
+    ``H_t = e^{g_t} H_{t-1} + beta_t k_t k_tᵀ``, ``G_t = e^{g_t} G_{t-1} + beta_t k_t v_tᵀ`` and
+    ``o_t = G_tᵀ (H_t + Diag(lamb_h))^{-1} q_t``, the solve by ``max_CG_iteration`` conjugate-gradient
+    steps from zero. No scale. Returns ``(o, h_kk, h_kv)``: the final states ``[B, H, K, K]`` and
+    ``[B, H, K, V]`` (float32) with ``output_final_state``, else ``None``.
+
+    ``q, k`` ``[B, T, H, K]``; ``v`` ``[B, T, H, V]`` (``V`` may differ from ``K``); ``g``
+    ``[B, T, H]`` log decays ``<= 0``; ``beta`` ``[B, T, H]`` ``>= 0``; ``lamb`` ``[H, K]`` ``> 0``
+    (``g``, ``beta``, ``lamb`` in float32 or the inputs' dtype); ``h_kk_init`` (symmetric) and
+    ``h_kv_init`` the states before the first token. q and k are used as given (MesaNet's layers
+    normalise them). Gradients are those of the exact solve (implicit differentiation), the solve
+    of the backward by as many CG steps.
+    """
+    iters = _check_mesa_inputs(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init, h_kv_init)
+    if resolve_backend(backend, q) == "torch":
+        return chunk_mesa_net_ref(q, k, v, g, beta, lamb, iters, h_kk_init, h_kv_init, output_final_state)
+    return chunk_mesa_net_triton(q, k, v, g, beta, lamb, iters, h_kk_init, h_kv_init, output_final_state)
+
+
+class MesaSolveFunction(torch.autograd.Function):
+    """``(x, h_kk)`` from ``(q, kb = beta·k, kk = k, g, lamb, h_kk_init)``: stages 1 and 2."""
+
+    @staticmethod
+    def forward(ctx, q, kb, kk, g, lamb, h0, iters, plan, output_final_state, caps):
+        h0f = h0.float().contiguous() if h0 is not None else None
+        lamf = lamb.float().contiguous()
+        hs, inits, ht = h_states(kb, kk, g, h0f, plan.states, output_final_state)
+        x = cg_solve(q, kb, kk, g, lamf, hs, iters, plan, kk.dtype)
+        ctx.save_for_backward(kb, kk, g, lamf, h0f, inits, x)
+        ctx.iters, ctx.plan, ctx.caps = iters, plan, caps
+        ctx.dtypes = (q.dtype, lamb.dtype, None if h0 is None else h0.dtype)
+        return x, ht
+
+    @staticmethod
+    def backward(ctx, dx, dht):
+        kb, kk, g, lamf, h0f, inits, x = ctx.saved_tensors
+        plan = ctx.plan
+        q_dtype, lamb_dtype, h0_dtype = ctx.dtypes
+        need_q, need_kb, need_kk, need_g, need_lamb, need_h0 = ctx.needs_input_grad[:6]
+        hs = h_states_again(kb, kk, g, inits, plan.states)
+        y = cg_solve(dx.contiguous(), kb, kk, g, lamf, hs, ctx.iters, plan, torch.float32)   # (H + Λ)^{-1} dx
+        del hs
+        dq = y.to(q_dtype) if need_q else None
+        dlamb = -(y * x.float()).sum((0, 1)).to(lamb_dtype) if need_lamb else None
+        dkb = dkk = dg = dh0 = None
+        if need_kb or need_kk or need_g or need_h0:
+            # dH_t = -y_t x_tᵀ pulled back: gla's autograd of "queries x, keys beta·k, values k" with the
+            # output gradient -y (and the final state's gradient dht)
+            with torch.enable_grad():
+                kb_, kk_, g_ = (t.detach().requires_grad_() for t in (kb, kk, g))
+                h0_ = h0f.detach().requires_grad_() if h0f is not None else None
+                o2, ht2 = chunk_gla_triton(x.detach(), kb_, kk_, g_, 1.0, h0_, dht is not None, caps=ctx.caps)
+                outs, seeds = [o2], [(-y).to(o2.dtype)]
+                if dht is not None:
+                    outs.append(ht2)
+                    seeds.append(dht.float())
+                leaves = [kb_, kk_, g_] + ([h0_] if h0_ is not None else [])
+                grads = torch.autograd.grad(outs, leaves, seeds, allow_unused=True)
+            dkb, dkk, dg = grads[:3]
+            if h0_ is not None and need_h0:
+                d = grads[3]
+                dh0 = (0.5 * (d + d.transpose(-1, -2))).to(h0_dtype)     # h_kk_init is symmetric
+        return dq, dkb, dkk, dg, dlamb, dh0, None, None, None, None
+
+
+def chunk_mesa_net_triton(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init=None, h_kv_init=None,
+                          output_final_state=False, *, caps=None, plan=None):
+    """The Triton path, inputs already validated except the head sizes and the dtypes the GPU class
+    can run (``caps``: default the inputs' device's), both checked before anything compiles.
+    ``plan``: overrides of :func:`kernels.mesa.plan.plan_for` (a dict)."""
+    B, T, H, K = q.shape
+    check_head_size("K (head size of q and k)", K, KEY_SIZES, "MesaNet")
+    check_head_size("V (head size of v)", v.shape[-1], VALUE_SIZES, "MesaNet")
+    caps = caps if caps is not None else device_caps(q.device)
+    check_dtypes(caps, q.device, q=q, g=g, beta=beta, lamb=lamb)
+    mplan = plan_for(q.dtype, q.device, B, T, H, K, caps=caps, **(plan or {}))
+    if mplan.path == "torch":     # a class these kernels do not fit (plan.py): PyTorch on the device
+        return chunk_mesa_net_ref(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init, h_kv_init,
+                                  output_final_state)
+    od = mplan.operand
+    g = g.contiguous()
+    kk = k.to(od).contiguous()
+    kb = (beta.unsqueeze(-1).float() * k.float()).to(od).contiguous()
+    x, h_kk = MesaSolveFunction.apply(q.contiguous(), kb, kk, g, lamb, h_kk_init, int(max_CG_iteration), mplan,
+                                      bool(output_final_state), caps)
+    o, h_kv = chunk_gla_triton(x, kb, v.to(od).contiguous(), g, 1.0, h_kv_init, output_final_state, caps=caps)
+    return o.to(v.dtype), h_kk, h_kv

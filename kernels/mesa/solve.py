@@ -1,0 +1,95 @@
+"""Stage 2: ``(H_t + Lambda) x_t = b_t`` by conjugate gradients, all tokens of a chunk in lockstep.
+
+One program per (chunk, batch·head) runs every iteration for its 64 tokens with the chunk's
+entering state ``H_c`` on chip. Inside the chunk ``H_t = e^{b_t} H_c + sum_{j <= t} e^{b_t - b_j}
+beta_j k_j k_j^T`` (``b`` the cumulative log gate from the chunk's start), so the products of one
+iteration, ``H_t p_t`` for the 64 tokens at once, are a small masked attention and one product
+with ``H_c``::
+
+    H P = Diag(e^b) P H_c + ((P (Diag(beta) K)^T) ⊙ D) K,     D_tj = e^{b_t - b_j} [j <= t]
+
+plus ``Lambda P``. The forward solves with ``b = q``, the backward with ``b = dL/dx`` (the matrix is
+symmetric). CG starts from zero and runs exactly ``ITERS`` iterations (no stopping test, as fla);
+a row whose residual or curvature is exactly zero stays where it is (no 0/0).
+
+Operands of the products, in the plan's ``operand`` dtype (float16 for 16-bit inputs):
+- ``P`` row-scaled by ``1 / |r_t|`` (CG's ``|p_k| <= sqrt(k + 1) |r_k|``): the rows stay O(1) in
+  float16 as the residual shrinks by orders of magnitude (unscaled, float16's subnormals would cut
+  the solve's precision at ``|r| ~ 1e-4``); the products are linear in each row, so the result is
+  scaled back exactly;
+- ``H_c`` divided by its largest entry (restored, with the decay ``e^{b_t}``, on the product's rows):
+  float16's range then holds any state, whatever the keys' norms and the gates.
+The scaled ``P`` is converted once per iteration and feeds both products.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..gla.tiles import _r16, _st
+
+__all__ = ["cg_solve"]
+
+
+@triton.jit
+def _cg_kernel(rhs, kb, kk, g, lamb, hs, x, T, NT, ITERS,
+               H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
+    """grid (NT, B·H). ``rhs``, ``x``: ``[B, T, H, K]``; ``kb`` = beta·k and ``kk`` = k in the operand
+    dtype; ``g`` ``[B, T, H]`` log gates; ``lamb`` ``[H, K]``; ``hs`` ``[B·H, NT, K, K]`` float32."""
+    DT = kk.dtype.element_ty
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    rows = i_c * BT + o_t
+    mask_t = rows < T
+    offs = i_b.to(tl.int64) * T * H * K + i_h * K + rows[:, None] * (H * K) + o_k[None, :]
+    # padded rows (past T) load zeros: b = 0, k = 0, so they neither solve nor disturb anything
+    ka = _r16(tl.load(kb + offs, mask=mask_t[:, None], other=0.), DT, EMU)
+    kv = _r16(tl.load(kk + offs, mask=mask_t[:, None], other=0.), DT, EMU)
+    r = tl.load(rhs + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
+    gt = tl.load(g + i_b.to(tl.int64) * T * H + rows * H + i_h, mask=mask_t, other=0.).to(tl.float32)
+    bt = tl.cumsum(gt, axis=0)
+    D = tl.exp(tl.where(o_t[:, None] >= o_t[None, :], bt[:, None] - bt[None, :], float("-inf")))
+    eb = tl.exp(bt)
+    lam = tl.load(lamb + i_h * K + o_k).to(tl.float32)
+    Hc = tl.load(hs + (i_bh * NT + i_c).to(tl.int64) * K * K + o_k[:, None] * K + o_k[None, :])
+    sH = tl.max(tl.max(tl.abs(Hc), axis=1), axis=0)
+    sH = tl.where(sH > 0, sH, 1.0)
+    Hn = _r16(Hc / sH, DT, EMU)
+
+    xs = tl.zeros([BT, K], dtype=tl.float32)
+    p = r
+    rr = tl.sum(r * r, axis=1)
+    for _ in tl.range(0, ITERS):
+        nr = tl.sqrt(rr)
+        inv = tl.where(nr > 0, 1.0 / tl.where(nr > 0, nr, 1.0), 0.0)
+        ph = _r16(p * inv[:, None], DT, EMU)                 # one operand for both products with P
+        A = tl.dot(ph, tl.trans(ka), input_precision=IP) * D                          # [BT, BT]
+        acc = tl.dot(ph, Hn, input_precision=IP) * (eb * sH)[:, None]                 # the state's part
+        acc = tl.dot(_r16(A, DT, EMU), kv, acc, input_precision=IP)                   # + the chunk's own
+        Ap = acc * nr[:, None] + lam[None, :] * p
+        pAp = tl.sum(p * Ap, axis=1)
+        alpha = tl.where(pAp > 0, rr / tl.where(pAp > 0, pAp, 1.0), 0.0)
+        xs += alpha[:, None] * p
+        r -= alpha[:, None] * Ap
+        rr_new = tl.sum(r * r, axis=1)
+        step = tl.where(rr > 0, rr_new / tl.where(rr > 0, rr, 1.0), 0.0)
+        p = r + step[:, None] * p
+        rr = rr_new
+    tl.store(x + offs, _st(xs, x.dtype.element_ty, EMU), mask=mask_t[:, None])
+
+
+def cg_solve(rhs, kb, kk, g, lamb, hs, iterations: int, plan, out_dtype):
+    """``x`` ``[B, T, H, K]`` (``out_dtype``) with ``(H_t + Diag(lamb_h)) x_t = rhs_t`` after
+    ``iterations`` CG steps from zero, ``H_t`` from the chunk states ``hs`` (:mod:`.states`)."""
+    B, T, H, K = kk.shape
+    NT = triton.cdiv(T, plan.BT)
+    x = torch.empty(B, T, H, K, dtype=out_dtype, device=kk.device)
+    _cg_kernel[(NT, B * H)](rhs.contiguous(), kb, kk, g, lamb, hs, x, T, NT, int(iterations), H=H, K=K,
+                            BT=plan.BT, IP=plan.IP, EMU=plan.EMU, num_warps=plan.warps_cg,
+                            num_stages=plan.stages_cg)
+    return x
