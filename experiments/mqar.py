@@ -19,7 +19,14 @@ This module holds the whole experiment of Chapter 6, in PyTorch, with its data m
   ``"decay"``             ``S_t = a_t S_{t-1} + v_t k_t^T``          ``kernels.chunk_simple_gla``
   ``"deltanet"``          ``S_t = S_{t-1}(I - b_t k_t k_t^T) + ...``  ``kernels.chunk_delta_rule``
   ``"gated_deltanet"``    ``S_t = a_t S_{t-1}(I - b_t k_t k_t^T) ..`` ``kernels.chunk_gated_delta_rule``
+  ``"mesanet"``           ``G_t``, ``H_t`` gated sums; ``(H_t+Λ)^-1``  ``kernels.chunk_mesa_net``
   ======================  =========================================  ================================
+
+  MesaNet (Chapter 9) holds two states per head, ``G_t`` (``d_v × d_k``) and ``H_t``
+  (``d_k × d_k``); at the same state size it gets ``d_k = head_dim / 2`` and ``d_v = 3 head_dim / 2``
+  (``d_k² + d_k d_v = head_dim²``), measured by :func:`state_size` like the others'. Its solve runs
+  ``d_k`` conjugate-gradient steps, exact in exact arithmetic; more steps only divide round-off by
+  round-off once the residual has vanished, which the gradient through the steps does not survive.
 
   The recurrences themselves are the ops of :mod:`kernels` (their differentiable PyTorch path on a
   CPU, the Triton kernels on a GPU); this module never writes a recurrence of its own.
@@ -41,6 +48,7 @@ update rule, decided which model scored best.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -51,13 +59,15 @@ import torch.nn.functional as F
 from .common import (RESULTS_DIR, TrainConfig, check_int, check_seeds, derived_seeds, load_stored_runs,
                      mlp_block, summarize_seeds, torch_threads, window_means)
 
-__all__ = ["MIXERS", "MQARConfig", "make_mqar", "MQARModel", "TokenMixer", "state_size",
+__all__ = ["MIXERS", "ALL_MIXERS", "MQARConfig", "make_mqar", "MQARModel", "TokenMixer", "state_size",
            "train_mqar", "evaluate_mqar", "run_mqar_sweep", "cpu_config", "gpu_config", "sweep_records",
            "run_mqar_seeds", "seed_summary", "plot_seed_summary", "STORED_LARGE", "load_stored_large"]
 
 STORED_LARGE = "mqar_large"   # experiments/results/mqar_large.json: the GPU sweep the chapter shows on a CPU
 
 MIXERS = ("linear", "decay", "deltanet", "gated_deltanet")
+ALL_MIXERS = MIXERS + ("mesanet",)     # Chapter 9 adds MesaNet to the comparison
+
 IGNORE = -100          # target at unscored positions (also masked out by ``mask``)
 FILLER = 0             # the token that fills the query region between queries
 GATE_TEMPERATURE = 16.0  # g = logsigmoid(W_g x) / 16, the gate normaliser of GLA (Yang et al., 2024)
@@ -147,29 +157,35 @@ class TokenMixer(nn.Module):
     def __init__(self, mixer: str, d_model: int, n_heads: int, head_dim: int, conv_width: int = 2,
                  backend=None, key_from_previous: bool = False):
         super().__init__()
-        if mixer not in MIXERS:
-            raise ValueError(f"mixer must be one of {MIXERS}; got {mixer!r}")
-        self.mixer, self.H, self.D, self.backend = mixer, n_heads, head_dim, backend
-        inner = n_heads * head_dim
-        self.q_proj = nn.Linear(d_model, inner, bias=False)
-        self.k_proj = nn.Linear(d_model, inner, bias=False)
-        self.v_proj = nn.Linear(d_model, inner, bias=False)
+        if mixer not in ALL_MIXERS:
+            raise ValueError(f"mixer must be one of {ALL_MIXERS}; got {mixer!r}")
+        if mixer == "mesanet" and head_dim % 2:
+            raise ValueError(f"head_dim must be even for mesanet (d_k = head_dim / 2); got {head_dim}")
+        self.mixer, self.H, self.backend = mixer, n_heads, backend
+        self.dk, self.dv = (head_dim // 2, 3 * head_dim // 2) if mixer == "mesanet" else (head_dim, head_dim)
+        widths = (n_heads * self.dk, n_heads * self.dk, n_heads * self.dv)                 # q, k, v
+        self.q_proj = nn.Linear(d_model, widths[0], bias=False)
+        self.k_proj = nn.Linear(d_model, widths[1], bias=False)
+        self.v_proj = nn.Linear(d_model, widths[2], bias=False)
         starts = ("current", "previous" if key_from_previous else "current", "current")    # q, k, v
-        self.convs = nn.ModuleList([ShortConv(inner, conv_width, st) for st in starts]) if conv_width > 1 else None
-        self.o_proj = nn.Linear(inner, d_model, bias=False)
-        self.gated = mixer in ("decay", "gated_deltanet")
-        self.delta = mixer in ("deltanet", "gated_deltanet")
+        self.convs = nn.ModuleList([ShortConv(w, conv_width, st) for w, st in zip(widths, starts)]) \
+            if conv_width > 1 else None
+        self.o_proj = nn.Linear(widths[2], d_model, bias=False)
+        self.gated = mixer in ("decay", "gated_deltanet", "mesanet")
+        self.delta = mixer in ("deltanet", "gated_deltanet", "mesanet")
         if self.gated:
             self.g_proj = nn.Linear(d_model, n_heads)
         if self.delta:
             self.b_proj = nn.Linear(d_model, n_heads)
+        if mixer == "mesanet":   # Λ = softplus(·) per head and key channel, starting at 1
+            self.lamb_raw = nn.Parameter(torch.full((n_heads, self.dk), math.log(math.e - 1.0)))
 
     def qkv(self, x):
         B, T, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.convs is not None:
             q, k, v = (F.silu(c(t)) for c, t in zip(self.convs, (q, k, v)))
-        q, k, v = (t.reshape(B, T, self.H, self.D) for t in (q, k, v))
+        q, k, v = (t.reshape(B, T, self.H, -1) for t in (q, k, v))
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         return q, k, v
 
@@ -188,8 +204,18 @@ class TokenMixer(nn.Module):
             o, S = kernels.chunk_simple_gla(q, k, v, g, **kw)
         elif self.mixer == "deltanet":
             o, S = kernels.chunk_delta_rule(q, k, v, beta, **kw)
-        else:
+        elif self.mixer == "gated_deltanet":
             o, S = kernels.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
+        else:   # MesaNet has no scale; its state is the pair (H, G)
+            from kernels.mesa.op import KEY_SIZES, VALUE_SIZES
+            # the Triton kernel tiles d_k in KEY_SIZES; the narrow heads of equal state size (d_k = 4
+            # or 8) take the op's PyTorch path on every device
+            tiled = self.dk in KEY_SIZES and self.dv in VALUE_SIZES
+            o, h_kk, h_kv = kernels.chunk_mesa_net(q, k, v, g, beta, F.softplus(self.lamb_raw),
+                                                   max_CG_iteration=self.dk,
+                                                   output_final_state=output_final_state,
+                                                   backend=self.backend if tiled else "torch")
+            S = (h_kk, h_kv)
         o = self.o_proj(o.reshape(x.shape[0], x.shape[1], -1))
         return (o, S) if output_final_state else o
 
@@ -218,12 +244,13 @@ class MQARModel(nn.Module):
 
 def state_size(model: MQARModel) -> int:
     """Numbers in the recurrent state per sequence, *measured*: run the mixer on one short sequence
-    with ``output_final_state=True`` and count the entries of the final state (``H · d_k · d_v``)."""
+    with ``output_final_state=True`` and count the entries of the final state (``H · d_k · d_v``;
+    MesaNet's two states together, ``H (d_k² + d_k d_v)``)."""
     mix = model.mix
     x = torch.zeros(1, 3, mix.q_proj.in_features, device=mix.q_proj.weight.device)
     with torch.no_grad():
         _, S = mix(x, output_final_state=True)
-    return int(S[0].numel())
+    return int(sum(s[0].numel() for s in S) if isinstance(S, tuple) else S[0].numel())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,8 +334,8 @@ def train_mqar(mixer: str, config: MQARConfig | None = None, *, progress=None, l
     ``progress`` is an optional tqdm bar to advance. Runs with ``config.threads`` CPU threads.
     """
     cfg = config or MQARConfig()
-    if mixer not in MIXERS:
-        raise ValueError(f"mixer must be one of {MIXERS}; got {mixer!r}")
+    if mixer not in ALL_MIXERS:
+        raise ValueError(f"mixer must be one of {ALL_MIXERS}; got {mixer!r}")
     with torch_threads(cfg.threads):
         return _train(mixer, cfg, progress, log_every)
 
@@ -362,8 +389,8 @@ def run_mqar_sweep(config: MQARConfig | None = None, *, large: bool = False, pro
     """
     cfg = config or (gpu_config() if large else cpu_config())
     for m in cfg.mixers:
-        if m not in MIXERS:
-            raise ValueError(f"mixers must be drawn from {MIXERS}; got {m!r}")
+        if m not in ALL_MIXERS:
+            raise ValueError(f"mixers must be drawn from {ALL_MIXERS}; got {m!r}")
     bar = None
     if progress:
         from tqdm.auto import tqdm

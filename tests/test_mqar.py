@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.reference import recurrent_ref
-from experiments.mqar import (FILLER, GATE_TEMPERATURE, IGNORE, MIXERS, MQARModel, cpu_config,
+from experiments.mqar import (ALL_MIXERS, FILLER, GATE_TEMPERATURE, IGNORE, MIXERS, MQARModel, cpu_config,
                              gpu_config, load_stored_large, make_mqar, run_mqar_seeds, run_mqar_sweep,
                              seed_summary, state_size, sweep_records, train_mqar)
 
@@ -52,7 +52,7 @@ def test_generator_rejects_bad_arguments():
 
 
 # ------------------------------------------------------------------ models
-@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("mixer", ALL_MIXERS)
 def test_forward_runs_and_is_differentiable(mixer):
     torch.manual_seed(0)
     model = MQARModel(mixer, vocab_size=32, d_model=16, n_heads=2, head_dim=8, mlp=True)
@@ -62,8 +62,9 @@ def test_forward_runs_and_is_differentiable(mixer):
     F.cross_entropy(logits[m], y[m]).backward()
     mix = model.mix
     params = [mix.q_proj.weight, mix.k_proj.weight, mix.v_proj.weight, model.embed.weight]
-    params += [mix.g_proj.weight] if mixer in ("decay", "gated_deltanet") else []
-    params += [mix.b_proj.weight] if mixer in ("deltanet", "gated_deltanet") else []
+    params += [mix.g_proj.weight] if mixer in ("decay", "gated_deltanet", "mesanet") else []
+    params += [mix.b_proj.weight] if mixer in ("deltanet", "gated_deltanet", "mesanet") else []
+    params += [mix.lamb_raw] if mixer == "mesanet" else []
     for p in params:   # every input of the token mixer receives a non-zero, finite gradient
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
 
@@ -103,8 +104,28 @@ def test_key_convolution_starts_from_the_previous_token():
         assert torch.equal(mix.convs[1](x2)[0, :4], y[0, :4])
 
 
+def test_mesanet_mixer_is_the_reference_with_an_exact_solve():
+    """The MesaNet mixer = kernels.reference.chunk_mesa_net_ref with an exact solve (float64) on the
+    mixer's own q, k, v, g, beta, Λ: its d_k CG steps are exact up to float32 round-off on O(1)
+    entries (~1e-6); 1e-4 leaves headroom and still catches a wrong gate, beta, Λ or head split."""
+    from kernels.reference import chunk_mesa_net_ref
+    torch.manual_seed(2)
+    model = MQARModel("mesanet", vocab_size=32, d_model=16, n_heads=2, head_dim=8)
+    x = model.norm1(model.embed(make_mqar(32, 4, 70, 2, seed=1)[0]))
+    mix = model.mix
+    with torch.no_grad():
+        q, k, v = mix.qkv(x)
+        assert q.shape[-1] == 4 and v.shape[-1] == 12          # d_k = head_dim / 2, d_v = 3 head_dim / 2
+        g = F.logsigmoid(mix.g_proj(x)) / GATE_TEMPERATURE
+        beta = torch.sigmoid(mix.b_proj(x))
+        lamb = F.softplus(mix.lamb_raw)
+        o_ref = chunk_mesa_net_ref(*(t.double() for t in (q, k, v, g, beta, lamb)), exact=True)[0]
+        o = mix(x)
+    torch.testing.assert_close(o, mix.o_proj(o_ref.float().reshape(2, 70, -1)), atol=1e-4, rtol=0)
+
+
 def test_models_have_equal_state_size():
-    sizes = {mixer: state_size(MQARModel(mixer, 32, d_model=16, n_heads=2, head_dim=8)) for mixer in MIXERS}
+    sizes = {mixer: state_size(MQARModel(mixer, 32, d_model=16, n_heads=2, head_dim=8)) for mixer in ALL_MIXERS}
     assert set(sizes.values()) == {2 * 8 * 8}, sizes            # H * d_k * d_v, measured from the op
     cfg = cpu_config()
     sizes = {mixer: state_size(MQARModel(mixer, cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.head_dim))
