@@ -8,8 +8,8 @@ its launch plan, its benchmark of record with the results, its ``NOTES.md`` and 
 Shared here: ``backend`` (which backend an op takes, Triton's interpreter, first-fit launches),
 ``validate`` (input checks), ``reference`` (the differentiable PyTorch implementations: the CPU
 path and the kernels' oracle), ``harness`` (the benchmark runner), ``report`` (showing a benchmark
-in the book), ``compile`` (the compile-without-GPU check, for every GPU class) and ``catalog`` (the
-model map). Every plan takes the GPU's class (``backend.device_caps``: T4, A100, L4 or Hopper, where the
+in the book), ``compile`` (the compile-without-GPU check, for every GPU class), ``catalog`` (the
+model map) and ``survey`` (one benchmark of every op at one set of shapes, Chapter 11). Every plan takes the GPU's class (``backend.device_caps``: T4, A100, L4 or Hopper, where the
 plans were measured); bfloat16 on a T4 raises ``ValueError`` before anything is compiled.
 
 On a machine without a CUDA device, importing this package sets ``TRITON_INTERPRET=1`` (before any

@@ -11,7 +11,7 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Model", "MODELS", "model_map"]
+__all__ = ["Model", "MODELS", "model_map", "family_measured"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent
@@ -53,7 +53,24 @@ MODELS = (
           "deltaformer_chunkwise", "deltaformer_attn", "deltaformer", (7,), ("07_feeding_back",)),
     Model("PaTH (Householder products as position encoding)", "path_attention_recurrent", "path_attention_parallel",
           "path_attention_chunkwise", "parallel_path_attn", "path", (8,), ("08_path",)),
+    Model("MesaNet (the regression solved exactly)", "mesanet_recurrent", "mesanet_parallel", "mesanet_chunkwise",
+          "chunk_mesa_net", "mesa", (9,), ("09_mesanet",)),
 )
+
+
+def family_measured(folder) -> bool:
+    """Whether a kernel family has its benchmark of record: ``True`` when ``results.json`` exists,
+    ``False`` when it does not and the family's ``NOTES.md`` says so under a heading that starts
+    "Not yet measured" (a family whose benchmark has not yet run on a GPU); else
+    :class:`LookupError`, so a family is never silently untimed."""
+    import re
+    folder = Path(folder)
+    if (folder / "results.json").is_file():
+        return True
+    notes = folder / "NOTES.md"
+    if notes.is_file() and re.search(r"^#+ Not yet measured", notes.read_text(), re.M):
+        return False
+    raise LookupError(f"kernels/{folder.name}: no results.json, and NOTES.md does not say 'Not yet measured'")
 
 
 def _check(ok: bool, what: str):
@@ -67,11 +84,13 @@ def model_map(models=MODELS, *, root=None, check_notebooks: bool = True) -> list
     Each row is a dict: ``model``, ``recurrent``, ``parallel``, ``chunkwise`` (``lattn_core``
     names or ``None``), ``op`` (a ``kernels`` name or ``None``), ``family``, ``folder``
     (``kernels/<family>/``), ``bench`` (the command that writes the benchmark of record),
-    ``results`` (its file), ``chapters`` and ``notebooks``. Raises :class:`LookupError` naming the
+    ``results`` (its file; ``None`` while the family is not yet measured, see
+    :func:`family_measured`), ``chapters`` and ``notebooks``. Raises :class:`LookupError` naming the
     first thing that does not exist: a ``lattn_core`` function, a ``kernels`` op, the family's
     ``op.py``/``bench.py``/``results.json``, or (with ``check_notebooks``; the pip package ships no
     notebooks) the chapter's notebook under ``root`` (default: this repository's checkout), whose
-    name must start with the chapter's number.
+    name must start with the chapter's number. A family without ``results.json`` must say in its
+    ``NOTES.md`` that it is not yet measured.
     """
     import kernels
     import lattn_core
@@ -91,13 +110,17 @@ def model_map(models=MODELS, *, root=None, check_notebooks: bool = True) -> list
             _check(m.op in kernels.__all__ and callable(getattr(kernels, m.op, None)),
                    f"{m.name}: kernels has no public op {m.op!r}")
             folder = PACKAGE_DIR / m.family
-            for name in ("op.py", "bench.py", "results.json"):
+            for name in ("op.py", "bench.py"):
                 _check((folder / name).is_file(), f"{m.name}: no kernels/{m.family}/{name}")
+            try:
+                measured = family_measured(folder)
+            except LookupError as e:
+                raise LookupError(f"model map: {m.name}: {e}") from None
             family = importlib.import_module(f"kernels.{m.family}")
             _check(getattr(family, m.op, None) is getattr(kernels, m.op),
                    f"{m.name}: kernels.{m.op} is not the op of kernels.{m.family}")
             row.update(folder=f"kernels/{m.family}/", bench=f"python -m kernels.{m.family}.bench --write",
-                       results=f"kernels/{m.family}/results.json")
+                       results=f"kernels/{m.family}/results.json" if measured else None)
         _check(len(m.chapters) == len(m.notebooks) > 0, f"{m.name}: one notebook per chapter")
         for ch, nb in zip(m.chapters, m.notebooks):
             _check(nb.startswith(f"{int(ch):02d}_"), f"{m.name}: notebook {nb!r} is not chapter {ch}'s")

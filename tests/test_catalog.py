@@ -9,7 +9,7 @@ from kernels import catalog
 def test_model_map_validates_and_covers_the_books_models():
     rows = catalog.model_map()
     by = {r["model"]: r for r in rows}
-    assert len(rows) == len(catalog.MODELS) == 11
+    assert len(rows) == len(catalog.MODELS) == 12
     assert by["DeltaFormer (the delta rule inside softmax)"]["op"] == "deltaformer_attn"
     assert by["softmax attention"]["family"] == "flash" and by["softmax attention"]["chapters"] == (1,)
     assert by["GLA (vector gate)"]["bench"] == "python -m kernels.gla.bench --write"
@@ -40,3 +40,22 @@ def test_missing_family_file_is_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(catalog, "PACKAGE_DIR", tmp_path)
     with pytest.raises(LookupError, match="results.json"):
         catalog.model_map()
+
+
+
+def test_a_family_not_yet_measured_has_no_results_file(tmp_path, monkeypatch):
+    """A family whose NOTES.md says it is not yet measured is listed without a results file; without
+    that heading, a missing results file is an error."""
+    for family in ("flash", "gla", "delta"):
+        (tmp_path / family).mkdir()
+        for name in ("op.py", "bench.py", "results.json"):
+            (tmp_path / family / name).write_text("")
+    (tmp_path / "delta" / "results.json").unlink()
+    (tmp_path / "delta" / "NOTES.md").write_text("# delta\n\n## Not yet measured on a GPU\n")
+    monkeypatch.setattr(catalog, "PACKAGE_DIR", tmp_path)
+    deltanet = next(m for m in catalog.MODELS if m.name == "DeltaNet")
+    assert catalog.model_map((deltanet,))[0]["results"] is None
+    assert catalog.family_measured(tmp_path / "gla") is True
+    (tmp_path / "delta" / "NOTES.md").write_text("# delta\n")
+    with pytest.raises(LookupError, match="Not yet measured"):
+        catalog.model_map((deltanet,))

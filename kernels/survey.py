@@ -1,0 +1,398 @@
+"""The survey: every op of :mod:`kernels` and torch SDPA at the same shapes, in one run (Chapter 11).
+
+    python -m kernels.survey [--write] [--parts train,decode,fla] [--fla-T 8192] [--budget-s 500] [--quick]
+
+Writes ``kernels/survey.json`` through :mod:`kernels.harness` (device, date, versions, the config and
+one record per measurement); the book draws it in Chapter 11. Three parts, each a list of records:
+
+* ``train``: bfloat16, H = 16, D = 128, B·T = 65,536 tokens with T from 512 to 65,536 (B = 65536/T);
+  ``fwd`` (no gradients) and ``fwdbwd`` (forward and the gradients of every differentiable input,
+  with the step's peak memory) for every op of :data:`OPS` (``impl="ours"``) and for
+  ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` (``impl="sdpa"``, recorded
+  under ``op="flash_attention"``, the op it computes).
+* ``fla``: fla's counterpart of every op (:data:`FLA_NAMES`), at the lengths ``--fla-T`` only (fla
+  autotunes each kernel for a new shape, 25 s to minutes each on a fresh machine). Records carry
+  ``impl="fla"``, so :func:`kernels.report.ratio_table` divides our time by fla's.
+* ``decode``: one decoding step at batch 1 and 64: softmax attention reading a KV cache of
+  :data:`DECODE_CONTEXT` tokens (SDPA, ``lattn_core.kv_cache_step``), against Gated DeltaNet's state
+  update in PyTorch (``lattn_core.gated_delta_step``), our ``chunk_gated_delta_rule`` called with
+  T = 1 and an initial state, and fla's ``fused_recurrent_gated_delta_rule`` (its decoding kernel).
+
+An op that is not importable (an op still being written) or that raises is recorded with ``ms``
+``None`` and the error as its ``note``, never worked around. A wall-clock budget is checked before
+every timing; what it leaves out is recorded as skipped. The file is rewritten after every op, and a
+run of some parts keeps the other parts' records already in it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # fla's pure-Triton path; before fla is imported
+
+H, D, TOKENS = 16, 128, 65536
+T_ALL = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+T_QUICK = (2048, 16384)
+FLA_T = (8192,)
+CONV_WIDTH = 4
+DECODE_BATCH = (1, 64)
+DECODE_CONTEXT = (1024, 4096, 16384, 65536)
+PARTS = ("train", "decode", "fla")
+PASSES = ("fwd", "fwdbwd")
+PATH = Path(__file__).resolve().with_name("survey.json")
+
+# Every op of kernels, in the book's order, with the inputs it differentiates.
+OPS = {
+    "flash_attention": ("q", "k", "v"),
+    "chunk_linear_attn": ("q", "k", "v"),
+    "chunk_simple_gla": ("q", "k", "v", "g"),
+    "chunk_gla": ("q", "k", "v", "g"),
+    "chunk_delta_rule": ("q", "k", "v", "beta"),
+    "chunk_gated_delta_rule": ("q", "k", "v", "g", "beta"),
+    "parallel_forgetting_attn": ("q", "k", "v", "g"),
+    "deltaformer_attn": ("q", "k", "v", "beta"),
+    "parallel_path_attn": ("q", "k", "v", "w", "beta"),
+    "chunk_mesa_net": ("q", "k", "v", "g", "beta"),
+    "causal_conv1d": ("x", "weight"),
+}
+# ours -> fla's counterpart (module, name). DeltaFormer: fla's own front end needs the separately
+# compiled flash-attn package, so its peer is fla's pseudo-value stage followed by SDPA, as in
+# kernels/deltaformer/bench.py.
+FLA_NAMES = {
+    "flash_attention": ("fla.ops.attn", "parallel_attn"),
+    "chunk_linear_attn": ("fla.ops.linear_attn", "chunk_linear_attn"),
+    "chunk_simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
+    "chunk_gla": ("fla.ops.gla", "chunk_gla"),
+    "chunk_delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule"),
+    "chunk_gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
+    "parallel_forgetting_attn": ("fla.ops.forgetting_attn", "parallel_forgetting_attn"),
+    "deltaformer_attn": ("kernels.deltaformer.bench", "fla_pseudo_values"),
+    "parallel_path_attn": ("fla.ops.path_attn", "parallel_path_attn"),
+    "chunk_mesa_net": ("fla.ops.mesa_net", "chunk_mesa_net"),
+    "causal_conv1d": ("fla.modules.causal_conv1d", "causal_conv1d"),
+}
+CONFIG = dict(H=H, D=D, dtype="bfloat16", tokens=TOKENS, conv_width=CONV_WIDTH, T=list(T_ALL),
+              decode_batch=list(DECODE_BATCH), decode_context=list(DECODE_CONTEXT),
+              fla_names={op: ".".join(m) for op, m in FLA_NAMES.items()},
+              inputs="q, v ~ N(0, 1); k ~ N(0, 1), L2-normalised for the delta rule and MesaNet; "
+                     "g = logsigmoid(N(0, 1)) in float32 (vector gates / 16); beta = sigmoid(N(0, 1)) "
+                     "in float32 (PaTH: 2 sigmoid, w L2-normalised, float32); MesaNet lamb = 1 [H, K]; "
+                     "conv: x [B, T, H D], weight [H D, 4] ~ N(0, 1/4), SiLU; scale D^-0.5")
+
+
+def train_cases(parts=PARTS, *, ts=T_ALL, fla_ts=FLA_T, ops=tuple(OPS)) -> list:
+    """The (impl, op, B, T) of every training-shape measurement of ``parts``, in run order: ours for
+    every op and length, SDPA at every length, then fla at ``fla_ts``."""
+    out = []
+    if "train" in parts:
+        for op in ops:
+            out += [dict(impl="ours", op=op, B=TOKENS // T, T=T) for T in ts]
+        out += [dict(impl="sdpa", op="flash_attention", B=TOKENS // T, T=T) for T in ts]
+    if "fla" in parts:
+        for op in ops:
+            out += [dict(impl="fla", op=op, B=TOKENS // T, T=T) for T in fla_ts]
+    return out
+
+
+def decode_cases(batches=DECODE_BATCH, contexts=DECODE_CONTEXT) -> list:
+    """The (impl, B, context) of every decoding measurement: the KV-cache read at every context,
+    the state updates once per batch (their cost does not depend on the context)."""
+    out = []
+    for B in batches:
+        out += [dict(impl="sdpa (KV cache)", B=B, context=n) for n in contexts]
+        out += [dict(impl=impl, B=B, context=None)
+                for impl in ("torch step (Gated DeltaNet)", "ours T=1 (chunk_gated_delta_rule)",
+                             "fla fused_recurrent (Gated DeltaNet)")]
+    return out
+
+
+def record(case: dict, pass_: str, ms=None, note: str = "", peak_mib=None, section: str = "train") -> dict:
+    """One record of the results file: the case's fields, the pass, the median ``ms`` (``None`` with a
+    ``note`` saying why), and ``peak_mib`` (forward + backward only)."""
+    rec = dict(section=section, **case, **{"pass": pass_}, ms=None if ms is None else float(ms), note=note or "")
+    if peak_mib is not None:
+        rec["peak_mib"] = float(peak_mib)
+    return rec
+
+
+def part_of(rec: dict) -> str:
+    """Which part of the run wrote a record (``train``, ``fla`` or ``decode``)."""
+    if rec.get("section") == "decode":
+        return "decode"
+    return "fla" if rec.get("impl") == "fla" else "train"
+
+
+def make_inputs(op: str, B: int, T: int, *, heads: int = H, dim: int = D, device="cuda", dtype=None,
+                seed: int = 0) -> dict:
+    """The keyword inputs of ``op`` (never zeros; see :data:`CONFIG`'s ``inputs``), ``[B, T, ...]``."""
+    import torch
+    import torch.nn.functional as F
+    if op not in OPS:
+        raise ValueError(f"op must be one of {tuple(OPS)}; got {op!r}")
+    dtype = torch.bfloat16 if dtype is None else dtype
+    gen = torch.Generator(device=device).manual_seed(seed + 7 * T + B)
+    rand = lambda *shape: torch.randn(*shape, device=device, generator=gen)     # noqa: E731
+    if op == "causal_conv1d":
+        return dict(x=rand(B, T, heads * dim).to(dtype), weight=(rand(heads * dim, CONV_WIDTH) / 2).to(dtype))
+    x = {n: rand(B, T, heads, dim).to(dtype) for n in "qkv"}
+    if op in ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_mesa_net"):
+        x["k"] = F.normalize(x["k"].float(), dim=-1).to(dtype)
+    if op in ("chunk_simple_gla", "chunk_gated_delta_rule", "parallel_forgetting_attn", "chunk_mesa_net"):
+        x["g"] = F.logsigmoid(rand(B, T, heads))
+    if op == "chunk_gla":
+        x["g"] = F.logsigmoid(rand(B, T, heads, dim)) / 16
+    if op in ("chunk_delta_rule", "chunk_gated_delta_rule", "deltaformer_attn", "chunk_mesa_net"):
+        x["beta"] = torch.sigmoid(rand(B, T, heads))
+    if op == "parallel_path_attn":
+        x["w"] = F.normalize(rand(B, T, heads, dim), dim=-1)
+        x["beta"] = 2 * torch.sigmoid(rand(B, T, heads))
+    return x
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def our_fn(op: str):
+    """``fn(**inputs) -> o`` running our op, or the exception raised looking it up (an op not in
+    :mod:`kernels` yet)."""
+    try:
+        import kernels
+        fn = getattr(kernels, op)
+    except Exception as e:          # recorded as the op's note
+        return e
+    s = D ** -0.5
+    if op == "chunk_mesa_net":
+        return lambda q, k, v, g, beta: fn(q, k, v, g, beta, _mesa_lamb(q))[0]
+    if op == "causal_conv1d":
+        return lambda x, weight: fn(x, weight, activation="silu")[0]
+    if op == "parallel_path_attn":
+        return lambda q, k, v, w, beta: fn(q, k, v, w, beta, scale=s)[0]
+    if op == "chunk_gated_delta_rule":
+        return lambda q, k, v, g, beta: fn(q, k, v, g, beta, scale=s)[0]
+    return lambda **x: _first(fn(**x, scale=s))
+
+
+def _mesa_lamb(q):
+    import torch
+    return torch.ones(q.shape[2], q.shape[3], device=q.device, dtype=torch.float32)
+
+
+def sdpa_fn():
+    """Causal softmax attention by ``torch.nn.functional.scaled_dot_product_attention`` on
+    ``[B, H, T, D]`` views of the same ``[B, T, H, D]`` tensors."""
+    import torch.nn.functional as F
+    return lambda q, k, v: F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=D ** -0.5).transpose(1, 2)
+
+
+def fla_fn(op: str):
+    """``fn(**inputs) -> o`` running fla's counterpart of ``op`` (:data:`FLA_NAMES`), or the
+    exception raised importing it."""
+    import importlib
+    module, name = FLA_NAMES[op]
+    try:
+        fn = getattr(importlib.import_module(module), name)
+        if op == "deltaformer_attn":
+            stage = fn()
+            sdpa = sdpa_fn()
+            return lambda q, k, v, beta: sdpa(q, k, stage.apply(k, k, v, beta, 512, None))
+    except Exception as e:          # recorded as fla's note
+        return e
+    s = D ** -0.5
+    if op == "chunk_linear_attn":
+        return lambda q, k, v: fn(q, k, v, scale=s, normalize=False)[0]
+    if op == "chunk_mesa_net":
+        return lambda q, k, v, g, beta: fn(q, k, v, g, beta, _mesa_lamb(q))[0]
+    if op == "causal_conv1d":
+        return lambda x, weight: _first(fn(x, weight, activation="silu"))
+    if op == "chunk_simple_gla":
+        return lambda q, k, v, g: fn(q, k, v, g=g, scale=s)[0]
+    if op == "chunk_gated_delta_rule":
+        return lambda q, k, v, g, beta: fn(q, k, v, g, beta, scale=s)[0]
+    if op == "parallel_path_attn":
+        return lambda q, k, v, w, beta: fn(q, k, v, w, beta, scale=s)[0]
+    return lambda **x: _first(fn(**x, scale=s))
+
+
+def _time_case(fn, x, grads, *, warmup, rep):
+    """``{pass: (ms, peak_mib, note)}`` for one implementation on one input set."""
+    import torch
+    from .harness import bench_ms, short_error
+    out = {}
+    try:
+        with torch.no_grad():
+            out["fwd"] = (bench_ms(lambda: fn(**x), warmup=warmup, rep=rep), None, "")
+    except Exception as e:
+        out["fwd"] = (None, None, short_error(e))
+    try:
+        leaves = {n: (t.detach().clone().requires_grad_(n in grads) if t.is_floating_point() else t)
+                  for n, t in x.items()}
+        ins = [leaves[n] for n in grads]
+        do = torch.randn_like(fn(**leaves))
+
+        def step():
+            return torch.autograd.grad(fn(**leaves), ins, do)
+        ms = bench_ms(step, warmup=warmup, rep=rep)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        out["fwdbwd"] = (ms, round((torch.cuda.max_memory_allocated() - base) / 2 ** 20, 1), "")
+    except Exception as e:
+        out["fwdbwd"] = (None, None, short_error(e))
+    return out
+
+
+def run_train(cases, *, warmup, rep, deadline, write):
+    """Time every case of :func:`train_cases`; ``write()`` after each op and implementation."""
+    import torch
+    records, last = [], None
+    for case in cases:
+        key = (case["impl"], case["op"])
+        if last is not None and key != last:
+            write(records)
+        last = key
+        fn = {"ours": lambda: our_fn(case["op"]), "sdpa": sdpa_fn, "fla": lambda: fla_fn(case["op"])}[case["impl"]]()
+        if isinstance(fn, BaseException):
+            from .harness import short_error
+            records += [record(case, p, note=short_error(fn)) for p in PASSES]
+            continue
+        if time.perf_counter() > deadline:
+            records += [record(case, p, note="skipped: the run's time budget was spent") for p in PASSES]
+            continue
+        x = make_inputs(case["op"], case["B"], case["T"])
+        grads = [n for n in OPS[case["op"]] if n in x]
+        t0 = time.perf_counter()
+        res = _time_case(fn, x, grads, warmup=warmup, rep=rep)
+        records += [record(case, p, ms=res[p][0], note=res[p][2], peak_mib=res[p][1]) for p in PASSES]
+        shown = "  ".join(f"{p} {res[p][0]:.3f} ms" if res[p][0] is not None else f"{p} - {res[p][2][:60]}"
+                          for p in PASSES)
+        print(f"{case['impl']:5s} {case['op']:25s} B={case['B']:4d} T={case['T']:6d}  {shown}  "
+              f"[{time.perf_counter() - t0:.1f} s]", flush=True)
+        del x
+        torch.cuda.empty_cache()
+    write(records)
+    return records
+
+
+def decode_fns(B: int, context, *, heads: int = H, dim: int = D, device="cuda"):
+    """``{impl: fn()}`` for one decoding step at batch ``B`` (the KV-cache read needs ``context``),
+    each with its inputs made here; an implementation that cannot be set up is its exception."""
+    import torch
+    import torch.nn.functional as F
+    from lattn_core.whats_next import gated_delta_step, kv_cache_step
+    gen = torch.Generator(device=device).manual_seed(B)
+    rand = lambda *shape, dt=torch.float32: torch.randn(*shape, device=device, generator=gen).to(dt)  # noqa: E731
+    out = {}
+    if context is not None:
+        bf = torch.bfloat16
+        q, kc, vc = rand(B, heads, dim, dt=bf), rand(B, heads, context, dim, dt=bf), rand(B, heads, context, dim, dt=bf)
+        out["sdpa (KV cache)"] = lambda: kv_cache_step(q, kc, vc)
+        return out
+    S = rand(B, heads, dim, dim) * 0.01
+    q, k, v = rand(B, heads, dim), F.normalize(rand(B, heads, dim), dim=-1), rand(B, heads, dim)
+    a, b = torch.sigmoid(rand(B, heads)), torch.sigmoid(rand(B, heads))
+    out["torch step (Gated DeltaNet)"] = lambda: gated_delta_step(S, q, k, v, a, b)
+    bf = torch.bfloat16
+    q1, k1, v1 = (t[:, None].to(bf) for t in (q, k, v))           # [B, 1, H, D]
+    g1, b1 = a.log()[:, None], b[:, None]
+    S_kv = S.transpose(-1, -2).contiguous()                        # fla's layout [B, H, K, V]
+    try:
+        import kernels
+        out["ours T=1 (chunk_gated_delta_rule)"] = lambda: kernels.chunk_gated_delta_rule(
+            q1, k1, v1, g1, b1, initial_state=S_kv, output_final_state=True)
+    except Exception as e:
+        out["ours T=1 (chunk_gated_delta_rule)"] = e
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+        out["fla fused_recurrent (Gated DeltaNet)"] = lambda: fused_recurrent_gated_delta_rule(
+            q1, k1, v1, g=g1, beta=b1, initial_state=S_kv, output_final_state=True)
+    except Exception as e:
+        out["fla fused_recurrent (Gated DeltaNet)"] = e
+    return out
+
+
+def run_decode(cases, *, warmup, rep, deadline):
+    import torch
+    from .harness import bench_ms, short_error
+    records = []
+    for case in cases:
+        if time.perf_counter() > deadline:
+            records.append(record(case, "step", note="skipped: the run's time budget was spent", section="decode"))
+            continue
+        try:
+            fn = decode_fns(case["B"], case["context"])[case["impl"]]
+            if isinstance(fn, BaseException):
+                raise fn
+            with torch.no_grad():
+                ms, note = bench_ms(fn, warmup=warmup, rep=rep), ""
+        except Exception as e:
+            ms, note = None, short_error(e)
+        records.append(record(case, "step", ms=ms, note=note, section="decode"))
+        print(f"decode {case['impl']:38s} B={case['B']:3d} n={case['context']}  "
+              + (f"{ms:.4f} ms" if ms is not None else note[:70]), flush=True)
+        torch.cuda.empty_cache()
+    return records
+
+
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m kernels.survey", description=__doc__.split("\n\n")[0])
+    p.add_argument("--write", action="store_true", help=f"write {PATH.name} (keeping other parts' records)")
+    p.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
+    p.add_argument("--fla-T", default=",".join(map(str, FLA_T)), help="lengths at which fla is timed")
+    p.add_argument("--budget-s", type=float, default=500.0, help="wall-clock budget of the timings")
+    p.add_argument("--quick", action="store_true", help=f"T in {T_QUICK}, fewer repetitions")
+    args = p.parse_args(argv)
+    parts = [s for s in args.parts.split(",") if s]
+    if any(s not in PARTS for s in parts):
+        raise SystemExit(f"--parts: choose from {PARTS}; got {parts}")
+    fla_ts = tuple(int(t) for t in args.fla_T.split(",") if t)
+    import torch
+    if not torch.cuda.is_available():
+        print("the survey needs a CUDA GPU; Chapter 11 draws the stored kernels/survey.json")
+        return 2
+    from .harness import environment, load_results, write_results
+    warmup, rep = (5, 20) if args.quick else (10, 50)
+    start = time.perf_counter()
+    deadline = start + args.budget_s
+    kept = []
+    if args.write:
+        try:
+            old = load_results(PATH)
+            kept = [dict(r, env=r.get("env", old["env"])) for r in old["records"] if part_of(r) not in parts]
+        except FileNotFoundError:
+            pass
+    done: list = []
+    config = dict(CONFIG, parts=parts, fla_T=list(fla_ts), quick=args.quick, warmup_ms=warmup, rep_ms=rep,
+                  budget_s=args.budget_s,
+                  fla_env={"FLA_DISABLE_BACKEND_DISPATCH": os.environ.get("FLA_DISABLE_BACKEND_DISPATCH")})
+
+    def write(records=()):
+        if args.write:
+            cfg = dict(config, elapsed_s=round(time.perf_counter() - start, 1))
+            write_results(PATH, "survey", cfg, kept + done + list(records), env=environment())
+
+    ts = T_QUICK if args.quick else T_ALL
+    if "train" in parts:
+        done += run_train(train_cases(("train",), ts=ts), warmup=warmup, rep=rep, deadline=deadline,
+                          write=write)
+    if "decode" in parts:
+        done += run_decode(decode_cases(), warmup=warmup, rep=rep, deadline=deadline)
+        write()
+    if "fla" in parts:
+        done += run_train(train_cases(("fla",), fla_ts=fla_ts), warmup=warmup, rep=rep, deadline=deadline,
+                          write=write)
+    write()
+    from .report import ratio_table
+    print("\n" + ratio_table({"name": "survey", "records": [r for r in done if r.get("section") == "train"]}))
+    print(f"\n{time.perf_counter() - start:.0f} s" + (f"; wrote {PATH}" if args.write else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
