@@ -211,6 +211,25 @@ def combine_segments(contrib, dec, h0, plan, B, H, K, V, store_final, reverse=Fa
     return inits, out
 
 
+def segment_entering_states(q, k, v, g, h0, scale: float, plan, output_final_state: bool):
+    """Over gla's sequence split (``plan.NS > 1``): every segment's own sum from a zero state (K1),
+    then the combine in order (K3). Returns the state entering every segment ``[B·H·NS, K, V]``
+    float32 and, with ``output_final_state``, the final state ``[B, H, K, V]`` (else ``None``).
+    MesaNet's state of ``H`` (:mod:`kernels.mesa.states`) starts from here too."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BH, NS, dev, f32 = B * H, plan.NS, q.device, torch.float32
+    dummy = torch.empty(1, dtype=f32, device=dev)
+    contrib = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
+    dec = torch.zeros(BH * NS, K if plan.gate == 2 else 1, dtype=f32, device=dev)
+    _fwd_kernel[((K // plan.BK_s) * (V // plan.BV_s), BH * NS)](
+        q, k, v, g if g is not None else q, dummy, dummy, contrib, dec, dummy, dummy, scale, T, plan.NT,
+        plan.SEG, NS, H=H, K=K, V=V, BT=plan.BT, BK=plan.BK_s, BV=plan.BV_s, GATE=plan.gate, HAS_H0=False,
+        COMPUTE_O=False, STORE_FINAL=True, STORE_DEC=plan.gate != 0, STORE_H=False, IP=plan.IP, EMU=plan.EMU,
+        PRE=plan.gate == 2, num_warps=plan.warps_s, num_stages=plan.stages_s)
+    return combine_segments(contrib, dec, h0, plan, B, H, K, V, output_final_state)
+
+
 def march_forward(q, k, v, g, As, h0, scale: float, plan, output_final_state: bool):
     """``o`` and the final state (or ``None``), and the segment entering states the backward starts
     from. For the vector gate ``q``, ``k``, ``g`` and ``As`` are the prep stage's outputs."""
@@ -234,13 +253,7 @@ def march_forward(q, k, v, g, As, h0, scale: float, plan, output_final_state: bo
             num_stages=plan.stages_f, **common)
         return o, ht, h0
     NS = plan.NS
-    contrib = torch.empty(BH * NS, K, V, dtype=f32, device=dev)
-    dec = torch.zeros(BH * NS, K if plan.gate == 2 else 1, dtype=f32, device=dev)
-    _fwd_kernel[((K // plan.BK_s) * (V // plan.BV_s), BH * NS)](
-        q, k, v, gg, dummy, dummy, contrib, dec, dummy, dummy, scale, T, plan.NT, plan.SEG, NS,
-        BK=plan.BK_s, BV=plan.BV_s, HAS_H0=False, COMPUTE_O=False, STORE_FINAL=True, STORE_DEC=plan.gate != 0,
-        STORE_H=False, num_warps=plan.warps_s, num_stages=plan.stages_s, **common)
-    inits, ht = combine_segments(contrib, dec, h0, plan, B, H, K, V, output_final_state)
+    inits, ht = segment_entering_states(q, k, v, g, h0, scale, plan, output_final_state)
     _fwd_kernel[(V // plan.BV_f, BH * NS)](
         q, k, v, gg, o, inits, dummy, dummy, dummy, As, scale, T, plan.NT, plan.SEG, NS, BK=K, BV=plan.BV_f,
         HAS_H0=True, COMPUTE_O=True, STORE_FINAL=False, STORE_DEC=False, STORE_H=False,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..gla.march import _fwd_kernel, chunk_states, combine_segments
+from ..gla.march import _fwd_kernel, chunk_states, segment_entering_states
 
 __all__ = ["h_states", "h_states_again"]
 
@@ -25,14 +25,7 @@ def h_states(kb, kk, g, h0, plan, output_final_state: bool):
     BH, dev, f32 = B * H, kk.device, torch.float32
     dummy = torch.empty(1, dtype=f32, device=dev)
     if plan.NS > 1:       # gla's split: every segment's own sum, a sequential combine, then the chunks
-        contrib = torch.empty(BH * plan.NS, K, K, dtype=f32, device=dev)
-        dec = torch.zeros(BH * plan.NS, 1, dtype=f32, device=dev)
-        _fwd_kernel[((K // plan.BK_s) * (K // plan.BV_s), BH * plan.NS)](
-            kb, kb, kk, g, dummy, dummy, contrib, dec, dummy, dummy, 1.0, T, plan.NT, plan.SEG, plan.NS,
-            H=H, K=K, V=K, BT=plan.BT, BK=plan.BK_s, BV=plan.BV_s, GATE=1, HAS_H0=False, COMPUTE_O=False,
-            STORE_FINAL=True, STORE_DEC=True, STORE_H=False, IP=plan.IP, EMU=plan.EMU,
-            num_warps=plan.warps_s, num_stages=plan.stages_s)
-        inits, ht = combine_segments(contrib, dec, h0, plan, B, H, K, K, output_final_state)
+        inits, ht = segment_entering_states(kb, kb, kk, g, h0, 1.0, plan, output_final_state)
         return h_states_again(kb, kk, g, inits, plan), inits, ht
     # one segment: the chunk states and the final state in one march
     hs = torch.empty(BH, plan.NT, K, K, dtype=f32, device=dev)
