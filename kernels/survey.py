@@ -37,6 +37,7 @@ T_ALL = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 T_QUICK = (2048, 16384)
 FLA_T = (8192,)
 CONV_WIDTH = 4
+NUM_HOUSEHOLDER = 2      # DeltaProduct's steps per token
 DECODE_BATCH = (1, 64)
 DECODE_CONTEXT = (1024, 4096, 16384, 65536)
 PARTS = ("train", "decode", "fla")
@@ -51,6 +52,7 @@ OPS = {
     "chunk_gla": ("q", "k", "v", "g"),
     "chunk_delta_rule": ("q", "k", "v", "beta"),
     "chunk_gated_delta_rule": ("q", "k", "v", "g", "beta"),
+    "chunk_gated_delta_product": ("q", "k", "v", "g", "beta"),
     "parallel_forgetting_attn": ("q", "k", "v", "g"),
     "deltaformer_attn": ("q", "k", "v", "beta"),
     "parallel_path_attn": ("q", "k", "v", "w", "beta"),
@@ -67,19 +69,22 @@ FLA_NAMES = {
     "chunk_gla": ("fla.ops.gla", "chunk_gla"),
     "chunk_delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule"),
     "chunk_gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
+    "chunk_gated_delta_product": ("fla.ops.gated_delta_product", "chunk_gated_delta_product"),
     "parallel_forgetting_attn": ("fla.ops.forgetting_attn", "parallel_forgetting_attn"),
     "deltaformer_attn": ("kernels.deltaformer.bench", "fla_pseudo_values"),
     "parallel_path_attn": ("fla.ops.path_attn", "parallel_path_attn"),
     "chunk_mesa_net": ("fla.ops.mesa_net", "chunk_mesa_net"),
     "causal_conv1d": ("fla.modules.causal_conv1d", "causal_conv1d"),
 }
-CONFIG = dict(H=H, D=D, dtype="bfloat16", tokens=TOKENS, conv_width=CONV_WIDTH, T=list(T_ALL),
+CONFIG = dict(H=H, D=D, dtype="bfloat16", tokens=TOKENS, conv_width=CONV_WIDTH, num_householder=NUM_HOUSEHOLDER,
+              T=list(T_ALL),
               decode_batch=list(DECODE_BATCH), decode_context=list(DECODE_CONTEXT),
               fla_names={op: ".".join(m) for op, m in FLA_NAMES.items()},
               inputs="q, v ~ N(0, 1); k ~ N(0, 1), L2-normalised for the delta rule and MesaNet; "
                      "g = logsigmoid(N(0, 1)) in float32 (vector gates / 16); beta = sigmoid(N(0, 1)) "
                      "in float32 (PaTH: 2 sigmoid, w L2-normalised, float32); MesaNet lamb = 1 [H, K]; "
-                     "conv: x [B, T, H D], weight [H D, 4] ~ N(0, 1/4), SiLU; scale D^-0.5")
+                     "conv: x [B, T, H D], weight [H D, 4] ~ N(0, 1/4), SiLU; DeltaProduct: k, v, beta "
+                     "with T num_householder rows; scale D^-0.5")
 
 
 def train_cases(parts=PARTS, *, ts=T_ALL, fla_ts=FLA_T, ops=tuple(OPS)) -> list:
@@ -136,15 +141,19 @@ def make_inputs(op: str, B: int, T: int, *, heads: int = H, dim: int = D, device
     rand = lambda *shape: torch.randn(*shape, device=device, generator=gen)     # noqa: E731
     if op == "causal_conv1d":
         return dict(x=rand(B, T, heads * dim).to(dtype), weight=(rand(heads * dim, CONV_WIDTH) / 2).to(dtype))
-    x = {n: rand(B, T, heads, dim).to(dtype) for n in "qkv"}
-    if op in ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_mesa_net"):
+    steps = T * NUM_HOUSEHOLDER if op == "chunk_gated_delta_product" else T    # rows of k, v and beta
+    x = {"q": rand(B, T, heads, dim).to(dtype), "k": rand(B, steps, heads, dim).to(dtype),
+         "v": rand(B, steps, heads, dim).to(dtype)}
+    delta = ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_gated_delta_product", "chunk_mesa_net")
+    if op in delta:
         x["k"] = F.normalize(x["k"].float(), dim=-1).to(dtype)
-    if op in ("chunk_simple_gla", "chunk_gated_delta_rule", "parallel_forgetting_attn", "chunk_mesa_net"):
+    if op in ("chunk_simple_gla", "chunk_gated_delta_rule", "chunk_gated_delta_product", "parallel_forgetting_attn",
+              "chunk_mesa_net"):
         x["g"] = F.logsigmoid(rand(B, T, heads))
     if op == "chunk_gla":
         x["g"] = F.logsigmoid(rand(B, T, heads, dim)) / 16
-    if op in ("chunk_delta_rule", "chunk_gated_delta_rule", "deltaformer_attn", "chunk_mesa_net"):
-        x["beta"] = torch.sigmoid(rand(B, T, heads))
+    if op in delta + ("deltaformer_attn",):
+        x["beta"] = torch.sigmoid(rand(B, steps, heads))
     if op == "parallel_path_attn":
         x["w"] = F.normalize(rand(B, T, heads, dim), dim=-1)
         x["beta"] = 2 * torch.sigmoid(rand(B, T, heads))
@@ -172,6 +181,8 @@ def our_fn(op: str):
         return lambda q, k, v, w, beta: fn(q, k, v, w, beta, scale=s)[0]
     if op == "chunk_gated_delta_rule":
         return lambda q, k, v, g, beta: fn(q, k, v, g, beta, scale=s)[0]
+    if op == "chunk_gated_delta_product":
+        return lambda q, k, v, g, beta: fn(q, k, v, g, beta, NUM_HOUSEHOLDER, scale=s)[0]
     return lambda **x: _first(fn(**x, scale=s))
 
 
@@ -212,6 +223,8 @@ def fla_fn(op: str):
         return lambda q, k, v, g: fn(q, k, v, g=g, scale=s)[0]
     if op == "chunk_gated_delta_rule":
         return lambda q, k, v, g, beta: fn(q, k, v, g, beta, scale=s)[0]
+    if op == "chunk_gated_delta_product":
+        return lambda q, k, v, g, beta: fn(q, k, v, g, beta, NUM_HOUSEHOLDER, scale=s)[0]
     if op == "parallel_path_attn":
         return lambda q, k, v, w, beta: fn(q, k, v, w, beta, scale=s)[0]
     return lambda **x: _first(fn(**x, scale=s))

@@ -15,9 +15,9 @@ def test_model_map_validates_and_covers_the_books_models():
     assert by["GLA (vector gate)"]["bench"] == "python -m kernels.gla.bench --write"
     assert by["Gated DeltaNet"]["results"] == "kernels/delta/results.json"
     assert by["PaTH (Householder products as position encoding)"]["bench"] == "python -m kernels.path.bench --write"
-    # the two models without a kernel say so (no op, no family, no benchmark)
-    for name in ("Comba", "DeltaProduct"):
-        assert by[name]["op"] is None and by[name]["bench"] is None and by[name]["recurrent"]
+    # the model without a kernel says so (no op, no family, no benchmark)
+    assert by["Comba"]["op"] is None and by["Comba"]["bench"] is None and by["Comba"]["recurrent"]
+    assert by["DeltaProduct"]["op"] == "chunk_gated_delta_product" and by["DeltaProduct"]["family"] == "delta"
 
 
 @pytest.mark.parametrize("change", [dict(recurrent="deltanet_recurent"), dict(chunkwise="no_such_form"),

@@ -420,3 +420,68 @@ def test_inference_segments_match_one_range(device, fs, T):
     assert _rel_err(outs[1][0], outs[0][0]) <= TOL32
     if fs:
         assert _rel_err(outs[1][1], outs[0][1]) <= TOL32
+
+
+# ------------------------------------------------------------------ (Gated) DeltaProduct
+def _product_inputs(B, T, H, K, V, n, *, gated, seed, device, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64)
+    k = F.normalize(torch.randn(B, T * n, H, K, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(B, T * n, H, V, generator=gen, dtype=torch.float64)
+    beta = 2 * torch.rand(B, T * n, H, generator=gen, dtype=torch.float64)
+    g = -0.5 * torch.rand(B, T, H, generator=gen, dtype=torch.float64) if gated else None
+    return [None if t is None else t.to(device=device, dtype=dtype) for t in (q, k, v, g, beta)]
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("n,T", [(1, 5), (2, 37), (3, 30)])     # T·n crosses the 64-token chunk
+def test_deltaproduct_is_lattn_cores_definition(gated, n, T):
+    """The op's PyTorch path (float32) = lc.deltaproduct_recurrent (float64, on the same rounded
+    inputs) per batch and head, with the gate once per token. float32 round-off over <= 90 steps of
+    O(1) values is ~1e-6; 1e-4 still fails by O(1) for a gate or a query on the wrong step."""
+    import lattn_core as lc
+    q, k, v, g, beta = _product_inputs(2, T, 2, 8, 4, n, gated=gated, seed=n + T, device="cpu")
+    o, S = kernels.chunk_gated_delta_product(q, k, v, g, beta, n, scale=1.0, output_final_state=True)
+    for b in range(2):
+        for h in range(2):
+            ref = lc.deltaproduct_recurrent(q[b, :, h].double().numpy(), k[b, :, h].reshape(T, n, 8).double().numpy(),
+                                            v[b, :, h].reshape(T, n, 4).double().numpy(),
+                                            beta[b, :, h].reshape(T, n).double().numpy(),
+                                            None if g is None else g[b, :, h].double().exp().numpy())
+            lc.check_close("chunk_gated_delta_product = lc.deltaproduct_recurrent", o[b, :, h].numpy(), ref, 1e-4)
+    assert S.shape == (2, 2, 8, 4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gated", [False, True])
+def test_deltaproduct_triton_against_float64(device, gated):
+    """The Triton path (the delta family's kernels on the T·n steps) = the PyTorch path (the float32
+    reference, itself checked against lattn_core above), outputs, final state and every gradient (q,
+    k, v, g, beta, initial state), at TOL32: both float32, so ~1e-6 apart."""
+    n, T = 2, 45
+    ins = _product_inputs(1, T, 2, 16, 16, n, gated=gated, seed=7, device=device)
+    h0 = torch.randn(1, 2, 16, 16, generator=torch.Generator().manual_seed(3)).to(device)
+    leaves = [None if t is None else t.clone().requires_grad_() for t in ins + [h0]]
+    o, S = kernels.chunk_gated_delta_product(*leaves[:5], n, scale=0.5, initial_state=leaves[5],
+                                             output_final_state=True, backend="triton")
+    ref_leaves = [None if t is None else t.detach().cpu().requires_grad_() for t in ins + [h0]]
+    o_r, S_r = kernels.chunk_gated_delta_product(*ref_leaves[:5], n, scale=0.5, initial_state=ref_leaves[5],
+                                                 output_final_state=True, backend="torch")
+    assert _rel_err(o.cpu(), o_r) < TOL32 and _rel_err(S.cpu(), S_r) < TOL32
+    gen = torch.Generator().manual_seed(11)
+    do, dS = torch.randn(o_r.shape, generator=gen), torch.randn(S_r.shape, generator=gen)
+    used = [i for i, t in enumerate(leaves) if t is not None]
+    grads = torch.autograd.grad((o * do.to(o)).sum() + (S * dS.to(S)).sum(), [leaves[i] for i in used])
+    grads_r = torch.autograd.grad((o_r * do).sum() + (S_r * dS).sum(), [ref_leaves[i] for i in used])
+    for i, gr, gr_r in zip(used, grads, grads_r):
+        assert _rel_err(gr.cpu(), gr_r) < TOL32, ("q", "k", "v", "g", "beta", "h0")[i]
+
+
+def test_deltaproduct_bad_inputs():
+    q, k, v, g, beta = _product_inputs(1, 4, 1, 8, 8, 2, gated=True, seed=0, device="cpu")
+    with pytest.raises(ValueError, match="num_householder must be an integer >= 1"):
+        kernels.chunk_gated_delta_product(q, k, v, g, beta, 0)
+    with pytest.raises(ValueError, match=r"k must have shape \[B, T·num_householder, H, K\] = \[1, 12, 1, 8\]"):
+        kernels.chunk_gated_delta_product(q, k, v, g, beta, 3)
+    with pytest.raises(ValueError, match=r"g must have shape \[B, T, H\] = \[1, 4, 1\]"):
+        kernels.chunk_gated_delta_product(q, k, v, beta, beta, 2)

@@ -206,11 +206,14 @@ def test_survey_records_are_what_the_report_reads():
 
 def test_survey_inputs_and_our_ops_run_on_cpu():
     """Every op's inputs have the layout the op takes, and our op (its PyTorch path on the CPU) returns
-    [B, T, H, V] (the convolution [B, T, H·D]); an op not in kernels yet is its lookup error."""
+    [B, T, H, V] (the convolution [B, T, H·D]); an op not in kernels yet is its lookup error.
+    DeltaProduct's keys, values and beta have NUM_HOUSEHOLDER rows per token."""
     import kernels
     for op in survey.OPS:
         x = survey.make_inputs(op, 2, 10, heads=2, dim=8, device="cpu", dtype=torch.float32)
-        assert all(t.shape[:2] == (2, 10) for n, t in x.items() if n != "weight")
+        steps = {n: survey.NUM_HOUSEHOLDER if op == "chunk_gated_delta_product" and n in ("k", "v", "beta") else 1
+                 for n in x}
+        assert all(t.shape[:2] == (2, 10 * steps[n]) for n, t in x.items() if n != "weight")
         fn = survey.our_fn(op)
         if not hasattr(kernels, op):
             assert isinstance(fn, AttributeError)

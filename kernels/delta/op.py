@@ -35,7 +35,7 @@ from .plan import CHUNK, HEAD_SIZES, plan_for
 from .solve import chunk_cumsum, solve_chunks
 from .wy import wy_factors
 
-__all__ = ["chunk_delta_rule", "chunk_gated_delta_rule", "delta_rule_triton"]
+__all__ = ["chunk_delta_rule", "chunk_gated_delta_rule", "chunk_gated_delta_product", "delta_rule_triton"]
 
 
 class ChunkDeltaFunction(torch.autograd.Function):
@@ -126,3 +126,42 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     if resolve_backend(backend, q) == "torch":
         return reference.chunk_scalar_ref(q, k, v, g, beta, scale, initial_state, output_final_state)
     return delta_rule_triton(q, k, v, g, beta, scale, initial_state, output_final_state)
+
+
+def chunk_gated_delta_product(q, k, v, g, beta, num_householder, scale=None, initial_state=None,
+                              output_final_state=False, backend=None):
+    """(Gated) DeltaProduct (fla's ``chunk_gated_delta_product``): ``n = num_householder`` delta-rule
+    steps per token, the gate once per token, then the read::
+
+        S ← exp(g_t) S;   for i < n: S ← S + β_{t,i} k_{t,i} (v_{t,i} − Sᵀ k_{t,i})ᵀ;   o_t = scale · Sᵀ q_t
+
+    ``q``: ``[B, T, H, K]``; ``k``: ``[B, T·n, H, K]`` and ``v``: ``[B, T·n, H, V]``, the ``n`` steps
+    of token ``t`` at rows ``t·n .. t·n + n − 1``; ``beta``: ``[B, T·n, H]``; ``g``: ``[B, T, H]`` log
+    gates or ``None``. Returns ``(o, final_state)``.
+
+    It *is* the gated delta rule on the ``T·n`` steps (no kernel of its own): the gate goes on each
+    token's first step (``g = 0`` on the others), the query on its last (zero queries on the others,
+    whose outputs are dropped). So the Triton path is :func:`chunk_gated_delta_rule`'s kernels on a
+    sequence ``n`` times longer, which computes ``n − 1`` outputs per token it throws away; a kernel
+    that skipped them would save that work, not change the result."""
+    if isinstance(num_householder, bool) or not isinstance(num_householder, int) or num_householder < 1:
+        raise ValueError(f"num_householder must be an integer >= 1; got {num_householder!r}")
+    n = num_householder
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise ValueError(f"q must be a tensor of shape [B, T, H, K]; got {getattr(q, 'shape', type(q).__name__)}")
+    B, T, H, K = q.shape
+    if not isinstance(k, torch.Tensor) or tuple(k.shape) != (B, T * n, H, K):
+        raise ValueError(f"k must have shape [B, T·num_householder, H, K] = [{B}, {T * n}, {H}, {K}]; "
+                         f"got {list(getattr(k, 'shape', []))}")
+    if g is not None:
+        if not isinstance(g, torch.Tensor) or tuple(g.shape) != (B, T, H):
+            raise ValueError(f"g must have shape [B, T, H] = [{B}, {T}, {H}] (one gate per token); "
+                             f"got {list(getattr(g, 'shape', []))}")
+        g = torch.stack([g] + [torch.zeros_like(g)] * (n - 1), dim=2).reshape(B, T * n, H)
+    q_steps = torch.stack([torch.zeros_like(q)] * (n - 1) + [q], dim=2).reshape(B, T * n, H, K)
+    if g is None:
+        o, state = chunk_delta_rule(q_steps, k, v, beta, scale, initial_state, output_final_state, backend)
+    else:
+        o, state = chunk_gated_delta_rule(q_steps, k, v, g, beta, scale, initial_state, output_final_state,
+                                          backend)
+    return o[:, n - 1::n], state
