@@ -454,7 +454,7 @@ def test_deltaproduct_is_lattn_cores_definition(gated, n, T):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("gated", [False, True])
-def test_deltaproduct_triton_against_float64(device, gated):
+def test_deltaproduct_triton_against_the_reference(device, gated):
     """The Triton path (the delta family's kernels on the T·n steps) = the PyTorch path (the float32
     reference, itself checked against lattn_core above), outputs, final state and every gradient (q,
     k, v, g, beta, initial state), at TOL32: both float32, so ~1e-6 apart."""
