@@ -258,7 +258,7 @@ def show_benchmark(source, *, select=None, title: str | None = None, ours: str =
     try:
         data = load_results(source) if isinstance(source, str) else source
     except FileNotFoundError as exc:
-        print(exc)
+        print(_wrap(str(exc)))
         return None
     if select is not None:
         data = dict(data, records=[r for r in data["records"] if select(r)])
