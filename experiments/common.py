@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-__all__ = ["RESULTS_DIR", "TrainConfig", "mlp_block", "residual_stack", "check_int", "check_seeds", "torch_threads", "derived_seeds", "window_means",
+__all__ = ["RESULTS_DIR", "TrainConfig", "mlp_block", "residual_stack", "fit", "check_int", "check_seeds", "torch_threads", "derived_seeds", "window_means",
            "summarize_seeds", "train_each", "run_each_seed", "load_stored_runs", "seeds_cli"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -52,6 +52,35 @@ def residual_stack(x, norms, mixers, mlps):
         x = x + mix(norm(x))
         x = x + mlp(x)
     return x
+
+
+def fit(model, cfg, batch_loss, *, progress=None, label: dict | None = None, log_every: int = 25):
+    """The experiments' training loop: AdamW (``cfg.lr``, ``cfg.weight_decay``), a one-cycle schedule
+    warming up over the first 10 % of ``cfg.steps`` (a constant rate below 20 steps: PyTorch's
+    schedule divides by zero when its warm-up ends at step 0), gradients clipped at norm 1.
+    ``batch_loss(step)`` draws step ``step``'s batch and returns its loss. ``progress``: an optional
+    tqdm bar, advanced every step, its postfix ``label`` plus the loss every ``log_every`` steps.
+    Returns ``(losses, seconds)``."""
+    import time
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = (torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
+             if cfg.steps >= 20 else None)
+    losses = []
+    t0 = time.perf_counter()
+    for step in range(cfg.steps):
+        loss = batch_loss(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if sched is not None:
+            sched.step()
+        losses.append(float(loss.detach()))
+        if progress is not None:
+            progress.update(1)
+            if log_every and step % log_every == 0:
+                progress.set_postfix(**(label or {}), loss=f"{losses[-1]:.3f}")
+    return losses, time.perf_counter() - t0
 
 
 def check_int(x, name: str, low: int) -> int:

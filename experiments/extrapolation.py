@@ -35,14 +35,13 @@ for the larger setting, ``--write`` to store it with the device, date and versio
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (TrainConfig, check_int, derived_seeds, load_stored_runs, mlp_block, residual_stack,
+from .common import (TrainConfig, check_int, derived_seeds, fit, load_stored_runs, mlp_block, residual_stack,
                      run_each_seed, seeds_cli, summarize_seeds, torch_threads, train_each)
 
 __all__ = ["ENCODINGS", "ExtrapolationConfig", "cpu_config", "gpu_config", "make_recency_recall",
@@ -272,25 +271,13 @@ def train_model(encoding: str, config: ExtrapolationConfig | None = None) -> dic
         torch.manual_seed(init_seed)
         model = RecallTransformer(encoding, V, cfg.n_values, cfg.d_model, cfg.n_heads,
                                   cfg.n_layers).to(cfg.device)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        sched = (torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps,
-                                                     pct_start=0.1) if cfg.steps >= 20 else None)
-        losses = []
-        t0 = time.perf_counter()
-        for step in range(cfg.steps):
+
+        def batch_loss(step):
             x, y = make_recency_recall(seq_len=cfg.train_len, batch=cfg.batch, seed=data_seed + step,
                                        **data)
-            logits = model(x)
             m = y != IGNORE
-            loss = F.cross_entropy(logits[m], y[m])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            if sched is not None:
-                sched.step()
-            losses.append(float(loss.detach()))
-        train_s = time.perf_counter() - t0
+            return F.cross_entropy(model(x)[m], y[m])
+        losses, train_s = fit(model, cfg, batch_loss)
         acc, ce = [], []
         for i, L in enumerate(cfg.eval_lens):
             x, y = make_recency_recall(seq_len=L, batch=cfg.eval_batch, seed=eval_seed + i, **data)

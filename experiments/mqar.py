@@ -56,7 +56,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (RESULTS_DIR, TrainConfig, check_int, check_seeds, derived_seeds, load_stored_runs,
+from .common import (RESULTS_DIR, TrainConfig, check_int, check_seeds, derived_seeds, fit, load_stored_runs,
                      mlp_block, summarize_seeds, torch_threads, window_means)
 
 __all__ = ["MIXERS", "ALL_MIXERS", "MQARConfig", "make_mqar", "MQARModel", "TokenMixer", "state_size",
@@ -345,30 +345,12 @@ def _train(mixer: str, cfg: MQARConfig, progress, log_every: int) -> dict:
     torch.manual_seed(init_seed)
     model = MQARModel(mixer, cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.mlp,
                       cfg.conv_width, cfg.backend, cfg.key_from_previous).to(cfg.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    # one-cycle schedule, warm-up over the first 10 % of the steps; below 20 steps a constant rate
-    # (PyTorch's schedule divides by zero when its warm-up ends at step 0, e.g. steps = 10 or 2)
-    sched = (torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
-             if cfg.steps >= 20 else None)
-    losses = []
-    t0 = time.perf_counter()
-    for step in range(cfg.steps):
+
+    def batch_loss(step):
         N = cfg.kv_pairs[step % len(cfg.kv_pairs)]
         x, y, m = make_mqar(cfg.vocab_size, N, cfg.seq_len, cfg.batch, data_seed + step, device=cfg.device)
-        logits = model(x)
-        loss = F.cross_entropy(logits[m], y[m])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if sched is not None:
-            sched.step()
-        losses.append(float(loss.item()))
-        if progress is not None:
-            progress.update(1)
-            if log_every and step % log_every == 0:
-                progress.set_postfix(mixer=mixer, loss=f"{losses[-1]:.3f}")
-    train_s = time.perf_counter() - t0
+        return F.cross_entropy(model(x)[m], y[m])
+    losses, train_s = fit(model, cfg, batch_loss, progress=progress, label=dict(mixer=mixer), log_every=log_every)
     acc = []
     for i, N in enumerate(cfg.kv_pairs):
         xe, ye, me = make_mqar(cfg.vocab_size, N, cfg.seq_len, cfg.eval_batch, eval_seed + i,

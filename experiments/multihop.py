@@ -62,14 +62,13 @@ with the device, date and versions).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (TrainConfig, check_int, derived_seeds, load_stored_runs, mlp_block, residual_stack,
+from .common import (TrainConfig, check_int, derived_seeds, fit, load_stored_runs, mlp_block, residual_stack,
                      run_each_seed, seeds_cli, summarize_seeds, torch_threads, train_each)
 
 __all__ = ["MIXERS", "NAMES", "MultihopConfig", "cpu_config", "gpu_config", "vocab_size",
@@ -450,28 +449,12 @@ def train_model(mixer: str, config: MultihopConfig | None = None, *, progress=No
         torch.manual_seed(init_seed)
         model = MultihopModel(mixer, cfg.n_vars, cfg.n_values, cfg.d_model, cfg.n_heads,
                               cfg.backend).to(cfg.device)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        sched = (torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps,
-                                                     pct_start=0.1) if cfg.steps >= 20 else None)
-        losses = []
-        t0 = time.perf_counter()
-        for step in range(cfg.steps):
+
+        def batch_loss(step):
             x, y, _ = make_variable_chains(batch=cfg.batch, seed=data_seed + step, **data)
-            logits = model(x)
             m = y != IGNORE
-            loss = F.cross_entropy(logits[m], y[m])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            if sched is not None:
-                sched.step()
-            losses.append(float(loss.detach()))
-            if progress is not None:
-                progress.update(1)
-                if step % 25 == 0:
-                    progress.set_postfix(model=mixer, loss=f"{losses[-1]:.3f}")
-        train_s = time.perf_counter() - t0
+            return F.cross_entropy(model(x)[m], y[m])
+        losses, train_s = fit(model, cfg, batch_loss, progress=progress, label=dict(model=mixer))
         x, y, h = make_variable_chains(batch=cfg.eval_batch, seed=eval_seed, **data)
         acc, ce = evaluate(model, x, y, h, cfg.hops)
         base = mode_baseline(x, y, h, cfg.hops, cfg.n_vars, cfg.n_values)

@@ -66,14 +66,13 @@ per seed on the book's 2-core machine, three seeds by default).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (TrainConfig, check_int, derived_seeds, load_stored_runs, run_each_seed, seeds_cli,
+from .common import (TrainConfig, check_int, derived_seeds, fit, load_stored_runs, run_each_seed, seeds_cli,
                      summarize_seeds, torch_threads, train_each)
 from .mqar import make_mqar
 
@@ -267,28 +266,13 @@ def train_model(variant: str, config: ShortConvConfig | None = None, *, progress
         torch.manual_seed(init_seed)
         model = ConvAblationModel(variant, cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.head_dim,
                                   cfg.conv_width, cfg.backend).to(cfg.device)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        sched = (torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps,
-                                                     pct_start=0.1) if cfg.steps >= 20 else None)
-        losses = []
-        t0 = time.perf_counter()
-        for step in range(cfg.steps):
+
+        def batch_loss(step):
             N = cfg.kv_pairs[step % len(cfg.kv_pairs)]
             x, y, m = make_mqar(cfg.vocab_size, N, cfg.seq_len, cfg.batch, data_seed + step,
                                 device=cfg.device)
-            loss = F.cross_entropy(model(x)[m], y[m])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            if sched is not None:
-                sched.step()
-            losses.append(float(loss.detach()))
-            if progress is not None:
-                progress.update(1)
-                if step % 25 == 0:
-                    progress.set_postfix(model=variant, loss=f"{losses[-1]:.3f}")
-        train_s = time.perf_counter() - t0
+            return F.cross_entropy(model(x)[m], y[m])
+        losses, train_s = fit(model, cfg, batch_loss, progress=progress, label=dict(model=variant))
         acc = []
         for i, N in enumerate(cfg.kv_pairs):
             xe, ye, me = make_mqar(cfg.vocab_size, N, cfg.seq_len, cfg.eval_batch, eval_seed + i,
