@@ -61,12 +61,15 @@ from .common import (RESULTS_DIR, TrainConfig, check_int, check_seeds, derived_s
 
 __all__ = ["MIXERS", "ALL_MIXERS", "MQARConfig", "make_mqar", "MQARModel", "TokenMixer", "state_size",
            "train_mqar", "evaluate_mqar", "run_mqar_sweep", "cpu_config", "gpu_config", "sweep_records",
-           "run_mqar_seeds", "seed_summary", "plot_seed_summary", "STORED_LARGE", "load_stored_large"]
+           "run_mqar_seeds", "seed_summary", "plot_seed_summary", "STORED_LARGE", "load_stored_large",
+           "MESANET_MIXERS", "STORED_MESANET", "load_stored_mesanet"]
 
 STORED_LARGE = "mqar_large"   # experiments/results/mqar_large.json: the GPU sweep the chapter shows on a CPU
 
 MIXERS = ("linear", "decay", "deltanet", "gated_deltanet")
 ALL_MIXERS = MIXERS + ("mesanet",)     # Chapter 9 adds MesaNet to the comparison
+MESANET_MIXERS = ("deltanet", "gated_deltanet", "mesanet")   # Chapter 9's comparison
+STORED_MESANET = "mqar_large_mesanet"  # experiments/results/mqar_large_mesanet.json: its GPU sweep
 
 IGNORE = -100          # target at unscored positions (also masked out by ``mask``)
 FILLER = 0             # the token that fills the query region between queries
@@ -487,6 +490,15 @@ def load_stored_large() -> dict:
                             "--jobs 5 --write", ignore=("seeds", "jobs"))
 
 
+def load_stored_mesanet() -> dict:
+    """Chapter 9's stored GPU sweeps (``experiments/results/mqar_large_mesanet.json``): the GPU setting
+    with the mixers of :data:`MESANET_MIXERS`, as :func:`load_stored_large` reads Chapter 6's.
+    Raises ``FileNotFoundError`` naming the command that writes them."""
+    return load_stored_runs(STORED_MESANET, lambda: gpu_config(mixers=MESANET_MIXERS),
+                            "python -m experiments.mqar --large --mesanet --seeds 0 1 2 --write",
+                            ignore=("seeds", "jobs"))
+
+
 def main(argv=None) -> int:
     """Run a sweep from the command line, once per ``--seeds``; ``--write`` stores it in
     ``experiments/results/<name>.json`` with the device, date and library versions."""
@@ -496,10 +508,15 @@ def main(argv=None) -> int:
     p.add_argument("--large", action="store_true", help="the GPU setting (gpu_config) instead of the CPU one")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="one sweep per seed (default: 0)")
     p.add_argument("--jobs", type=int, default=1, help="seeds run at once, each in its own process")
+    p.add_argument("--mesanet", action="store_true", help=f"Chapter 9's mixers {MESANET_MIXERS} instead of "
+                                                          "Chapter 6's four")
     p.add_argument("--write", action="store_true", help=f"store the records (experiments/results/{STORED_LARGE}.json "
-                                                        "for --large, mqar_small.json otherwise)")
+                                                        f"for --large, {STORED_MESANET}.json with --mesanet, "
+                                                        "mqar_small.json otherwise)")
     args = p.parse_args(argv)
     cfg = gpu_config() if args.large else cpu_config()
+    if args.mesanet:
+        cfg = replace(cfg, mixers=MESANET_MIXERS)
     if cfg.device == "cuda" and not torch.cuda.is_available():
         print("--large needs a CUDA GPU")
         return 2
@@ -511,7 +528,7 @@ def main(argv=None) -> int:
               + f"  ({r['train_seconds']:.0f} s)")
     print(f"{len(args.seeds)} sweeps, {out['config']['jobs']} at a time: {time.perf_counter() - t0:.0f} s")
     if args.write:
-        name = STORED_LARGE if args.large else "mqar_small"
+        name = (STORED_MESANET if args.mesanet else STORED_LARGE) if args.large else "mqar_small"
         path = harness.write_results(RESULTS_DIR / f"{name}.json", name, out["config"], out["records"])
         print("wrote", path)
     return 0

@@ -214,6 +214,25 @@ def test_stored_large_run_fails_the_check_when_gpu_config_changes(monkeypatch):
     assert mq.load_stored_large()["same_as_gpu_config"] is False
 
 
+def test_chapter_9s_stored_runs_are_found_by_their_own_config(tmp_path, monkeypatch):
+    """Chapter 9's GPU sweeps (MesaNet added) live in their own file, checked against gpu_config() with
+    Chapter 9's mixers: missing, the error names the command; stored with those settings, they match;
+    stored with Chapter 6's four mixers, they do not."""
+    import json
+    import experiments.common
+    import experiments.mqar as mq
+    monkeypatch.setattr(experiments.common, "RESULTS_DIR", tmp_path)
+    with pytest.raises(FileNotFoundError, match="--large --mesanet"):
+        mq.load_stored_mesanet()
+    for mixers, same in ((mq.MESANET_MIXERS, True), (MIXERS, False)):
+        cfg = {**gpu_config(mixers=mixers).as_dict(), "seeds": [0], "jobs": 1}
+        cfg.pop("seed")
+        cfg = json.loads(json.dumps(cfg))
+        (tmp_path / f"{mq.STORED_MESANET}.json").write_text(json.dumps(
+            {"name": mq.STORED_MESANET, "env": {"device": "test"}, "config": cfg, "records": []}))
+        assert mq.load_stored_mesanet()["same_as_gpu_config"] is same
+
+
 _TINY = dict(kv_pairs=(2, 4), vocab_size=16, seq_len=12, d_model=16, head_dim=8, steps=4, batch=4, eval_batch=8)
 
 
