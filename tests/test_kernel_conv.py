@@ -264,9 +264,10 @@ def test_bad_inputs(case, msg):
 
 
 def test_plan_overrides():
-    p = plan_for(torch.bfloat16, "cpu", T=100, D=64, interpret=False, fwd_bt=16)
-    assert isinstance(p, ConvPlan) and p.fwd_bt == 16 and p.bwd_steps >= 1
-    assert plan_for(torch.bfloat16, "cpu", T=5, D=64, interpret=False).bwd_steps == 1   # short T: one tile
+    p = plan_for(torch.bfloat16, "cpu", T=100, D=64, interpret=False, fwd_bt=32)
+    assert isinstance(p, ConvPlan) and p.fwd_bt == 32 and p.bwd_steps >= 1
+    short = plan_for(torch.bfloat16, "cpu", T=5, D=64, interpret=False)     # short T: one program's tiles
+    assert short.bwd_steps == -(-5 // short.bwd_bt)                          # cover it, no more
     with pytest.raises(ValueError, match="unknown field"):
         plan_for(torch.float32, "cpu", T=8, D=8, tiles=3)
     with pytest.raises(ValueError, match="power of two"):

@@ -2,17 +2,20 @@
 
 - ``dx_t = sum_j w_j ⊙ dz_{t+j} + dht[:, t - T + W]``: the same taps run backwards in time (the
   transposed convolution), plus the final state's gradient for the last ``W`` tokens that it holds;
-- ``dw_j = sum_{b,t} dz_t ⊙ concat(state, x)_{t-j}``, ``db = sum_{b,t} dz_t``: each program sums its
-  ``bwd_steps`` tiles in registers and writes one partial sum; :func:`_sum_rows_kernel` adds the
-  partials in a fixed order (deterministic, no atomics);
+- ``dw_j = sum_{b,t} dz_t ⊙ concat(state, x)_{t-j}``, ``db = sum_{b,t} dz_t``: each program adds its
+  ``bwd_steps`` tiles element by element into a ``[BT, BD, W]`` register tile (no reduction across
+  threads inside the loop), sums its rows once at the end and writes one partial sum;
+  :func:`_sum_rows_kernel` adds the partials in a fixed order (deterministic, no atomics);
 - the initial state's slot ``i`` collects ``w_j ⊙ dz_t`` of the tokens ``t < i`` that read it
   (``i = t + W - j``) and, when ``T <= i``, the final state's slot ``i - T`` that holds it unchanged
   (the case fla's tracker #1140 got wrong): :func:`state_grad`, one small program per channel block.
 
-With SiLU, a tile of ``dx`` needs ``dz`` on its rows and the ``W - 1`` after them, so each program
-recomputes ``z`` (and the sigmoid) on ``W`` shifted copies of its tile instead of storing ``z`` in the
-forward: it reads ``x`` and ``dy`` once from memory (the shifted copies come from the caches) and
-writes ``dx`` once. (Here ``w_j`` is the tap of lag ``j``, ``weight[:, W - 1 - j]``.)
+Two passes: :func:`_dz_kernel` recomputes ``z`` from the rows of ``x`` it reads anyway for ``dw``,
+writes ``dz`` and the partial sums; :func:`_dx_kernel` reads ``dz`` back for the transposed
+convolution. A tile of ``dx`` needs ``dz`` on its rows and the ``W - 1`` after them, so one fused
+pass has to recompute ``z`` on ``W`` shifted copies of its tile; on the H200 that cost more in
+registers than the extra round trip of ``dz`` (``lab/fused_backward.py``, ``lab/logs/sweep.json``).
+(Here ``w_j`` is the tap of lag ``j``, ``weight[:, W - 1 - j]``.)
 """
 from __future__ import annotations
 
@@ -34,51 +37,66 @@ def _silu_grad(g, z):
 
 
 @triton.jit
-def _conv_bwd_kernel(x, w, bias, s, dy, dht, dx, dwp, dbp, T, D, NP, sxb, sxt, sdb, sdt, W: tl.constexpr,
-                     BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, STEPS: tl.constexpr, ACT: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, HAS_DHT: tl.constexpr,
-                     NEED_DW: tl.constexpr, NEED_DB: tl.constexpr):
-    """``STEPS`` consecutive ``[BT, BD]`` tiles of ``dx``; one partial ``[BD, W]`` of ``dw`` and ``[BD]``
-    of ``db`` (row ``i_b · NP + i_p`` of ``dwp``, ``dbp``)."""
+def _dz_kernel(x, w, bias, s, dy, dz, dwp, dbp, T, D, NP, sxb, sxt, sdb, sdt, W: tl.constexpr, BW: tl.constexpr,
+               BT: tl.constexpr, BD: tl.constexpr, STEPS: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
+               HAS_STATE: tl.constexpr, STORE_DZ: tl.constexpr, NEED_DW: tl.constexpr, NEED_DB: tl.constexpr):
+    """Pass 1: ``STEPS`` consecutive ``[BT, BD]`` tiles of ``dz = dy ⊙ act'(z)``
+    (stored, contiguous ``[B, T, D]``, when ``STORE_DZ``) and one partial ``[BD, W]`` of ``dw`` and
+    ``[BD]`` of ``db``, from the same rows of ``x`` that make ``z``."""
     i_p, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     cols = tl.arange(0, BW)
-    dw_acc = tl.zeros((BD, BW), dtype=tl.float32)
-    db_acc = tl.zeros((BD,), dtype=tl.float32)
-    pdy = dy + i_b.to(tl.int64) * sdb
+    dw_acc = tl.zeros((BT, BD, BW), dtype=tl.float32)     # summed over its rows once, after the loop
+    db_acc = tl.zeros((BT, BD), dtype=tl.float32)
     for c in range(STEPS):
         t0 = (i_p * STEPS + c) * BT
         o_t = t0 + tl.arange(0, BT)
-        dx_acc = tl.zeros((BT, BD), dtype=tl.float32)
-        for j in tl.static_range(W):          # dz on the rows j after the tile's, through the tap of lag j
-            r = o_t + j
-            g = tl.load(pdy + r.to(tl.int64)[:, None] * sdt + o_d[None, :], mask=(r < T)[:, None] & m_d[None, :],
-                        other=0.0).to(tl.float32)
-            if ACT == 1:
-                z = _preactivation(x, s, w, bias, i_b, r, t0 + j, o_d, m_d, sxb, sxt, T, D, W, HAS_BIAS, HAS_STATE)
-                g = _silu_grad(g, z)
-            dx_acc += _tap(w, o_d, m_d, j, W)[None, :] * g
-            if j == 0:                          # the tile's own dz: the taps' and the bias's sums
-                if NEED_DB:
-                    db_acc += tl.sum(g, 0)
-                if NEED_DW:
-                    for i in tl.static_range(W):
-                        xi = _rows(x, s, i_b, o_t - i, t0 - i, o_d, m_d, sxb, sxt, T, D, W, HAS_STATE)
-                        dw_acc += tl.where(cols[None, :] == W - 1 - i, tl.sum(g * xi, 0)[:, None], 0.0)
-        if HAS_DHT:                             # x_t is slot t - T + W of the final state
-            k = o_t - T + W
-            mk = ((k >= 0) & (o_t < T))[:, None] & m_d[None, :]
-            ph = dht + i_b.to(tl.int64) * D * W + o_d[None, :].to(tl.int64) * W + k[:, None]
-            dx_acc += tl.load(ph, mask=mk, other=0.0).to(tl.float32)
-        px = dx + i_b.to(tl.int64) * T * D + o_t.to(tl.int64)[:, None] * D + o_d[None, :]
-        tl.store(px, dx_acc.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
+        m = (o_t < T)[:, None] & m_d[None, :]
+        g = tl.load(dy + i_b.to(tl.int64) * sdb + o_t.to(tl.int64)[:, None] * sdt + o_d[None, :], mask=m,
+                    other=0.0).to(tl.float32)
+        if ACT == 1:
+            z = _preactivation(x, s, w, bias, i_b, o_t, t0, o_d, m_d, sxb, sxt, T, D, W, HAS_BIAS, HAS_STATE)
+            g = _silu_grad(g, z)
+        if STORE_DZ:
+            pz = dz + i_b.to(tl.int64) * T * D + o_t.to(tl.int64)[:, None] * D + o_d[None, :]
+            tl.store(pz, g.to(dz.dtype.element_ty), mask=m)
+        if NEED_DB:
+            db_acc += g
+        if NEED_DW:
+            for i in tl.static_range(W):
+                xi = _rows(x, s, i_b, o_t - i, t0 - i, o_d, m_d, sxb, sxt, T, D, W, HAS_STATE)
+                dw_acc += tl.where(cols[None, None, :] == W - 1 - i, (g * xi)[:, :, None], 0.0)
     row = (i_b * NP + i_p).to(tl.int64)
     if NEED_DW:
         pw = dwp + row * D * W + o_d[:, None] * W + cols[None, :]
-        tl.store(pw, dw_acc, mask=m_d[:, None] & (cols < W)[None, :])
+        tl.store(pw, tl.sum(dw_acc, 0), mask=m_d[:, None] & (cols < W)[None, :])
     if NEED_DB:
-        tl.store(dbp + row * D + o_d, db_acc, mask=m_d)
+        tl.store(dbp + row * D + o_d, tl.sum(db_acc, 0), mask=m_d)
+
+
+@triton.jit
+def _dx_kernel(w, dz, dht, dx, T, D, szb, szt, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+               HAS_DHT: tl.constexpr):
+    """Pass 2: one ``[BT, BD]`` tile of ``dx = sum_j w_j ⊙ dz_{t+j}`` (the
+    transposed convolution) plus the final state's gradient on the last ``W`` tokens."""
+    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    pz = dz + i_b.to(tl.int64) * szb + o_d[None, :]
+    acc = tl.zeros((BT, BD), dtype=tl.float32)
+    for j in tl.static_range(W):
+        r = o_t + j
+        g = tl.load(pz + r.to(tl.int64)[:, None] * szt, mask=(r < T)[:, None] & m_d[None, :], other=0.0)
+        acc += _tap(w, o_d, m_d, j, W)[None, :] * g.to(tl.float32)
+    if HAS_DHT:                                 # x_t is slot t - T + W of the final state
+        k = o_t - T + W
+        mk = ((k >= 0) & (o_t < T))[:, None] & m_d[None, :]
+        ph = dht + i_b.to(tl.int64) * D * W + o_d[None, :].to(tl.int64) * W + k[:, None]
+        acc += tl.load(ph, mask=mk, other=0.0).to(tl.float32)
+    px = dx + i_b.to(tl.int64) * T * D + o_t.to(tl.int64)[:, None] * D + o_d[None, :]
+    tl.store(px, acc.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
 
 
 @triton.jit
@@ -133,22 +151,26 @@ def _sum_rows(part, out, plan):
 def conv_backward(x, weight, bias, state, dy, dht, activation, plan, *, need_dw: bool, need_db: bool):
     """``(dx, dw, db)``: ``dx`` contiguous in ``x``'s dtype, ``dw``/``db`` in the dtypes of ``weight`` and
     ``bias`` (``None`` where not needed). ``dy`` with unit channel stride; ``dht`` ``None`` or
-    contiguous ``[B, D, W]``."""
+    contiguous ``[B, D, W]``. Pass 1 writes ``dz`` (only with an activation: without one ``dz = dy``)
+    and the partial sums of ``dw`` and ``db``; pass 2 forms ``dx`` from ``dz``."""
     B, T, D = x.shape
     W = weight.shape[1]
-    L = plan.bwd_bt * plan.bwd_steps
-    NP = triton.cdiv(T, L)
+    NP = triton.cdiv(T, plan.bwd_bt * plan.bwd_steps)
+    act = ACTIVATION_CODES[activation]
     dx = torch.empty(B, T, D, dtype=x.dtype, device=x.device)
+    dz = torch.empty(B, T, D, dtype=x.dtype, device=x.device) if act else dy
     dwp = torch.empty(B * NP, D, W, dtype=torch.float32, device=x.device) if need_dw else dx
     dbp = torch.empty(B * NP, D, dtype=torch.float32, device=x.device) if need_db else dx
-    grid = (NP, triton.cdiv(D, plan.bwd_bd), B)
-    launch(_conv_bwd_kernel, grid,
-           (x, weight, bias if bias is not None else weight, state if state is not None else x, dy,
-            dht if dht is not None else dy, dx, dwp, dbp, T, D, NP, x.stride(0), x.stride(1),
-            dy.stride(0), dy.stride(1)),
-           dict(W=W, BW=triton.next_power_of_2(W), BT=plan.bwd_bt, BD=plan.bwd_bd, STEPS=plan.bwd_steps,
-                ACT=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None, HAS_STATE=state is not None,
-                HAS_DHT=dht is not None, NEED_DW=need_dw, NEED_DB=need_db), plan.bwd)
+    if act or need_dw or need_db:
+        launch(_dz_kernel, (NP, triton.cdiv(D, plan.bwd_bd), B),
+               (x, weight, bias if bias is not None else weight, state if state is not None else x, dy, dz, dwp, dbp,
+                T, D, NP, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1)),
+               dict(W=W, BW=triton.next_power_of_2(W), BT=plan.bwd_bt, BD=plan.bwd_bd, STEPS=plan.bwd_steps, ACT=act,
+                    HAS_BIAS=bias is not None, HAS_STATE=state is not None, STORE_DZ=act != 0, NEED_DW=need_dw,
+                    NEED_DB=need_db), plan.bwd)
+    launch(_dx_kernel, (triton.cdiv(T, plan.fwd_bt), triton.cdiv(D, plan.fwd_bd), B),
+           (weight, dz, dht if dht is not None else dz, dx, T, D, dz.stride(0), dz.stride(1)),
+           dict(W=W, BT=plan.fwd_bt, BD=plan.fwd_bd, HAS_DHT=dht is not None), plan.fwd)
     dw = _sum_rows(dwp, torch.empty_like(weight), plan) if need_dw else None
     db = _sum_rows(dbp, torch.empty_like(bias), plan) if need_db else None
     return dx, dw, db

@@ -1,10 +1,12 @@
-"""The launch plan of the short-convolution kernels: defaults, as data (not yet measured on a GPU).
+"""The launch plan of the short-convolution kernels: defaults, as data (measured on the H200).
 
 The op is memory-bound: every kernel walks tiles of ``BT`` tokens × ``BD`` channels of ``[B, T, D]``
 tensors, reading the ``W - 1`` earlier rows a tile needs a second time from the L1/L2 caches. The
-forward is one program per tile; the backward's programs each walk ``bwd_steps`` consecutive tiles
-of one channel block, so that the weight and bias gradients they accumulate in registers leave one
-partial sum per ``bwd_bt · bwd_steps`` tokens (reduced by a second, deterministic kernel, no atomics).
+forward is one program per tile; the backward first writes ``dz`` with
+programs that each walk ``bwd_steps`` consecutive tiles of one channel block, so that the weight and
+bias gradients they accumulate in registers leave one partial sum per ``bwd_bt · bwd_steps`` tokens
+(reduced by a second, deterministic kernel, no atomics), then forms ``dx`` from ``dz`` with the
+forward's tiles (``lab/fused_backward.py`` recomputes ``dz`` instead of storing it: slower).
 The small kernels (final state, the initial state's gradient) take one program per (channel block,
 batch). Everything stays in registers; no shared memory is asked for, so every GPU class takes the
 same plan.
@@ -28,18 +30,21 @@ class ConvPlan:
     """``fwd_bt × fwd_bd``: the forward's tile; ``bwd_bt × bwd_bd``: the backward's, ``bwd_steps``
     tiles per program; ``small_bd``: channels per program of the state kernels; ``red_bp × red_bn``:
     the partial-sum reduction's tile (partials × columns); ``fwd``, ``bwd``, ``small``: launches."""
-    fwd_bt: int = 32
+    fwd_bt: int = 16
     fwd_bd: int = 128
-    bwd_bt: int = 16
+    bwd_bt: int = 4
     bwd_bd: int = 128
-    bwd_steps: int = 16
+    bwd_steps: int = 64
     small_bd: int = 128
     red_bp: int = 32
     red_bn: int = 128
-    # 8 warps: 16 (backward: 8) elements of a tile per thread; the compile check (sm_90) gives the
-    # forward 62-117 registers and the SiLU backward 176-222, no spills (4 warps spill in the backward)
-    fwd: tuple = field(default_factory=lambda: (Launch(8, 1),))
-    bwd: tuple = field(default_factory=lambda: (Launch(8, 1),))
+    # measured on the H200 (lab/sweep.py, lab/logs/sweep.json; bf16, SiLU, W = 4, D = 2048): the forward's
+    # 16 x 128 tile on 2 warps, within 2 % of the fastest of 36 tilings (32 x 128 on 2 warps, which spills
+    # with a bias, a residual and a state), and the split backward's 4 x 128 tiles, 64 per program, on
+    # 4 warps, within 2 % of the fastest of 72 (8 x 128, which spills in float32); the lab's fused
+    # backward was at best 2x slower. Other widths (not measured) take 8 warps in the forward: 2 and 4 spill at W = 3.
+    fwd: tuple = field(default_factory=lambda: (Launch(2, 1),))
+    bwd: tuple = field(default_factory=lambda: (Launch(4, 1),))
     small: tuple = field(default_factory=lambda: (Launch(4, 1),))
 
 
@@ -69,9 +74,7 @@ def plan_for(dtype, device, *, T: int, D: int, W: int = 4, interpret: bool = INT
         plan = ConvPlan(fwd_bt=bt, fwd_bd=bd, bwd_bt=bt, bwd_bd=bd, bwd_steps=1, small_bd=bd, red_bp=8, red_bn=64)
     else:
         caps = caps if caps is not None else device_caps(device)
-        # wider than 4: half the backward's tile (its SiLU recomputes W² products per element; at W = 8 and
-        # 16 × 128 the compile check found up to 2.7 KB spilled)
-        plan = ConvPlan() if W <= 4 else ConvPlan(bwd_bt=8, bwd_steps=32)
+        plan = ConvPlan() if W == 4 else ConvPlan(fwd=(Launch(8, 1),))
         # short sequences: fewer tiles per backward program, so that B · T / (bwd_bt · steps) programs
         # along time still fill the GPU
         steps = max(1, min(plan.bwd_steps, triton.cdiv(T, plan.bwd_bt)))
