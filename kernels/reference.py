@@ -389,24 +389,29 @@ def chunk_mesa_net_ref(q, k, v, g, beta, lamb, max_CG_iteration: int = 30, h_kk_
 
 
 def _cg(apply_A, rhs, iterations: int):
-    """CG from zero on the rows of ``rhs`` (``[..., K]``), ``iterations`` steps, in lockstep."""
+    """CG from zero on the rows of ``rhs`` (``[..., K]``), ``iterations`` steps, in lockstep. A row
+    stops (its step sizes become 0) once its squared residual falls below ``eps²`` times its
+    right-hand side's (``eps`` the dtype's unit roundoff): past that point the steps are rounding
+    noise, and their ratios of vanishing numbers would send ``inf``/NaN into autograd's gradient."""
     def dot(a, c):
         return (a * c).sum(-1, keepdim=True)
 
-    def ratio(num, den):          # num / den where den > 0, else 0 (and no 0/0 in the gradient)
-        ok = den > 0
+    def ratio(num, den, ok):      # num / den where ok, else 0 (and no 0/0 in the gradient)
         return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num))
 
     x = torch.zeros_like(rhs)
     r = rhs
     p = r
     rr = dot(r, r)
+    floor = rr.detach() * torch.finfo(rhs.dtype).eps ** 2
     for _ in range(iterations):
         Ap = apply_A(p)
-        alpha = ratio(rr, dot(p, Ap))
+        live = rr > floor
+        pAp = dot(p, Ap)
+        alpha = ratio(rr, pAp, live & (pAp > 0))
         x = x + alpha * p
         r = r - alpha * Ap
         rr_new = dot(r, r)
-        p = r + ratio(rr_new, rr) * p
+        p = r + ratio(rr_new, rr, live) * p
         rr = rr_new
     return x

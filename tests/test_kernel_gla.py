@@ -170,6 +170,27 @@ def test_half_precision(device, op, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("op", OPS)
+def test_small_heads_run_in_float32(device, op):
+    """16-bit inputs with K or V below 64 take the float32 kernels (plan.SMALL_HEAD, NOTES "small
+    heads"): the output and gradients are the float32 run's on the same values, cast back exactly."""
+    from kernels.gla.plan import gate_code, plan_for
+    q, k, v, g, s0 = _inputs(op, 1, 40, 2, 32, 64, torch.bfloat16, device, seed=9)
+    assert plan_for(gate_code(g), 1, 40, 2, 32, 64, q.dtype, q.device).upcast
+    assert not plan_for(gate_code(g), 1, 40, 2, 64, 64, q.dtype, q.device).upcast
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    f32 = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    o, _ = chunk_gla_triton(*leaves, g, 0.5, s0)
+    o32, _ = chunk_gla_triton(*f32, g, 0.5, s0)
+    assert o.dtype == torch.bfloat16 and torch.equal(o, o32.to(torch.bfloat16))
+    do = torch.randn_like(o32)
+    grads = torch.autograd.grad(o, leaves, do.to(o.dtype))
+    grads32 = torch.autograd.grad(o32, f32, do.to(o.dtype).float())
+    for a, b in zip(grads, grads32):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", OPS)
 def test_noncontiguous_and_mixed_head_sizes(device, op):
     q, k, v, g, s0 = _inputs(op, 1, 33, 2, 32, 16, torch.float32, device, noncontig=True, seed=6)
     assert not q.is_contiguous() and not v.is_contiguous()

@@ -70,8 +70,14 @@ def chunk_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=F
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g = g.contiguous() if g is not None else None
     h0 = initial_state.contiguous().float() if initial_state is not None else None
+    overrides = dict(plan or {})
     plan = plan_for(gate_code(g), B, T, H, K, V, q.dtype, q.device, num_segments=num_segments, caps=caps,
-                    **(plan or {}))
+                    **overrides)
+    if plan.upcast:   # 16-bit heads narrower than 64: the float32 kernels (plan.SMALL_HEAD), cast back
+        overrides.pop("upcast", None)
+        o, ht = chunk_gla_triton(q.float(), k.float(), v.float(), g.float() if g is not None else None, scale, initial_state, output_final_state,
+                                 num_segments=num_segments, plan=overrides, caps=caps)
+        return o.to(q.dtype), ht
     if plan.path == "torch":    # a class these kernels do not fit (kernels/gla/plan.py): PyTorch on the device
         if g is not None and g.dim() == 4:
             return reference.chunk_gla_ref(q, k, v, g, scale, initial_state, output_final_state)

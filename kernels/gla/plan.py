@@ -62,6 +62,12 @@ class GlaPlan:
     EMU: bool                 # under the interpreter: 16-bit operand roundings emulated in float32
     state_dtype: torch.dtype  # per-chunk states kept for the backward
     path: str = "triton"      # "torch": the class cannot run these kernels (the PyTorch implementation)
+    upcast: bool = False      # 16-bit heads narrower than 64: run the float32 kernels (NOTES, "small heads")
+
+
+#: 16-bit inputs with K or V below this run the float32 kernels: on the H200 the tensor-core kernels at
+#: K = 32 returned wrong gradients (and one launch an illegal address), see NOTES.md, "small heads"
+SMALL_HEAD = 64
 
 
 def gate_code(g) -> int:
@@ -133,7 +139,8 @@ def plan_for(gate: int, B: int, T: int, H: int, K: int, V: int, dtype, device, *
     plan = GlaPlan(gate=gate, BT=BT, NT=NT, SEG=SEG, NS=triton.cdiv(NT, SEG), **tiles,
                    gate_pieces={torch.bfloat16: 1, torch.float16: 2}.get(dtype, 3),
                    IP="ieee" if dtype == torch.float32 else "tf32", EMU=bool(interpret),
-                   state_dtype=torch.float32 if dtype == torch.float32 else dtype, path=path)
+                   state_dtype=torch.float32 if dtype == torch.float32 else dtype, path=path,
+                   upcast=dtype != torch.float32 and min(K, V) < SMALL_HEAD)
     tunable = {f.name for f in fields(GlaPlan)} - {"gate", "NT", "SEG", "NS"}
     bad = sorted(set(overrides) - tunable)
     if bad:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..backend import INTERPRET, Caps, device_caps
-from ..gla.plan import GlaPlan, plan_for as gla_plan_for
+from ..gla.plan import SMALL_HEAD, GlaPlan, plan_for as gla_plan_for
 
 __all__ = ["MesaPlan", "plan_for", "CHUNK", "KEY_SIZES"]
 
@@ -55,7 +55,9 @@ def plan_for(dtype, device, B: int, T: int, H: int, K: int, *, interpret: bool =
     (default: the device's); ``num_segments`` forces gla's sequence split of the states' march;
     ``overrides`` replace fields (``warps_cg``, ``stages_cg``: tests and the lab's sweeps)."""
     caps = caps if caps is not None else device_caps(device)
-    operand = torch.float32 if dtype == torch.float32 else torch.float16
+    # float16 products for 16-bit inputs, but float32 for heads narrower than gla's SMALL_HEAD (the
+    # tensor-core path returned wrong gradients at K = 32 on the H200: kernels/gla/NOTES.md)
+    operand = torch.float32 if dtype == torch.float32 or K < SMALL_HEAD else torch.float16
     states = gla_plan_for(1, B, T, H, K, K, operand, device, interpret=interpret, caps=caps,
                           num_segments=num_segments, state_dtype=torch.float32)
     plan = MesaPlan(BT=CHUNK, warps_cg=8 if K >= 128 else 4, stages_cg=1, operand=operand,
