@@ -79,7 +79,7 @@ def _check(ok: bool, what: str):
         raise LookupError(f"model map: {what}")
 
 
-def model_map(models=MODELS, *, root=None, check_notebooks: bool = True) -> list:
+def model_map(models=MODELS, *, root=None, check_notebooks: bool | None = None) -> list:
     """The rows of the model map, after checking every name in ``models`` against the code.
 
     Each row is a dict: ``model``, ``recurrent``, ``parallel``, ``chunkwise`` (``lattn_core``
@@ -88,14 +88,17 @@ def model_map(models=MODELS, *, root=None, check_notebooks: bool = True) -> list
     ``results`` (its file; ``None`` while the family is not yet measured, see
     :func:`family_measured`), ``chapters`` and ``notebooks``. Raises :class:`LookupError` naming the
     first thing that does not exist: a ``lattn_core`` function, a ``kernels`` op, the family's
-    ``op.py``/``bench.py``/``results.json``, or (with ``check_notebooks``; the pip package ships no
-    notebooks) the chapter's notebook under ``root`` (default: this repository's checkout), whose
-    name must start with the chapter's number. A family without ``results.json`` must say in its
+    ``op.py``/``bench.py``/``results.json``, or (with ``check_notebooks``) the chapter's notebook under
+    ``root`` (default: this repository's checkout), whose name must start with the chapter's number.
+    ``check_notebooks`` defaults to whether ``root`` has a ``notebooks`` folder: a checkout has one,
+    the installed package (a reader's ``pip install``, Colab) has none. A family without ``results.json`` must say in its
     ``NOTES.md`` that it is not yet measured.
     """
     import kernels
     import lattn_core
     root = Path(root) if root is not None else REPO_ROOT
+    if check_notebooks is None:
+        check_notebooks = (root / "notebooks").is_dir()
     rows = []
     for m in models:
         forms = {"recurrent": m.recurrent, "parallel": m.parallel, "chunkwise": m.chunkwise}

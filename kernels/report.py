@@ -20,7 +20,7 @@ import math
 from .harness import load_results
 
 __all__ = ["show_benchmark", "ratio_table", "ratio_rows", "stored_goal", "goal_verdicts", "describe_verdicts", "plot_results",
-           "series_colors", "env_line"]
+           "series_colors", "env_line", "plot_tradeoff"]
 
 # The implementation the stored goals compare us with (config["goals"]: our time / this one's).
 GOALS_PEER = "fla"
@@ -198,6 +198,30 @@ def series_colors(data: dict, *, x: str = "T", select=None) -> dict:
     labels = sorted({lab for p in (None, "fwd", "fwdbwd") for lab in _series(data, x=x, pass_=p, select=select)})
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     return {lab: cycle[i % len(cycle)] for i, lab in enumerate(labels)}
+
+
+def plot_tradeoff(data: dict, *, op: str, param: str, err_key: str = "o", pass_: str = "fwd", ax=None,
+                  title: str | None = None):
+    """Error against time for a sweep: for every implementation, its records of ``op`` and ``pass_``
+    as points (median ms, ``err[err_key]``) joined in the order of ``param`` and labelled with its
+    value (say, MesaNet's ``cg`` steps). Log-log; returns the axes."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.0, 4.0), layout="constrained")
+    recs = [r for r in data["records"] if r.get("op") == op and r.get("pass") == pass_ and _num(r.get("ms"))
+            and _num((r.get("err") or {}).get(err_key))]
+    for impl in sorted({r["impl"] for r in recs}):
+        pts = sorted((r[param], r["ms"], r["err"][err_key]) for r in recs if r["impl"] == impl)
+        line, = ax.loglog([p[1] for p in pts], [p[2] for p in pts], "o-", label=impl)
+        for value, ms, err in pts:
+            ax.annotate(str(value), (ms, err), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                        color=line.get_color())
+    ax.set_xlabel(f"median ms ({pass_})")
+    ax.set_ylabel(f"RMS error of {err_key} / RMS of the float64 reference")
+    ax.set_title(title or f"{op}: error against time, labelled by {param}", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.minorticks_off()
+    return ax
 
 
 def plot_results(data: dict, *, x: str = "T", pass_: str | None = None, ax=None, title: str | None = None,

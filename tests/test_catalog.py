@@ -59,3 +59,12 @@ def test_a_family_not_yet_measured_has_no_results_file(tmp_path, monkeypatch):
     (tmp_path / "delta" / "NOTES.md").write_text("# delta\n")
     with pytest.raises(LookupError, match="Not yet measured"):
         catalog.model_map((deltanet,))
+
+
+def test_installed_package_without_notebooks(tmp_path):
+    """Outside a checkout (the installed package has no notebooks folder, as on Colab) the map skips
+    the notebook check; asked to check there, it names the missing notebook."""
+    rows = catalog.model_map(root=tmp_path)
+    assert len(rows) == len(catalog.MODELS)
+    with pytest.raises(LookupError, match="no notebooks/"):
+        catalog.model_map(root=tmp_path, check_notebooks=True)
