@@ -37,6 +37,36 @@ def _silu_grad(g, z):
 
 
 @triton.jit
+def _add_dw(dw_acc, g, x, s, i_b, o_t, t0, o_d, m_d, cols, sxb, sxt, T, D, W: tl.constexpr, HAS_STATE: tl.constexpr):
+    """``dw_acc[t, d, W-1-i] += g_t ⊙ x_{t-i}`` for every lag ``i``: the weight gradient's terms of one
+    tile, element by element (its rows are summed once, by :func:`_store_partials`)."""
+    for i in tl.static_range(W):
+        xi = _rows(x, s, i_b, o_t - i, t0 - i, o_d, m_d, sxb, sxt, T, D, W, HAS_STATE)
+        dw_acc += tl.where(cols[None, None, :] == W - 1 - i, (g * xi)[:, :, None], 0.0)
+    return dw_acc
+
+
+@triton.jit
+def _store_partials(dwp, dbp, dw_acc, db_acc, row, o_d, m_d, cols, D, W: tl.constexpr, NEED_DW: tl.constexpr,
+                    NEED_DB: tl.constexpr):
+    """One program's partial sums: row ``row`` of ``dwp`` (``[BD, W]``) and ``dbp`` (``[BD]``)."""
+    if NEED_DW:
+        pw = dwp + row * D * W + o_d[:, None] * W + cols[None, :]
+        tl.store(pw, tl.sum(dw_acc, 0), mask=m_d[:, None] & (cols < W)[None, :])
+    if NEED_DB:
+        tl.store(dbp + row * D + o_d, tl.sum(db_acc, 0), mask=m_d)
+
+
+@triton.jit
+def _final_state_rows(dht, i_b, o_t, o_d, m_d, T, D, W: tl.constexpr):
+    """The final state's gradient on the rows ``o_t`` (``x_t`` is slot ``t - T + W``; zero elsewhere)."""
+    k = o_t - T + W
+    mk = ((k >= 0) & (o_t < T))[:, None] & m_d[None, :]
+    ph = dht + i_b.to(tl.int64) * D * W + o_d[None, :].to(tl.int64) * W + k[:, None]
+    return tl.load(ph, mask=mk, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _dz_kernel(x, w, bias, s, dy, dz, dwp, dbp, T, D, NP, sxb, sxt, sdb, sdt, W: tl.constexpr, BW: tl.constexpr,
                BT: tl.constexpr, BD: tl.constexpr, STEPS: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
                HAS_STATE: tl.constexpr, STORE_DZ: tl.constexpr, NEED_DW: tl.constexpr, NEED_DB: tl.constexpr):
@@ -64,15 +94,8 @@ def _dz_kernel(x, w, bias, s, dy, dz, dwp, dbp, T, D, NP, sxb, sxt, sdb, sdt, W:
         if NEED_DB:
             db_acc += g
         if NEED_DW:
-            for i in tl.static_range(W):
-                xi = _rows(x, s, i_b, o_t - i, t0 - i, o_d, m_d, sxb, sxt, T, D, W, HAS_STATE)
-                dw_acc += tl.where(cols[None, None, :] == W - 1 - i, (g * xi)[:, :, None], 0.0)
-    row = (i_b * NP + i_p).to(tl.int64)
-    if NEED_DW:
-        pw = dwp + row * D * W + o_d[:, None] * W + cols[None, :]
-        tl.store(pw, tl.sum(dw_acc, 0), mask=m_d[:, None] & (cols < W)[None, :])
-    if NEED_DB:
-        tl.store(dbp + row * D + o_d, tl.sum(db_acc, 0), mask=m_d)
+            dw_acc = _add_dw(dw_acc, g, x, s, i_b, o_t, t0, o_d, m_d, cols, sxb, sxt, T, D, W, HAS_STATE)
+    _store_partials(dwp, dbp, dw_acc, db_acc, (i_b * NP + i_p).to(tl.int64), o_d, m_d, cols, D, W, NEED_DW, NEED_DB)
 
 
 @triton.jit
@@ -90,11 +113,8 @@ def _dx_kernel(w, dz, dht, dx, T, D, szb, szt, W: tl.constexpr, BT: tl.constexpr
         r = o_t + j
         g = tl.load(pz + r.to(tl.int64)[:, None] * szt, mask=(r < T)[:, None] & m_d[None, :], other=0.0)
         acc += _tap(w, o_d, m_d, j, W)[None, :] * g.to(tl.float32)
-    if HAS_DHT:                                 # x_t is slot t - T + W of the final state
-        k = o_t - T + W
-        mk = ((k >= 0) & (o_t < T))[:, None] & m_d[None, :]
-        ph = dht + i_b.to(tl.int64) * D * W + o_d[None, :].to(tl.int64) * W + k[:, None]
-        acc += tl.load(ph, mask=mk, other=0.0).to(tl.float32)
+    if HAS_DHT:
+        acc += _final_state_rows(dht, i_b, o_t, o_d, m_d, T, D, W)
     px = dx + i_b.to(tl.int64) * T * D + o_t.to(tl.int64)[:, None] * D + o_d[None, :]
     tl.store(px, acc.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
 

@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 
 from kernels.backend import launch
-from kernels.conv.backward import _silu_grad, _sum_rows
-from kernels.conv.forward import ACTIVATION_CODES, _preactivation, _rows, _tap
+from kernels.conv.backward import _add_dw, _final_state_rows, _silu_grad, _store_partials, _sum_rows
+from kernels.conv.forward import ACTIVATION_CODES, _preactivation, _tap
 
 
 @triton.jit
@@ -47,22 +47,12 @@ def _conv_bwd_kernel(x, w, bias, s, dy, dht, dx, dwp, dbp, T, D, NP, sxb, sxt, s
                 if NEED_DB:
                     db_acc += g
                 if NEED_DW:
-                    for i in tl.static_range(W):
-                        xi = _rows(x, s, i_b, o_t - i, t0 - i, o_d, m_d, sxb, sxt, T, D, W, HAS_STATE)
-                        dw_acc += tl.where(cols[None, None, :] == W - 1 - i, (g * xi)[:, :, None], 0.0)
-        if HAS_DHT:                             # x_t is slot t - T + W of the final state
-            k = o_t - T + W
-            mk = ((k >= 0) & (o_t < T))[:, None] & m_d[None, :]
-            ph = dht + i_b.to(tl.int64) * D * W + o_d[None, :].to(tl.int64) * W + k[:, None]
-            dx_acc += tl.load(ph, mask=mk, other=0.0).to(tl.float32)
+                    dw_acc = _add_dw(dw_acc, g, x, s, i_b, o_t, t0, o_d, m_d, cols, sxb, sxt, T, D, W, HAS_STATE)
+        if HAS_DHT:
+            dx_acc += _final_state_rows(dht, i_b, o_t, o_d, m_d, T, D, W)
         px = dx + i_b.to(tl.int64) * T * D + o_t.to(tl.int64)[:, None] * D + o_d[None, :]
         tl.store(px, dx_acc.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
-    row = (i_b * NP + i_p).to(tl.int64)
-    if NEED_DW:
-        pw = dwp + row * D * W + o_d[:, None] * W + cols[None, :]
-        tl.store(pw, tl.sum(dw_acc, 0), mask=m_d[:, None] & (cols < W)[None, :])
-    if NEED_DB:
-        tl.store(dbp + row * D + o_d, tl.sum(db_acc, 0), mask=m_d)
+    _store_partials(dwp, dbp, dw_acc, db_acc, (i_b * NP + i_p).to(tl.int64), o_d, m_d, cols, D, W, NEED_DW, NEED_DB)
 
 
 def fused_conv_backward(x, weight, bias, state, dy, dht, activation, plan, *, need_dw: bool, need_db: bool):
