@@ -204,7 +204,7 @@ def plot_tradeoff(data: dict, *, op: str, param: str, err_key: str = "o", pass_:
                   title: str | None = None):
     """Error against time for a sweep: for every implementation, its records of ``op`` and ``pass_``
     as points (median ms, ``err[err_key]``) joined in the order of ``param`` and labelled with its
-    value (say, MesaNet's ``cg`` steps). Log-log; returns the axes."""
+    value (say, MesaNet's ``cg`` steps). Linear axes; returns the axes."""
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(6.0, 4.0), layout="constrained")
@@ -212,7 +212,7 @@ def plot_tradeoff(data: dict, *, op: str, param: str, err_key: str = "o", pass_:
             and _num((r.get("err") or {}).get(err_key))]
     for impl in sorted({r["impl"] for r in recs}):
         pts = sorted((r[param], r["ms"], r["err"][err_key]) for r in recs if r["impl"] == impl)
-        line, = ax.loglog([p[1] for p in pts], [p[2] for p in pts], "o-", label=impl)
+        line, = ax.plot([p[1] for p in pts], [p[2] for p in pts], "o-", label=impl)
         for value, ms, err in pts:
             ax.annotate(str(value), (ms, err), textcoords="offset points", xytext=(4, 4), fontsize=7,
                         color=line.get_color())
@@ -220,7 +220,6 @@ def plot_tradeoff(data: dict, *, op: str, param: str, err_key: str = "o", pass_:
     ax.set_ylabel(f"RMS error of {err_key} / RMS of the float64 reference")
     ax.set_title(title or f"{op}: error against time, labelled by {param}", fontsize=9)
     ax.legend(fontsize=8)
-    ax.minorticks_off()
     return ax
 
 

@@ -163,3 +163,18 @@ def test_goals_per_peer_and_op():
     sdpa = [dict(r, impl="sdpa") for r in data["records"] if r["impl"] == "fla"]
     data["records"] += sdpa
     assert {(r["op"], r["pass"]): r["goal"] for r in report.ratio_rows(data, peer="sdpa")}[("op_a", "fwd")] == 1.1
+
+
+def test_plot_tradeoff_one_line_per_implementation_in_sweep_order():
+    """Each implementation's points are its records of the op and pass, ordered by the swept
+    parameter, at (ms, err[err_key]); other ops, passes and records without a time are left out."""
+    import matplotlib.pyplot as plt
+    recs = [dict(op="s", impl=i, cg=c, **{"pass": p}, ms=m, err={"o": e})
+            for i, c, p, m, e in [("ours", 10, "fwd", 2.0, 0.1), ("ours", 5, "fwd", 1.0, 0.3),
+                                  ("fla", 5, "fwd", 1.5, 0.4), ("fla", 10, "fwdbwd", 9.0, 0.2),
+                                  ("fla", 20, "fwd", None, 0.1)]]
+    recs.append(dict(op="other", impl="ours", cg=1, **{"pass": "fwd"}, ms=0.5, err={"o": 0.9}))
+    ax = report.plot_tradeoff({"records": recs}, op="s", param="cg")
+    lines = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.get_lines()}
+    assert lines == {"ours": ([1.0, 2.0], [0.3, 0.1]), "fla": ([1.5], [0.4])}
+    plt.close("all")
