@@ -10,7 +10,9 @@ with ``H_c``::
 
 plus ``Lambda P``. The forward solves with ``b = q``, the backward with ``b = dL/dx`` (the matrix is
 symmetric). CG starts from zero and runs exactly ``ITERS`` iterations (no stopping test, as fla);
-a row whose residual or curvature is exactly zero stays where it is (no 0/0).
+a row whose residual or curvature is exactly zero stays where it is (no 0/0). (The PyTorch path,
+``kernels.reference._cg``, stops a row at its dtype's roundoff, so that autograd through converged
+steps stays finite; this kernel's backward is one more solve and needs no such rule.)
 
 Operands of the products, in the plan's ``operand`` dtype (float16 for 16-bit inputs):
 - ``P`` row-scaled by ``1 / |r_t|`` (CG's ``|p_k| <= sqrt(k + 1) |r_k|``): the rows stay O(1) in
