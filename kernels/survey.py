@@ -1,6 +1,7 @@
 """The survey: every op of :mod:`kernels` and torch SDPA at the same shapes, in one run (Chapter 11).
 
-    python -m kernels.survey [--write] [--parts train,decode,fla] [--fla-T 8192] [--budget-s 500] [--quick]
+    python -m kernels.survey [--write] [--parts train,decode,fla] [--ops a,b] [--fla-T 8192] [--budget-s 500]
+                             [--quick]
 
 Writes ``kernels/survey.json`` through :mod:`kernels.harness` (device, date, versions, the config and
 one record per measurement); the book draws it in Chapter 11. Three parts, each a list of records:
@@ -21,7 +22,7 @@ one record per measurement); the book draws it in Chapter 11. Three parts, each 
 An op that is not importable (an op still being written) or that raises is recorded with ``ms``
 ``None`` and the error as its ``note``, never worked around. A wall-clock budget is checked before
 every timing; what it leaves out is recorded as skipped. The file is rewritten after every op, and a
-run of some parts keeps the other parts' records already in it.
+run of some parts or some ops (``--ops``) keeps the records it does not re-time (:func:`replaced_by`).
 """
 from __future__ import annotations
 
@@ -127,6 +128,15 @@ def part_of(rec: dict) -> str:
     if rec.get("section") == "decode":
         return "decode"
     return "fla" if rec.get("impl") == "fla" else "train"
+
+
+def replaced_by(rec: dict, parts, ops) -> bool:
+    """Whether a run of ``parts`` over ``ops`` re-times (and so replaces) a stored record: every
+    record of its parts for those ops, and SDPA's and the decoding records whenever their part runs."""
+    part = part_of(rec)
+    if part not in parts:
+        return False
+    return part == "decode" or rec.get("impl") == "sdpa" or rec.get("op") in ops
 
 
 def make_inputs(op: str, B: int, T: int, *, heads: int = H, dim: int = D, device="cuda", dtype=None,
@@ -358,6 +368,8 @@ def main(argv=None) -> int:
     p.add_argument("--write", action="store_true", help=f"write {PATH.name} (keeping other parts' records)")
     p.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
     p.add_argument("--fla-T", default=",".join(map(str, FLA_T)), help="lengths at which fla is timed")
+    p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of the ops (fla tunes each "
+                   "op for minutes on a new machine: a few ops per call); the others' records are kept")
     p.add_argument("--budget-s", type=float, default=500.0, help="wall-clock budget of the timings")
     p.add_argument("--quick", action="store_true", help=f"T in {T_QUICK}, fewer repetitions")
     args = p.parse_args(argv)
@@ -365,6 +377,9 @@ def main(argv=None) -> int:
     if any(s not in PARTS for s in parts):
         raise SystemExit(f"--parts: choose from {PARTS}; got {parts}")
     fla_ts = tuple(int(t) for t in args.fla_T.split(",") if t)
+    ops = tuple(o for o in args.ops.split(",") if o)
+    if any(o not in OPS for o in ops):
+        raise SystemExit(f"--ops: choose from {tuple(OPS)}; got {ops}")
     import torch
     if not torch.cuda.is_available():
         print("the survey needs a CUDA GPU; Chapter 11 draws the stored kernels/survey.json")
@@ -377,11 +392,11 @@ def main(argv=None) -> int:
     if args.write:
         try:
             old = load_results(PATH)
-            kept = [dict(r, env=r.get("env", old["env"])) for r in old["records"] if part_of(r) not in parts]
+            kept = [dict(r, env=r.get("env", old["env"])) for r in old["records"] if not replaced_by(r, parts, ops)]
         except FileNotFoundError:
             pass
     done: list = []
-    config = dict(CONFIG, parts=parts, fla_T=list(fla_ts), quick=args.quick, warmup_ms=warmup, rep_ms=rep,
+    config = dict(CONFIG, parts=parts, ops=list(ops), fla_T=list(fla_ts), quick=args.quick, warmup_ms=warmup, rep_ms=rep,
                   budget_s=args.budget_s,
                   fla_env={"FLA_DISABLE_BACKEND_DISPATCH": os.environ.get("FLA_DISABLE_BACKEND_DISPATCH")})
 
@@ -392,13 +407,13 @@ def main(argv=None) -> int:
 
     ts = T_QUICK if args.quick else T_ALL
     if "train" in parts:
-        done += run_train(train_cases(("train",), ts=ts), warmup=warmup, rep=rep, deadline=deadline,
+        done += run_train(train_cases(("train",), ts=ts, ops=ops), warmup=warmup, rep=rep, deadline=deadline,
                           write=write)
     if "decode" in parts:
         done += run_decode(decode_cases(), warmup=warmup, rep=rep, deadline=deadline)
         write()
     if "fla" in parts:
-        done += run_train(train_cases(("fla",), fla_ts=fla_ts), warmup=warmup, rep=rep, deadline=deadline,
+        done += run_train(train_cases(("fla",), fla_ts=fla_ts, ops=ops), warmup=warmup, rep=rep, deadline=deadline,
                           write=write)
     write()
     from .report import ratio_table

@@ -204,6 +204,21 @@ def test_survey_records_are_what_the_report_reads():
     assert [survey.part_of(r) for r in recs] == ["train", "fla", "train", "fla", "decode"]
 
 
+def test_survey_run_of_some_ops_keeps_the_others():
+    """--parts fla --ops a,b re-times fla's records of a and b only; a train run re-times SDPA too; a
+    decode run all decoding records."""
+    rec = lambda impl, op, section="train": dict(impl=impl, op=op, section=section)
+    fla_a, fla_c = rec("fla", "chunk_gla"), rec("fla", "chunk_mesa_net")
+    ours_a, sdpa = rec("ours", "chunk_gla"), rec("sdpa", "flash_attention")
+    dec = rec("sdpa (KV cache)", None, "decode")
+    ops = ("chunk_gla", "chunk_delta_rule")
+    assert [survey.replaced_by(r, ["fla"], ops) for r in (fla_a, fla_c, ours_a, sdpa, dec)] == \
+        [True, False, False, False, False]
+    assert [survey.replaced_by(r, ["train"], ops) for r in (fla_a, ours_a, rec("ours", "chunk_mesa_net"), sdpa)] \
+        == [False, True, False, True]
+    assert survey.replaced_by(dec, ["decode"], ()) and not survey.replaced_by(dec, ["train"], ops)
+
+
 def test_survey_inputs_and_our_ops_run_on_cpu():
     """Every op's inputs have the layout the op takes, and our op (its PyTorch path on the CPU) returns
     [B, T, H, V] (the convolution [B, T, H·D]); an op not in kernels yet is its lookup error.
