@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 __all__ = ["RESULTS_DIR", "TrainConfig", "mlp_block", "residual_stack", "fit", "check_int", "check_seeds", "torch_threads", "derived_seeds", "window_means",
-           "summarize_seeds", "train_each", "run_each_seed", "load_stored_runs", "seeds_cli"]
+           "summarize_seeds", "train_each", "map_jobs", "run_each_seed", "load_stored_runs", "seeds_cli"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -160,19 +160,48 @@ def train_each(cfg, names, key: str, train_model, *, keep_models: bool = False, 
     return out
 
 
-def run_each_seed(config, seeds, run_one) -> dict:
+def map_jobs(fn, work, jobs: int = 1) -> list:
+    """``[fn(w) for w in work]``, ``jobs`` at a time: each call in its own process when ``jobs > 1``
+    (spawned, since CUDA cannot be used in a forked child; ``fn`` must then be a module-level
+    function and ``work`` and the results picklable). A GPU is shared by the processes, so times
+    measured inside them are those of concurrent runs."""
+    check_int(jobs, "jobs", 1)
+    work = list(work)
+    if jobs == 1 or len(work) <= 1:
+        return [fn(w) for w in work]
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    with cf.ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=mp.get_context("spawn")) as ex:
+        return list(ex.map(fn, work))
+
+
+def run_each_seed(config, seeds, run_one, *, jobs: int = 1, split: str | None = None) -> dict:
     """``run_one(config with seed s)`` for every seed. Returns ``{"config" (with "seeds" in place
-    of "seed"), "records" (all seeds'), "seconds": {seed: wall seconds}}``."""
+    of "seed"), "records" (all seeds'), "seconds": {seed: seconds}}``.
+
+    With ``split``, the name of the config's tuple of models (e.g. ``"variants"``), each seed runs
+    as one piece per model (``config`` with ``split=(model,)``), which gives the same records
+    provided ``run_one`` seeds every model alike; ``jobs > 1`` runs the pieces in that many
+    processes (:func:`map_jobs`; ``run_one`` module-level) and stores ``jobs`` in the config. A
+    seed's ``seconds`` is then the sum of its pieces'."""
     from dataclasses import replace
     seeds = check_seeds(seeds)
+    check_int(jobs, "jobs", 1)
+    if jobs > 1 and split is None:
+        raise ValueError("jobs > 1 needs split, the config field that names the models")
+    pieces = [(s, replace(config, seed=s)) for s in seeds]
+    if split is not None:
+        pieces = [(s, replace(c, **{split: (m,)})) for s, c in pieces for m in getattr(config, split)]
+    runs = map_jobs(run_one, [c for _, c in pieces], jobs)
     records, seconds = [], {}
-    for s in seeds:
-        run = run_one(replace(config, seed=s))
+    for (s, _), run in zip(pieces, runs):
         records += run["records"]
-        seconds[s] = run["seconds"]
+        seconds[s] = seconds.get(s, 0.0) + run["seconds"]
     cfg = config.as_dict()
     cfg.pop("seed")
     cfg["seeds"] = seeds
+    if jobs > 1:
+        cfg["jobs"] = min(jobs, len(pieces))
     return {"config": cfg, "records": records, "seconds": seconds}
 
 
@@ -228,7 +257,7 @@ def load_stored_runs(name: str, gpu_config, command: str, ignore=("seeds",)) -> 
 
 
 def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, run_seeds, gpu_seeds: list,
-              describe) -> int:
+              describe, jobs: bool = False) -> int:
     """The command line every experiment shares: ``[--gpu] [--seeds ...] [--device D] [--steps N]
     [--write]``. ``--gpu`` takes ``gpu_config()`` (else ``cpu_config()``); ``--device`` and
     ``--steps`` override the chosen setting (``--gpu --device cpu --steps 2`` checks the GPU
@@ -247,6 +276,9 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
     p.add_argument("--steps", type=int, default=None, help="override the number of steps")
     p.add_argument("--write", action="store_true",
                    help=f"store the records in experiments/results/{stored}.json (--gpu) or {stored}_cpu.json")
+    if jobs:
+        p.add_argument("--jobs", type=int, default=1,
+                       help="pieces (one model of one seed each) run at once, each in its own process")
     args = p.parse_args(argv)
     cfg = gpu_config() if args.gpu else cpu_config()
     if args.device is not None:
@@ -258,7 +290,7 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
         return 2
     seeds = args.seeds if args.seeds is not None else (list(gpu_seeds) if args.gpu else [0])
     t0 = time.perf_counter()
-    out = run_seeds(cfg, seeds)
+    out = run_seeds(cfg, seeds, jobs=args.jobs) if jobs else run_seeds(cfg, seeds)
     for r in out["records"]:
         print(describe(r) + f"  ({r['train_seconds']:.0f} s)")
     print(f"{len(seeds)} seeds: {time.perf_counter() - t0:.0f} s")

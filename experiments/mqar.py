@@ -57,7 +57,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .common import (RESULTS_DIR, TrainConfig, check_int, check_seeds, derived_seeds, fit, load_stored_runs,
-                     mlp_block, summarize_seeds, torch_threads, window_means)
+                     map_jobs, mlp_block, summarize_seeds, torch_threads, window_means)
 
 __all__ = ["MIXERS", "ALL_MIXERS", "MQARConfig", "make_mqar", "MQARModel", "TokenMixer", "state_size",
            "train_mqar", "evaluate_mqar", "run_mqar_sweep", "cpu_config", "gpu_config", "sweep_records",
@@ -431,28 +431,28 @@ def _one_seed(args) -> tuple[list[dict], float]:
 
 
 def run_mqar_seeds(config: MQARConfig, seeds, *, jobs: int = 1, loss_every: int = 10) -> dict:
-    """The sweep of ``config`` once per seed in ``seeds``, ``jobs`` seeds at a time (each in its own
-    process when ``jobs > 1``; a GPU is shared by them, so their ``train_seconds`` are those of
-    concurrent runs). Returns ``{"config": ..., "records": [... one per mixer and seed, with
-    "seed"], "seconds": {seed: wall seconds}}``; ``config["seeds"]`` and ``config["jobs"]`` replace
-    its single ``seed``."""
+    """The sweep of ``config`` once per seed in ``seeds``. With ``jobs > 1`` each (seed, mixer) is a
+    piece of its own, ``jobs`` pieces at a time in their own processes (every mixer of a seed starts
+    from the same derived seeds, so the records are those of the seeds run in turn; a GPU is
+    shared by the processes, so their ``train_seconds`` are those of concurrent runs). Returns
+    ``{"config": ..., "records": [... one per mixer and seed, with "seed"], "seconds": {seed:
+    seconds, summed over its pieces}}``; ``config["seeds"]`` and ``config["jobs"]`` (pieces at
+    once) replace its single ``seed``."""
     seeds = check_seeds(seeds)
     check_int(jobs, "jobs", 1)
     check_int(loss_every, "loss_every", 1)      # before any training, not after it
-    work = [(replace(config, seed=s), loss_every) for s in seeds]
     if jobs == 1:
-        outs = [_one_seed(w) for w in work]
+        pieces = [(s, replace(config, seed=s)) for s in seeds]
     else:
-        import concurrent.futures as cf
-        import multiprocessing as mp
-        # spawn: CUDA cannot be used in a forked child
-        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(seeds)), mp_context=mp.get_context("spawn")) as ex:
-            outs = list(ex.map(_one_seed, work))
+        pieces = [(s, replace(config, seed=s, mixers=(m,))) for s in seeds for m in config.mixers]
+    outs = map_jobs(_one_seed, [(c, loss_every) for _, c in pieces], jobs)
+    seconds = {}
+    for (s, _), (_, sec) in zip(pieces, outs):
+        seconds[s] = seconds.get(s, 0.0) + sec
     cfg = config.as_dict()
     cfg.pop("seed")
-    cfg["seeds"], cfg["jobs"] = seeds, min(jobs, len(seeds))
-    return {"config": cfg, "records": [r for recs, _ in outs for r in recs],
-            "seconds": {s: sec for s, (_, sec) in zip(seeds, outs)}}
+    cfg["seeds"], cfg["jobs"] = seeds, min(jobs, len(pieces))
+    return {"config": cfg, "records": [r for recs, _ in outs for r in recs], "seconds": seconds}
 
 
 def seed_summary(records: list[dict]) -> dict:
@@ -507,7 +507,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="MQAR sweep of Chapter 6 (four update rules, one state size)")
     p.add_argument("--large", action="store_true", help="the GPU setting (gpu_config) instead of the CPU one")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="one sweep per seed (default: 0)")
-    p.add_argument("--jobs", type=int, default=1, help="seeds run at once, each in its own process")
+    p.add_argument("--jobs", type=int, default=1, help="pieces (one mixer of one seed) run at once, each in its own process")
     p.add_argument("--mesanet", action="store_true", help=f"Chapter 9's mixers {MESANET_MIXERS} instead of "
                                                           "Chapter 6's four")
     p.add_argument("--write", action="store_true", help=f"store the records (experiments/results/{STORED_LARGE}.json "

@@ -212,7 +212,7 @@ def gpu_config(**changes) -> ShortConvConfig:
     """The larger setting for one GPU: every variant (``"untied"`` too), 256 tokens, 127 possible
     keys, N from 8 to 64 pairs, width 128 with two heads of size 64, 3000 steps of 128 sequences
     at a learning rate of ``3e-3``.
-    ``python -m experiments.short_conv --gpu --seeds 0 1 2 --write`` runs it on the GPU's Triton
+    ``python -m experiments.short_conv --gpu --seeds 0 1 2 --jobs 18 --write`` runs it on the GPU's Triton
     delta-rule kernel (the convolutions stay in PyTorch)."""
     base = ShortConvConfig(variants=VARIANTS, kv_pairs=(8, 16, 32, 48, 64), vocab_size=256,
                            seq_len=256, d_model=128, n_heads=2, head_dim=64, steps=3000,
@@ -297,11 +297,15 @@ def run_short_conv(config: ShortConvConfig | None = None, *, keep_models: bool =
                       loss_every=loss_every, progress=progress)
 
 
-def run_seeds(config: ShortConvConfig, seeds, *, progress: bool = False) -> dict:
-    """:func:`run_short_conv` once per seed (:func:`experiments.common.run_each_seed`). Returns
-    ``{"config" (with "seeds"), "records" (one per variant and seed), "seconds": {seed: wall
+def run_seeds(config: ShortConvConfig, seeds, *, progress: bool = False, jobs: int = 1) -> dict:
+    """:func:`run_short_conv` once per seed (:func:`experiments.common.run_each_seed`), or with
+    ``jobs > 1`` once per variant and seed, that many at a time in their own processes (the same
+    records: every variant of a seed starts from the same seeds). Returns ``{"config" (with
+    "seeds", and "jobs" when above 1), "records" (one per variant and seed), "seconds": {seed:
     seconds}}``."""
-    return run_each_seed(config, seeds, lambda c: run_short_conv(c, progress=progress))
+    if jobs == 1:
+        return run_each_seed(config, seeds, lambda c: run_short_conv(c, progress=progress))
+    return run_each_seed(config, seeds, run_short_conv, jobs=jobs, split="variants")
 
 
 def seed_summary(records: list[dict]) -> dict:
@@ -354,7 +358,8 @@ def load_stored() -> dict:
     ``seeds``, ``records``), with ``same_as_gpu_config``: whether they were run with the settings
     :func:`gpu_config` has now. Raises ``FileNotFoundError`` when this copy of the book has none."""
     return load_stored_runs(STORED, gpu_config,
-                            "python -m experiments.short_conv --gpu --seeds 0 1 2 --write")
+                            "python -m experiments.short_conv --gpu --seeds 0 1 2 --jobs 18 --write",
+                            ignore=("seeds", "jobs"))
 
 
 def main(argv=None) -> int:
@@ -366,7 +371,7 @@ def main(argv=None) -> int:
                      gpu_seeds=[0, 1, 2],
                      describe=lambda r: f"seed {r['seed']} {r['variant']:>6}: " + "  ".join(
                          f"N={N}: {a:.3f}" for N, a in zip(r["kv_pairs"], r["accuracy"]))
-                     + f"  |S-I| {r['identity_gap']:.2f}")
+                     + f"  |S-I| {r['identity_gap']:.2f}", jobs=True)
 
 
 if __name__ == "__main__":

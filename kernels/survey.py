@@ -388,11 +388,12 @@ def main(argv=None) -> int:
     warmup, rep = (5, 20) if args.quick else (10, 50)
     start = time.perf_counter()
     deadline = start + args.budget_s
-    kept = []
+    kept, runs = [], []
     if args.write:
         try:
             old = load_results(PATH)
             kept = [dict(r, env=r.get("env", old["env"])) for r in old["records"] if not replaced_by(r, parts, ops)]
+            runs = list(old["config"].get("runs", []))
         except FileNotFoundError:
             pass
     done: list = []
@@ -400,9 +401,12 @@ def main(argv=None) -> int:
                   budget_s=args.budget_s,
                   fla_env={"FLA_DISABLE_BACKEND_DISPATCH": os.environ.get("FLA_DISABLE_BACKEND_DISPATCH")})
 
+    this_run = dict(date=environment()["date"], device=environment()["device"], parts=parts, ops=list(ops))
+
     def write(records=()):
         if args.write:
-            cfg = dict(config, elapsed_s=round(time.perf_counter() - start, 1))
+            elapsed = round(time.perf_counter() - start, 1)
+            cfg = dict(config, elapsed_s=elapsed, runs=runs + [dict(this_run, elapsed_s=elapsed)])
             write_results(PATH, "survey", cfg, kept + done + list(records), env=environment())
 
     ts = T_QUICK if args.quick else T_ALL

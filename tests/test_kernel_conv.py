@@ -19,6 +19,7 @@ Tolerances:
   a third of that) after float32 arithmetic.
 - decoding continuity, strided inputs: exact equality (the same sums in the same order).
 """
+import json
 import numpy as np
 import pytest
 import torch
@@ -305,3 +306,20 @@ def test_gpu_deterministic_weight_gradient():
     _, _, g1 = run(causal_conv1d, inputs, "silu", True, dy, dh)
     _, _, g2 = run(causal_conv1d, inputs, "silu", True, dy, dh)
     assert all(torch.equal(a, b) for a, b in zip(g1, g2) if a is not None)
+
+
+def test_layer_run_loads_and_tabulates(tmp_path):
+    """kernels.conv.layer: the stored layer run reads back and prints one line per variant with its
+    share over `bare`; a missing file names the command that writes it."""
+    from kernels.conv import layer
+    with pytest.raises(FileNotFoundError, match="python -m kernels.conv.layer --write"):
+        layer.load(tmp_path / "none.json")
+    rows = [{"variant": v, "fwd_ms": f, "fwdbwd_ms": b, "share_fwd": (f - 2.0) / f, "share_fwdbwd": (b - 8.0) / b}
+            for v, f, b in (("conv", 2.5, 10.0), ("bare", 2.0, 8.0))]
+    path = tmp_path / "layer.json"
+    path.write_text(json.dumps({"env": {"device": "test"}, "args": dict(B=1, T=8, hidden=4, heads=1, head_dim=4,
+                                                                         width=4), "rows": rows}))
+    text = layer.table(layer.load(path))
+    assert "our causal_conv1d" in text and "20.0%" in text and "25.0%" in text and "neither" in text
+    stored = layer.load()                     # the run this copy of the book ships
+    assert {r["variant"] for r in stored["rows"]} >= {"conv", "bare"} and stored["env"]["device"]

@@ -1,6 +1,6 @@
-"""Lab: what the short convolution costs inside a DeltaNet layer (issue 23's "the whole point").
+"""What the short convolution costs inside a DeltaNet layer (issue 23's "the whole point").
 
-    python -m kernels.conv.lab.layer [--B 8] [--T 4096] [--hidden 2048] [--heads 16] [--write]
+    python -m kernels.conv.layer [--B 8] [--T 4096] [--hidden 2048] [--heads 16] [--write]
 
 One DeltaNet layer as fla builds it, in bfloat16: ``q, k, v = x W_q, x W_k, x W_v`` (``hidden ->
 heads · 128``), ``beta = sigmoid(x W_b)``, a short convolution with SiLU on each of q, k, v
@@ -16,8 +16,9 @@ weight), CUDA events through ``kernels.harness.bench_ms``:
 ``bare`` is a lower bound for any variant that folds the convolution into the kernel that reads
 ``k`` (a folded kernel still does everything ``bare`` does, and the convolution's arithmetic on top),
 so ``(conv − bare) / conv`` bounds from above what folding could save, and answers whether the conv
-costs more than a few percent of the layer. Not a benchmark of record: it prints its table, and with
-``--write`` keeps it in ``kernels/conv/lab/logs/layer.json``. Not yet run (needs a GPU).
+costs more than a few percent of the layer. It prints its table, and with ``--write`` keeps it in
+``kernels/conv/layer.json`` (device, date, versions), which ``NOTES.md`` and Chapter 10 read
+(:func:`load`, :func:`table`).
 """
 from __future__ import annotations
 
@@ -26,8 +27,6 @@ import json
 import os
 import sys
 from pathlib import Path
-
-os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
 
 
 def build(hidden, heads, head_dim, width, device, dtype, seed=0):
@@ -73,16 +72,44 @@ def convs():
     return out
 
 
+PATH = Path(__file__).resolve().parent / "layer.json"
+NAMES = {"conv": "our causal_conv1d", "conv-fla": "fla's causal_conv1d", "silu": "SiLU alone, no conv",
+         "bare": "neither"}
+
+
+def load(path=PATH) -> dict:
+    """The stored run: ``{"env", "args", "rows": [{variant, fwd_ms, fwdbwd_ms, share_fwd,
+    share_fwdbwd}]}``; ``FileNotFoundError`` naming the command that writes it."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no {path.name}: run `python -m kernels.conv.layer --write` on a GPU")
+    return json.loads(path.read_text())
+
+
+def table(data: dict) -> str:
+    """The stored run as a text table: per variant its times and its share over ``bare``."""
+    a = data["args"]
+    lines = [f"DeltaNet layer, B={a['B']} T={a['T']} hidden={a['hidden']} heads={a['heads']}x{a['head_dim']} "
+             f"W={a['width']} bf16",
+             f"{'variant':22s} {'fwd ms':>7s} {'fwd+bwd':>8s} {'share':>6s} {'share':>8s}",
+             f"{'':22s} {'':>7s} {'ms':>8s} {'fwd':>6s} {'fwd+bwd':>8s}"]
+    for r in data["rows"]:
+        lines.append(f"{NAMES.get(r['variant'], r['variant']):22s} {r['fwd_ms']:7.3f} {r['fwdbwd_ms']:8.3f} "
+                     f"{100 * r['share_fwd']:5.1f}% {100 * r['share_fwdbwd']:7.1f}%")
+    return "\n".join(lines)
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m kernels.conv.lab.layer", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m kernels.conv.layer", description=__doc__.split("\n\n")[0])
     ap.add_argument("--B", type=int, default=8)
     ap.add_argument("--T", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--width", type=int, default=4)
-    ap.add_argument("--write", action="store_true", help="keep the table in kernels/conv/lab/logs/layer.json")
+    ap.add_argument("--write", action="store_true", help=f"keep the table in {PATH}")
     args = ap.parse_args(argv)
+    os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")      # before fla is imported
     import torch
     if not torch.cuda.is_available():
         print("this lab needs a CUDA GPU")
@@ -112,10 +139,8 @@ def main(argv=None):
         print(f"{r['variant']:10s} {r['fwd_ms']:9.3f} {r['fwdbwd_ms']:11.3f}  "
               f"{100 * r['share_fwd']:5.1f}%  {100 * r['share_fwdbwd']:5.1f}%")
     if args.write:
-        out = Path(__file__).resolve().parent / "logs" / "layer.json"
-        out.parent.mkdir(exist_ok=True)
-        out.write_text(json.dumps({"env": environment(), "args": vars(args), "rows": rows}, indent=1) + "\n")
-        print("wrote", out)
+        PATH.write_text(json.dumps({"env": environment(), "args": vars(args), "rows": rows}, indent=1) + "\n")
+        print("wrote", PATH)
     return 0
 
 
