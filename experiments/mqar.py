@@ -495,7 +495,7 @@ def load_stored_mesanet() -> dict:
     with the mixers of :data:`MESANET_MIXERS`, as :func:`load_stored_large` reads Chapter 6's.
     Raises ``FileNotFoundError`` naming the command that writes them."""
     return load_stored_runs(STORED_MESANET, lambda: gpu_config(mixers=MESANET_MIXERS),
-                            "python -m experiments.mqar --large --mesanet --seeds 0 1 2 --write",
+                            "python -m experiments.mqar --large --mesanet --seeds 0 1 2 --jobs 9 --write",
                             ignore=("seeds", "jobs"))
 
 

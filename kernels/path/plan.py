@@ -51,7 +51,7 @@ class PathPlan:
         return _SolvePlan(solve=(Launch(warps, 1), Launch(4, 1)), solve_kc=K)
 
 
-def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = None, rows: int = 64) -> PathPlan:
+def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = None, rows: int = 128) -> PathPlan:
     """The plan for inputs of ``dtype`` on ``device`` of the GPU class ``caps`` (default: the
     device's); ``rows``: query rows per program of the passes (128 takes 8 warps in the forward:
     at 4 its two ``[128, K]`` float32 accumulators spill, compile check)."""
