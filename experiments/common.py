@@ -16,7 +16,8 @@ import torch
 import torch.nn as nn
 
 __all__ = ["RESULTS_DIR", "TrainConfig", "mlp_block", "residual_stack", "fit", "check_int", "check_seeds", "torch_threads", "derived_seeds", "window_means",
-           "summarize_seeds", "train_each", "map_jobs", "run_each_seed", "load_stored_runs", "seeds_cli"]
+           "summarize_seeds", "train_each", "map_jobs", "run_each_seed", "load_stored_runs", "merge_stored",
+           "seeds_cli"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -256,15 +257,46 @@ def load_stored_runs(name: str, gpu_config, command: str, ignore=("seeds",)) -> 
     return data
 
 
+def merge_stored(old: dict | None, new: dict, split: tuple[str, str], base_models) -> dict:
+    """The records of ``new`` (``{"config", "records", "env"}``, one run) merged into the stored
+    file ``old`` (or ``None``): a record of ``old`` is kept when ``new`` has none for its seed and
+    model (``split = (config field, record key)``, e.g. ``("variants", "variant")``), and only
+    when both were run with the same settings, the seeds, ``jobs`` and the models aside (else
+    ``ValueError``, so that runs of different settings are never mixed). Every record keeps the
+    ``env`` of its own run; the config lists the union of the seeds and, in ``base_models``'
+    order, of the models."""
+    field, key = split
+    env = new["env"]
+    recs = [dict(r, env=r.get("env", env)) for r in new["records"]]
+    cfg = json.loads(json.dumps(new["config"]))            # as it will read back: lists, not tuples
+    if old is not None:
+        strip = lambda c: {k: v for k, v in c.items() if k not in ("seeds", "jobs", field)}
+        if strip(old["config"]) != strip(cfg):
+            raise ValueError("the stored runs were made with other settings; move the file away to start anew")
+        done = {(r["seed"], r[key]) for r in recs}
+        recs = [dict(r, env=r.get("env", old["env"])) for r in old["records"]
+                if (r["seed"], r[key]) not in done] + recs
+    models = {r[key] for r in recs}
+    cfg["seeds"] = sorted({r["seed"] for r in recs})
+    cfg[field] = [m for m in base_models if m in models]
+    recs.sort(key=lambda r: (r["seed"], list(base_models).index(r[key])))
+    return {"config": cfg, "records": recs}
+
+
 def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, run_seeds, gpu_seeds: list,
-              describe, jobs: bool = False) -> int:
+              describe, split: tuple[str, str] | None = None) -> int:
     """The command line every experiment shares: ``[--gpu] [--seeds ...] [--device D] [--steps N]
     [--write]``. ``--gpu`` takes ``gpu_config()`` (else ``cpu_config()``); ``--device`` and
     ``--steps`` override the chosen setting (``--gpu --device cpu --steps 2`` checks the GPU
     setting's code path on a CPU); one run per seed (default ``gpu_seeds`` with ``--gpu``, seed 0
     without), one line per record by ``describe(record)``; ``--write`` stores the records in
     ``experiments/results/<stored>.json`` (``<stored>_cpu.json`` without ``--gpu``) with the device,
-    date and versions."""
+    date and versions.
+
+    With ``split = (config field, record key)`` (an experiment that can run each model of a seed
+    on its own, :func:`run_each_seed`), ``--jobs N`` runs that many pieces at once and ``--only
+    M ...`` runs some of the models; ``--write`` then merges with the stored file
+    (:func:`merge_stored`), so that a long setting can be run a few pieces per call."""
     import argparse
     import time
     from dataclasses import replace
@@ -276,11 +308,18 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
     p.add_argument("--steps", type=int, default=None, help="override the number of steps")
     p.add_argument("--write", action="store_true",
                    help=f"store the records in experiments/results/{stored}.json (--gpu) or {stored}_cpu.json")
-    if jobs:
+    if split:
         p.add_argument("--jobs", type=int, default=1,
                        help="pieces (one model of one seed each) run at once, each in its own process")
+        p.add_argument("--only", nargs="+", default=None,
+                       help=f"run only these {split[0]}; --write keeps the stored records of the others")
     args = p.parse_args(argv)
     cfg = gpu_config() if args.gpu else cpu_config()
+    base_models = tuple(getattr(cfg, split[0])) if split else ()
+    if split and args.only:
+        if any(m not in base_models for m in args.only):
+            raise SystemExit(f"--only: choose from {base_models}; got {args.only}")
+        cfg = replace(cfg, **{split[0]: tuple(m for m in base_models if m in args.only)})
     if args.device is not None:
         cfg = replace(cfg, device=args.device)
     if args.steps is not None:
@@ -290,12 +329,18 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
         return 2
     seeds = args.seeds if args.seeds is not None else (list(gpu_seeds) if args.gpu else [0])
     t0 = time.perf_counter()
-    out = run_seeds(cfg, seeds, jobs=args.jobs) if jobs else run_seeds(cfg, seeds)
+    out = run_seeds(cfg, seeds, jobs=args.jobs) if split else run_seeds(cfg, seeds)
     for r in out["records"]:
         print(describe(r) + f"  ({r['train_seconds']:.0f} s)")
     print(f"{len(seeds)} seeds: {time.perf_counter() - t0:.0f} s")
     if args.write:
         from kernels import harness
         name = stored if args.gpu else f"{stored}_cpu"
-        print("wrote", harness.write_results(RESULTS_DIR / f"{name}.json", name, out["config"], out["records"]))
+        path = RESULTS_DIR / f"{name}.json"
+        config, records = out["config"], out["records"]
+        if split:
+            old = harness.load_results(path) if path.exists() else None
+            merged = merge_stored(old, dict(out, env=harness.environment()), split, base_models)
+            config, records = merged["config"], merged["records"]
+        print("wrote", harness.write_results(path, name, config, records))
     return 0

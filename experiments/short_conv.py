@@ -371,7 +371,7 @@ def main(argv=None) -> int:
                      gpu_seeds=[0, 1, 2],
                      describe=lambda r: f"seed {r['seed']} {r['variant']:>6}: " + "  ".join(
                          f"N={N}: {a:.3f}" for N, a in zip(r["kv_pairs"], r["accuracy"]))
-                     + f"  |S-I| {r['identity_gap']:.2f}", jobs=True)
+                     + f"  |S-I| {r['identity_gap']:.2f}", split=("variants", "variant"))
 
 
 if __name__ == "__main__":

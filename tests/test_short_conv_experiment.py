@@ -209,3 +209,30 @@ def test_gpu_setting_runs_and_stores_through_main(tmp_path, monkeypatch, capsys)
         {"name": sc.STORED, "env": {"device": "test"}, "config": cfg, "records": data["records"]}))
     monkeypatch.setattr(sc, "gpu_config", real)
     assert sc.load_stored()["same_as_gpu_config"]
+
+
+def test_pieces_of_the_gpu_setting_merge_into_one_file(tmp_path, monkeypatch, capsys):
+    """`--only` runs some variants and `--write` merges them with the stored file (the GPU setting's
+    code path on a CPU, batches shrunk as above): two calls of one variant each store both, in
+    VARIANTS' order, each record with the env of its run; a re-run replaces its own records only;
+    a run with other settings is refused rather than mixed in."""
+    import experiments.common
+    real = sc.gpu_config
+    monkeypatch.setattr(experiments.common, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(sc, "gpu_config", lambda **ch: real(**{"batch": 4, "eval_batch": 8, "threads": 1, **ch}))
+    run = ["--gpu", "--device", "cpu", "--steps", "2", "--write"]
+    assert sc.main(run + ["--seeds", "0", "--only", "k"]) == 0
+    assert sc.main(run + ["--seeds", "0", "1", "--only", "none"]) == 0
+    data = json.loads((tmp_path / f"{sc.STORED}.json").read_text())
+    assert [(r["seed"], r["variant"]) for r in data["records"]] == [(0, "none"), (0, "k"), (1, "none")]
+    assert data["config"]["variants"] == ["none", "k"] and data["config"]["seeds"] == [0, 1]
+    assert all(r["env"]["torch"] == torch.__version__ for r in data["records"])
+    first_k = data["records"][1]["losses"]
+    assert sc.main(run + ["--seeds", "0", "--only", "k"]) == 0          # the same piece again
+    again = json.loads((tmp_path / f"{sc.STORED}.json").read_text())
+    assert len(again["records"]) == 3 and again["records"][1]["losses"] == first_k
+    with pytest.raises(ValueError, match="other settings"):
+        sc.main(["--gpu", "--device", "cpu", "--steps", "3", "--write", "--seeds", "0", "--only", "k"])
+    with pytest.raises(SystemExit):
+        sc.main(run + ["--only", "kq"])
+    capsys.readouterr()
