@@ -323,3 +323,26 @@ def test_layer_run_loads_and_tabulates(tmp_path):
     assert "our causal_conv1d" in text and "20.0%" in text and "25.0%" in text and "neither" in text
     stored = layer.load()                     # the run this copy of the book ships
     assert {r["variant"] for r in stored["rows"]} >= {"conv", "bare"} and stored["env"]["device"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,W,seg,extras", [(37, 4, 8, True), (37, 3, 16, False), (5, 4, 4, True), (1, 2, 4, True),
+                                             (9, 1, 4, False), (2, 4, 8, True)])
+def test_lab_marching_forward_equals_the_shipped_one(device, T, W, seg, extras):
+    """lab/march_forward.py (off the shipped path, to be timed on a GPU): the same `y` as the shipped
+    forward, bit for bit in float32 on the interpreter up to the order of the tap sums (1e-6 on O(1)
+    values), with and without bias, residual, state and SiLU; segments that end inside the sequence
+    and past it, widths 1 to 4 (T = 1 and 2: the whole output comes from the state)."""
+    from kernels.conv.forward import conv_forward
+    from kernels.conv.lab.march_forward import march_forward
+    x, w, b, r, s = make_inputs(2, T, 24, W, torch.float32, device, bias=extras, residual=extras, state=extras,
+                                seed=T + W)
+    act = "silu" if extras else None
+    plan = plan_for(x.dtype, x.device, T=T, D=24, W=W, **(_plan(device) or {}))
+    want = conv_forward(x, w, b, r, s, act, plan)
+    got = march_forward(x, w, b, r, s, act, seg=seg, bd=16)
+    assert max_rel(got, want) < 1e-6
+    with pytest.raises(ValueError, match="1 to 4 taps"):
+        march_forward(x, torch.zeros(24, 5, device=device), None, None, None, None)
+    with pytest.raises(ValueError, match="seg must be a power of two"):
+        march_forward(x, w, None, None, None, None, seg=2)

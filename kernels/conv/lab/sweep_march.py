@@ -1,0 +1,85 @@
+"""Lab: the marching forward (``lab/march_forward.py``) against the shipped forward, on a GPU.
+
+    python3 -m kernels.conv.lab.sweep_march [--write]
+
+bfloat16, SiLU, W = 4, no bias (the benchmark's setting) at the benchmark's two widths, B · T =
+65,536: the shipped forward with its plan, fla's Triton ``causal_conv1d`` when importable, a copy of
+``x`` (the yardstick), and the marching kernel over segment lengths, channel blocks and warps. Each
+configuration's median in ms (``kernels.harness.bench_ms``), its fraction of the copy's bandwidth,
+and its largest difference from the shipped forward's output (the two must agree to bf16 rounding).
+``--write`` keeps the table in ``kernels/conv/lab/logs/sweep_march.json``. Not yet run.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+SHAPES = [(32, 2048, 2048), (8, 8192, 4096)]          # (B, T, D)
+W = 4
+MARCH = [(seg, bd, wp) for seg, bd, wp in itertools.product((16, 32, 64, 128, 256), (256, 512, 1024), (2, 4, 8))]
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")     # before fla is imported
+    import torch
+    from kernels.backend import Launch
+    from kernels.conv.forward import conv_forward
+    from kernels.conv.lab.march_forward import march_forward
+    from kernels.conv.plan import plan_for
+    from kernels.harness import bench_ms, environment
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d as fla_conv
+    except Exception as e:  # noqa: BLE001 - reported
+        fla_conv = None
+        print(f"fla: not run ({type(e).__name__}: {e})")
+    rows, t0 = [], time.time()
+    for B, T, D in SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(D)
+        x = torch.randn(B, T, D, device="cuda", generator=gen).to(torch.bfloat16)
+        w = ((torch.rand(D, W, device="cuda", generator=gen) * 2 - 1) / W ** 0.5).to(torch.bfloat16)
+        plan = plan_for(x.dtype, x.device, T=T, D=D, W=W)
+        copy_ms = bench_ms(lambda: x.clone())
+        want = conv_forward(x, w, None, None, None, "silu", plan)
+
+        def add(name, ms, out=None, **kw):
+            diff = None if out is None else (out.float() - want.float()).abs().max().item()
+            rows.append(dict(B=B, T=T, D=D, variant=name, ms=ms, copy_fraction=copy_ms / ms, max_diff=diff, **kw))
+            print(f"B={B} T={T} D={D} {name:28s} {ms:.4f} ms  {copy_ms / ms:.3f} of copy"
+                  + ("" if diff is None else f"  max diff {diff:.2e}"), flush=True)
+        add("copy", copy_ms)
+        add("shipped", bench_ms(lambda: conv_forward(x, w, None, None, None, "silu", plan)))
+        if fla_conv is not None:
+            add("fla", bench_ms(lambda: fla_conv(x, w, activation="silu", backend="triton")[0]),
+                fla_conv(x, w, activation="silu", backend="triton")[0])
+        for seg, bd, wp in MARCH:
+            if bd > D:
+                continue
+            launches = (Launch(wp, 1),)
+            try:
+                out = march_forward(x, w, None, None, None, "silu", seg=seg, bd=bd, launches=launches)
+                ms = bench_ms(lambda: march_forward(x, w, None, None, None, "silu", seg=seg, bd=bd,
+                                                    launches=launches))
+            except Exception as e:  # noqa: BLE001 - a configuration that does not compile is recorded
+                rows.append(dict(B=B, T=T, D=D, variant="march", seg=seg, bd=bd, warps=wp, ms=None,
+                                 note=f"{type(e).__name__}: {e}"[:200]))
+                continue
+            add(f"march seg={seg} bd={bd} warps={wp}", ms, out, seg=seg, bd=bd, warps=wp)
+        best = min((r for r in rows if r["D"] == D and r["T"] == T and r["variant"].startswith("march")
+                    and r["ms"]), key=lambda r: r["ms"])
+        print(f"best marching: {best['variant']} {best['ms']:.4f} ms, {best['copy_fraction']:.3f} of copy", flush=True)
+    print(f"{time.time() - t0:.0f} s")
+    if "--write" in argv:
+        out = Path(__file__).resolve().parent / "logs" / "sweep_march.json"
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps({"env": environment(), "W": W, "rows": rows}, indent=1) + "\n")
+        print("wrote", out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
