@@ -309,10 +309,10 @@ def test_gpu_deterministic_weight_gradient():
 
 
 def test_layer_run_loads_and_tabulates(tmp_path):
-    """kernels.conv.layer: the stored layer run reads back and prints one line per variant with its
+    """kernels.conv.bench_layer: the stored layer run reads back and prints one line per variant with its
     share over `bare`; a missing file names the command that writes it."""
-    from kernels.conv import layer
-    with pytest.raises(FileNotFoundError, match="python -m kernels.conv.layer --write"):
+    from kernels.conv import bench_layer as layer
+    with pytest.raises(FileNotFoundError, match="python -m kernels.conv.bench_layer --write"):
         layer.load(tmp_path / "none.json")
     rows = [{"variant": v, "fwd_ms": f, "fwdbwd_ms": b, "share_fwd": (f - 2.0) / f, "share_fwdbwd": (b - 7.5) / b}
             for v, f, b in (("conv", 2.5, 10.0), ("bare", 2.0, 7.5))]

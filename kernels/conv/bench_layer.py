@@ -1,6 +1,6 @@
 """What the short convolution costs inside a DeltaNet layer (issue 23's "the whole point").
 
-    python -m kernels.conv.layer [--B 8] [--T 4096] [--hidden 2048] [--heads 16] [--write]
+    python -m kernels.conv.bench_layer [--B 8] [--T 4096] [--hidden 2048] [--heads 16] [--write]
 
 One DeltaNet layer as fla builds it, in bfloat16: ``q, k, v = x W_q, x W_k, x W_v`` (``hidden ->
 heads · 128``), ``beta = sigmoid(x W_b)``, a short convolution with SiLU on each of q, k, v
@@ -82,7 +82,7 @@ def load(path=PATH) -> dict:
     share_fwdbwd}]}``; ``FileNotFoundError`` naming the command that writes it."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no {path.name}: run `python -m kernels.conv.layer --write` on a GPU")
+        raise FileNotFoundError(f"no {path.name}: run `python -m kernels.conv.bench_layer --write` on a GPU")
     return json.loads(path.read_text())
 
 
@@ -100,7 +100,7 @@ def table(data: dict) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m kernels.conv.layer", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m kernels.conv.bench_layer", description=__doc__.split("\n\n")[0])
     ap.add_argument("--B", type=int, default=8)
     ap.add_argument("--T", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=2048)
