@@ -50,14 +50,15 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (RESULTS_DIR, TrainConfig, check_int, check_seeds, derived_seeds, fit, load_stored_runs,
-                     map_jobs, mlp_block, summarize_seeds, torch_threads, window_means)
+from .common import (RESULTS_DIR, TrainConfig, check_int, derived_seeds, fit, load_stored_runs, mlp_block,
+                     run_each_seed, summarize_seeds, torch_threads, window_means)
 
 __all__ = ["MIXERS", "ALL_MIXERS", "MQARConfig", "make_mqar", "MQARModel", "TokenMixer", "state_size",
            "train_mqar", "evaluate_mqar", "run_mqar_sweep", "cpu_config", "gpu_config", "sweep_records",
@@ -420,39 +421,29 @@ def sweep_records(sweep: dict, loss_every: int = 10) -> list[dict]:
     return out
 
 
-def _one_seed(args) -> tuple[list[dict], float]:
-    """Worker of :func:`run_mqar_seeds` (top level, so that a spawned process can import it)."""
-    config, loss_every = args
+def _one_piece(config: MQARConfig, loss_every: int) -> dict:
+    """Worker of :func:`run_mqar_seeds`: one sweep of ``config`` as ``{"records", "seconds"}`` (top
+    level, so that a spawned process can import it)."""
     sweep = run_mqar_sweep(config, progress=False)
     recs = sweep_records(sweep, loss_every)
     for r in recs:
         r["seed"] = config.seed
-    return recs, sweep["seconds"]
+    return {"records": recs, "seconds": sweep["seconds"]}
 
 
 def run_mqar_seeds(config: MQARConfig, seeds, *, jobs: int = 1, loss_every: int = 10) -> dict:
-    """The sweep of ``config`` once per seed in ``seeds``. With ``jobs > 1`` each (seed, mixer) is a
-    piece of its own, ``jobs`` pieces at a time in their own processes (every mixer of a seed starts
-    from the same derived seeds, so the records are those of the seeds run in turn; a GPU is
-    shared by the processes, so their ``train_seconds`` are those of concurrent runs). Returns
-    ``{"config": ..., "records": [... one per mixer and seed, with "seed"], "seconds": {seed:
-    seconds, summed over its pieces}}``; ``config["seeds"]`` and ``config["jobs"]`` (pieces at
-    once) replace its single ``seed``."""
-    seeds = check_seeds(seeds)
-    check_int(jobs, "jobs", 1)
+    """The sweep of ``config`` once per seed in ``seeds`` (:func:`experiments.common.run_each_seed`).
+    With ``jobs > 1`` each (seed, mixer) is a piece of its own, ``jobs`` pieces at a time in their
+    own processes (every mixer of a seed starts from the same derived seeds, so the records are
+    those of the seeds run in turn; a GPU is shared by the processes, so their ``train_seconds``
+    are those of concurrent runs). Returns ``{"config": ..., "records": [... one per mixer and
+    seed, with "seed"], "seconds": {seed: seconds, summed over its pieces}}``; ``config["seeds"]``
+    and ``config["jobs"]`` (pieces at once) replace its single ``seed``."""
     check_int(loss_every, "loss_every", 1)      # before any training, not after it
-    if jobs == 1:
-        pieces = [(s, replace(config, seed=s)) for s in seeds]
-    else:
-        pieces = [(s, replace(config, seed=s, mixers=(m,))) for s in seeds for m in config.mixers]
-    outs = map_jobs(_one_seed, [(c, loss_every) for _, c in pieces], jobs)
-    seconds = {}
-    for (s, _), (_, sec) in zip(pieces, outs):
-        seconds[s] = seconds.get(s, 0.0) + sec
-    cfg = config.as_dict()
-    cfg.pop("seed")
-    cfg["seeds"], cfg["jobs"] = seeds, min(jobs, len(pieces))
-    return {"config": cfg, "records": [r for recs, _ in outs for r in recs], "seconds": seconds}
+    out = run_each_seed(config, seeds, partial(_one_piece, loss_every=loss_every), jobs=jobs,
+                        split="mixers" if jobs != 1 else None)
+    out["config"].setdefault("jobs", 1)
+    return out
 
 
 def seed_summary(records: list[dict]) -> dict:

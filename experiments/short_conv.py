@@ -213,7 +213,7 @@ def gpu_config(**changes) -> ShortConvConfig:
     keys, N from 8 to 64 pairs, width 128 with two heads of size 64, 3000 steps of 128 sequences
     at a learning rate of ``3e-3``.
     ``python -m experiments.short_conv --gpu --seeds 0 1 2 --jobs 18 --write`` runs it on the GPU's Triton
-    delta-rule kernel (the convolutions stay in PyTorch)."""
+    kernels (the delta rule's and the convolution's)."""
     base = ShortConvConfig(variants=VARIANTS, kv_pairs=(8, 16, 32, 48, 64), vocab_size=256,
                            seq_len=256, d_model=128, n_heads=2, head_dim=64, steps=3000,
                            batch=128, lr=3e-3, eval_batch=1024, threads=None, device="cuda")
