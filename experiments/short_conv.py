@@ -78,7 +78,8 @@ from .mqar import make_mqar
 
 __all__ = ["VARIANTS", "CPU_VARIANTS", "NAMES", "guess_baseline", "STORED", "ShortConvolution", "TiedDeltaNetMixer", "ConvAblationModel", "identity_gap",
            "ShortConvConfig", "cpu_config", "gpu_config", "evaluate", "train_model", "run_short_conv",
-           "run_seeds", "seed_summary", "plot_summary", "summary_sentences", "load_stored", "main"]
+           "run_seeds", "seed_summary", "check_claims", "plot_summary", "summary_sentences", "load_stored",
+           "main"]
 
 STORED = "short_conv"          # experiments/results/short_conv.json: the GPU runs
 VARIANTS = ("none", "q", "k", "v", "qkv", "untied")
@@ -319,6 +320,24 @@ def seed_summary(records: list[dict]) -> dict:
         gaps.setdefault(r["variant"], []).append(r["identity_gap"])
     out["identity_gap"] = {v: sum(g) / len(g) for v, g in gaps.items()}
     return out
+
+
+def check_claims(accuracy: dict, kv_pairs, *, learned: float = 0.8, near_guess: float = 0.05) -> None:
+    """What Chapter 10 says of a run, checked: every variant with a convolution on K (``"k"``,
+    ``"qkv"``) reaches ``learned`` accuracy at every ``N``, and every other variant present stays
+    within ``near_guess`` of :func:`guess_baseline`. ``accuracy`` maps a variant to its accuracy at
+    each ``N`` of ``kv_pairs`` (one run's, or the worst seed's for the first claim and each seed's
+    for the second). Raises ``AssertionError`` naming the variant that breaks a claim."""
+    guess = guess_baseline(kv_pairs)
+    for v, acc in accuracy.items():
+        if len(acc) != len(guess):
+            raise ValueError(f"accuracy[{v!r}] must have one value per N of kv_pairs ({len(guess)}); "
+                             f"got {len(acc)}")
+        if v in ("k", "qkv"):
+            assert min(acc) >= learned, f"{v}: accuracy {min(acc):.3f} < {learned} at some N"
+        else:
+            gap = max(abs(a - g) for a, g in zip(acc, guess))
+            assert gap < near_guess, f"{v}: {gap:.3f} from the 1/N guess (allowed {near_guess})"
 
 
 def plot_summary(summary: dict, ax, title: str):
