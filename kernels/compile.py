@@ -289,7 +289,9 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
         from .conv import backward as conv_bwd, forward as conv_fwd
         from .conv.op import causal_conv1d_triton
         # (dtype, D, W, activation, bias/residual/state/final state): the benchmark's setting, then others
-        cases = [(bf, 2048, 4, "silu", False), (bf, 4096, 4, "silu", True), (bf, 2048, 4, None, False)]
+        # (the marching forward up to W = 4, the tiled one at W = 8)
+        cases = [(bf, 2048, 4, "silu", False), (bf, 4096, 4, "silu", True), (bf, 2048, 4, None, False),
+                 (bf, 512, 8, "silu", True)]
         if not quick:
             cases += [(dt, D, W, a, o) for dt in halves + (f32,) for D, W in ((64, 2), (200, 3), (512, 8))
                       for a in (None, "silu") for o in (False, True)]

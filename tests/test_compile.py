@@ -31,7 +31,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = ("flash", "gla", "delta", "deltaformer", "conv", "mesa")
 # the short convolution's kernels: elementwise and reductions, no matrix products anywhere
-CONV_KERNELS = {"_conv_fwd_kernel", "_final_state_kernel", "_dz_kernel", "_dx_kernel", "_sum_rows_kernel",
+CONV_KERNELS = {"_conv_march_kernel", "_conv_fwd_kernel", "_final_state_kernel", "_dz_kernel", "_dx_kernel", "_sum_rows_kernel",
                 "_state_grad_kernel"}
 ARCHS = (90, 89, 80, 75)
 SMEM = {75: 64 * 1024, 80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}      # GPU_CLASSES, written out

@@ -20,6 +20,7 @@ Tolerances:
 - decoding continuity, strided inputs: exact equality (the same sums in the same order).
 """
 import json
+from dataclasses import replace
 import numpy as np
 import pytest
 import torch
@@ -36,9 +37,9 @@ DEVICES = (["cpu"] if kernels.INTERPRET else []) + (["cuda"] if torch.cuda.is_av
 if not DEVICES:  # pragma: no cover - a CUDA machine with TRITON_INTERPRET unset always has "cuda"
     DEVICES = ["cpu"]
 
-# small tiles: T = 37 crosses 5 time tiles, D = 24 two channel tiles, the backward's partial sums
+# small tiles: T = 37 crosses 5 time tiles (and marching segments), D = 24 two channel tiles, the backward's partial sums
 # are reduced over several rows and steps
-SMALL = dict(fwd_bt=8, fwd_bd=16, bwd_bt=8, bwd_bd=16, bwd_steps=2, small_bd=16, red_bp=4, red_bn=16)
+SMALL = dict(march_seg=8, march_bd=16, fwd_bt=8, fwd_bd=16, bwd_bt=8, bwd_bd=16, bwd_steps=2, small_bd=16, red_bp=4, red_bn=16)
 NAMES = ("x", "weight", "bias", "residual", "initial_state")
 
 
@@ -328,21 +329,24 @@ def test_layer_run_loads_and_tabulates(tmp_path):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("T,W,seg,extras", [(37, 4, 8, True), (37, 3, 16, False), (5, 4, 4, True), (1, 2, 4, True),
                                              (9, 1, 4, False), (2, 4, 8, True)])
-def test_lab_marching_forward_equals_the_shipped_one(device, T, W, seg, extras):
-    """lab/march_forward.py (off the shipped path, to be timed on a GPU): the same `y` as the shipped
-    forward, bit for bit in float32 on the interpreter up to the order of the tap sums (1e-6 on O(1)
-    values), with and without bias, residual, state and SiLU; segments that end inside the sequence
-    and past it, widths 1 to 4 (T = 1 and 2: the whole output comes from the state)."""
+def test_marching_forward_equals_the_tiled_one(device, T, W, seg, extras):
+    """The two forwards of forward.py, the marching one (the plan's default up to W = 4) and the
+    tiled one (``march=False``; every width), give the same `y`: bit for bit in float32 up to the
+    order of the tap sums (1e-6 on O(1) values), with and without bias, residual, state and SiLU;
+    segments that end inside the sequence and past it, widths 1 to 4 (T = 1 and 2: the whole
+    output comes from the state). At W = 5 the plan's marching forward hands over to the tiled one."""
     from kernels.conv.forward import conv_forward
-    from kernels.conv.lab.march_forward import march_forward
     x, w, b, r, s = make_inputs(2, T, 24, W, torch.float32, device, bias=extras, residual=extras, state=extras,
                                 seed=T + W)
     act = "silu" if extras else None
-    plan = plan_for(x.dtype, x.device, T=T, D=24, W=W, **(_plan(device) or {}))
-    want = conv_forward(x, w, b, r, s, act, plan)
-    got = march_forward(x, w, b, r, s, act, seg=seg, bd=16)
-    assert max_rel(got, want) < 1e-6
-    with pytest.raises(ValueError, match="1 to 4 taps"):
-        march_forward(x, torch.zeros(24, 5, device=device), None, None, None, None)
-    with pytest.raises(ValueError, match="seg must be a power of two"):
-        march_forward(x, w, None, None, None, None, seg=2)
+    over = _plan(device) or {}
+    tiled = conv_forward(x, w, b, r, s, act, plan_for(x.dtype, x.device, T=T, D=24, W=W, **over, march=False))
+    marched = conv_forward(x, w, b, r, s, act, plan_for(x.dtype, x.device, T=T, D=24, W=W,
+                                                        **dict(over, march_seg=seg, march_bd=16)))
+    assert max_rel(marched, tiled) < 1e-6
+    w5 = torch.randn(24, 5, generator=torch.Generator().manual_seed(5)).to(device)
+    p5 = plan_for(x.dtype, x.device, T=T, D=24, W=5, **over)
+    assert p5.march and torch.equal(conv_forward(x, w5, None, None, None, act, p5),
+                                    conv_forward(x, w5, None, None, None, act, replace(p5, march=False)))
+    with pytest.raises(ValueError, match="march_seg must be a power of two"):
+        plan_for(x.dtype, x.device, T=T, D=24, W=W, march_seg=2)

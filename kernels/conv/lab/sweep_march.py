@@ -1,13 +1,16 @@
-"""Lab: the marching forward (``lab/march_forward.py``) against the shipped forward, on a GPU.
+"""Lab: the marching forward against the tiled one, on a GPU (the sweep that chose ``plan.fwd_march``).
 
     python3 -m kernels.conv.lab.sweep_march [--write]
 
 bfloat16, SiLU, W = 4, no bias (the benchmark's setting) at the benchmark's two widths, B · T =
-65,536: the shipped forward with its plan, fla's Triton ``causal_conv1d`` when importable, a copy of
-``x`` (the yardstick), and the marching kernel over segment lengths, channel blocks and warps. Each
-configuration's median in ms (``kernels.harness.bench_ms``), its fraction of the copy's bandwidth,
-and its largest difference from the shipped forward's output (the two must agree to bf16 rounding).
-``--write`` keeps the table in ``kernels/conv/lab/logs/sweep_march.json``. Not yet run.
+65,536: the tiled forward (``march=False``), fla's Triton ``causal_conv1d`` when importable, a copy
+of ``x`` (the yardstick), and the marching forward over segment lengths, channel blocks and warps
+(plan overrides). Each configuration's median in ms (``kernels.harness.bench_ms``), its fraction of
+the copy's bandwidth, and its largest difference from the tiled forward's output (the two must
+agree to bf16 rounding). ``--write`` keeps the table in ``kernels/conv/lab/logs/sweep_march.json``.
+
+The kept run (H200, 2026-11-25) was made when the marching kernel lived in this folder: its rows
+named ``shipped`` are the tiled forward, then the shipped one.
 """
 from __future__ import annotations
 
@@ -29,7 +32,6 @@ def main(argv=None) -> int:
     import torch
     from kernels.backend import Launch
     from kernels.conv.forward import conv_forward
-    from kernels.conv.lab.march_forward import march_forward
     from kernels.conv.plan import plan_for
     from kernels.harness import bench_ms, environment
     try:
@@ -42,7 +44,7 @@ def main(argv=None) -> int:
         gen = torch.Generator(device="cuda").manual_seed(D)
         x = torch.randn(B, T, D, device="cuda", generator=gen).to(torch.bfloat16)
         w = ((torch.rand(D, W, device="cuda", generator=gen) * 2 - 1) / W ** 0.5).to(torch.bfloat16)
-        plan = plan_for(x.dtype, x.device, T=T, D=D, W=W)
+        plan = plan_for(x.dtype, x.device, T=T, D=D, W=W, march=False)
         copy_ms = bench_ms(lambda: x.clone())
         want = conv_forward(x, w, None, None, None, "silu", plan)
 
@@ -52,18 +54,17 @@ def main(argv=None) -> int:
             print(f"B={B} T={T} D={D} {name:28s} {ms:.4f} ms  {copy_ms / ms:.3f} of copy"
                   + ("" if diff is None else f"  max diff {diff:.2e}"), flush=True)
         add("copy", copy_ms)
-        add("shipped", bench_ms(lambda: conv_forward(x, w, None, None, None, "silu", plan)))
+        add("tiled", bench_ms(lambda: conv_forward(x, w, None, None, None, "silu", plan)))
         if fla_conv is not None:
             add("fla", bench_ms(lambda: fla_conv(x, w, activation="silu", backend="triton")[0]),
                 fla_conv(x, w, activation="silu", backend="triton")[0])
         for seg, bd, wp in MARCH:
             if bd > D:
                 continue
-            launches = (Launch(wp, 1),)
+            mp = plan_for(x.dtype, x.device, T=T, D=D, W=W, march_seg=seg, march_bd=bd, fwd_march=(Launch(wp, 1),))
             try:
-                out = march_forward(x, w, None, None, None, "silu", seg=seg, bd=bd, launches=launches)
-                ms = bench_ms(lambda: march_forward(x, w, None, None, None, "silu", seg=seg, bd=bd,
-                                                    launches=launches))
+                out = conv_forward(x, w, None, None, None, "silu", mp)
+                ms = bench_ms(lambda: conv_forward(x, w, None, None, None, "silu", mp))
             except Exception as e:  # noqa: BLE001 - a configuration that does not compile is recorded
                 rows.append(dict(B=B, T=T, D=D, variant="march", seg=seg, bd=bd, warps=wp, ms=None,
                                  note=f"{type(e).__name__}: {e}"[:200]))
