@@ -57,8 +57,8 @@ __all__ = [
     "forward_substitution", "blockwise_unit_lower_inverse",
     "deltanet_recurrent", "deltanet_parallel", "deltanet_chunkwise", "deltanet_attention_matrix",
     "gated_deltanet_recurrent", "gated_deltanet_parallel", "gated_deltanet_chunkwise",
-    "comba_recurrent", "comba_to_gated_deltanet", "gated_deltanet_to_comba",
-    "deltaproduct_recurrent",
+    "comba_recurrent", "comba_parallel", "comba_chunkwise", "comba_to_gated_deltanet", "gated_deltanet_to_comba",
+    "deltaproduct_recurrent", "deltaproduct_parallel", "deltaproduct_chunkwise",
     "gated_deltanet_via_cumulative_alpha", "cumulative_alpha_breakdown", "overwrite_experiment",
 ]
 
@@ -324,6 +324,23 @@ def comba_to_gated_deltanet(K, V, gamma, eta):
     return c[:, None] * K, (gamma * c)[:, None] * V, gamma.copy(), beta
 
 
+def comba_parallel(Q, K, V, gamma, eta) -> np.ndarray:
+    """Comba in matrix form: Gated DeltaNet's :func:`gated_deltanet_parallel` on the inputs
+    :func:`comba_to_gated_deltanet` maps Comba's to (the two recurrences have the same states, so the
+    same attention matrix after the change of variables). Arguments as :func:`comba_recurrent`."""
+    Q = as_array(Q, "Q", ("n", "d_k"))
+    K2, V2, alpha, beta = comba_to_gated_deltanet(K, V, gamma, eta)
+    return gated_deltanet_parallel(Q, K2, V2, alpha, beta)
+
+
+def comba_chunkwise(Q, K, V, gamma, eta, *, chunk_size: int = 64) -> np.ndarray:
+    """Comba chunk by chunk: :func:`gated_deltanet_chunkwise` on the mapped inputs, as
+    :func:`comba_parallel`."""
+    Q = as_array(Q, "Q", ("n", "d_k"))
+    K2, V2, alpha, beta = comba_to_gated_deltanet(K, V, gamma, eta)
+    return gated_deltanet_chunkwise(Q, K2, V2, alpha, beta, chunk_size=chunk_size)
+
+
 # --------------------------------------------------------------------------------------------
 # DeltaProduct
 # --------------------------------------------------------------------------------------------
@@ -352,6 +369,40 @@ def deltaproduct_recurrent(Q, K, V, beta, alpha=None) -> np.ndarray:
             S = S + beta[t, i] * np.outer(V[t, i] - S @ k, k)
         O[t] = S @ Q[t]
     return O
+
+
+def _deltaproduct_steps(Q, K, V, beta, alpha):
+    """DeltaProduct as Gated DeltaNet on ``n·m`` micro-steps: token ``t``'s ``m`` keys, values and
+    ``beta`` in turn, its gate on the first of them (``1`` on the others), its query on the last
+    (zeros elsewhere; those outputs are dropped). Returns the flattened inputs and ``m``."""
+    K = as_array(K, "K", ("n", "m", "d_k"))
+    n, m, d_k = K.shape
+    Q = as_array(Q, "Q", (n, d_k))
+    V = as_array(V, "V", (n, m, "d_v"))
+    beta = check_gate(beta, "beta", (n, m), low=0.0, high=2.0)
+    alpha = np.ones(n) if alpha is None else _alpha(alpha, n)
+    a_steps = np.ones((n, m))
+    a_steps[:, 0] = alpha
+    q_steps = np.zeros((n, m, d_k))
+    q_steps[:, -1] = Q
+    return (q_steps.reshape(n * m, d_k), K.reshape(n * m, d_k), V.reshape(n * m, -1), a_steps.reshape(-1),
+            beta.reshape(-1), m)
+
+
+def deltaproduct_parallel(Q, K, V, beta, alpha=None) -> np.ndarray:
+    """DeltaProduct in matrix form: :func:`gated_deltanet_parallel` over the ``n·m`` micro-steps
+    (one per Householder factor), read at the last micro-step of each token. The product of ``m``
+    factors per token is ``m`` rows of the one unit lower-triangular solve. Arguments as
+    :func:`deltaproduct_recurrent`."""
+    Qs, Ks, Vs, a, b, m = _deltaproduct_steps(Q, K, V, beta, alpha)
+    return gated_deltanet_parallel(Qs, Ks, Vs, a, b)[m - 1::m]
+
+
+def deltaproduct_chunkwise(Q, K, V, beta, alpha=None, *, chunk_size: int = 64) -> np.ndarray:
+    """DeltaProduct chunk by chunk over the micro-steps (``chunk_size`` of them per chunk), as
+    :func:`deltaproduct_parallel`; the kernel ``chunk_gated_delta_product`` takes the same route."""
+    Qs, Ks, Vs, a, b, m = _deltaproduct_steps(Q, K, V, beta, alpha)
+    return gated_deltanet_chunkwise(Qs, Ks, Vs, a, b, chunk_size=chunk_size)[m - 1::m]
 
 
 # --------------------------------------------------------------------------------------------

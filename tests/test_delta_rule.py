@@ -231,6 +231,48 @@ def test_comba_definition():
     lc.check_close("comba_recurrent = definition", lc.comba_recurrent(Q, K, V, gamma, eta), np.array(out), TOL)
 
 
+@pytest.mark.parametrize("n,chunk", [(1, 4), (19, 8), (40, 16)])
+def test_comba_three_forms_agree(n, chunk):
+    """Comba's parallel and chunkwise forms (Gated DeltaNet's, after the change of variables) equal
+    its recurrence, n = 1 and n not divisible by the chunk, with eta/gamma above 2 on some tokens (the
+    key rescaling): float64 round-off on O(1) outputs, 1e-9."""
+    rng = np.random.default_rng(n)
+    Q, K, V, _, _ = make(n, seed=n)
+    gamma = rng.uniform(0.1, 1.0, size=n)
+    eta = rng.uniform(0.05, 1.0, size=n)
+    eta[::3] = 3.0 * gamma[::3]
+    ref = lc.comba_recurrent(Q, K, V, gamma, eta)
+    lc.check_close("comba_parallel = comba_recurrent", lc.comba_parallel(Q, K, V, gamma, eta), ref, 1e-9)
+    lc.check_close("comba_chunkwise = comba_recurrent", lc.comba_chunkwise(Q, K, V, gamma, eta, chunk_size=chunk),
+                   ref, 1e-9)
+    with pytest.raises(ValueError, match="eta"):
+        lc.comba_parallel(Q, K, V, gamma, -eta)
+    with pytest.raises(ValueError, match="Q"):
+        lc.comba_chunkwise(Q[:, :-1], K, V, gamma, eta)
+
+
+@pytest.mark.parametrize("n,m,chunk,gated", [(1, 2, 4, True), (13, 3, 8, True), (20, 1, 16, False), (9, 2, 64, True)])
+def test_deltaproduct_three_forms_agree(n, m, chunk, gated):
+    """DeltaProduct's parallel and chunkwise forms (Gated DeltaNet over the n·m micro-steps, read at
+    each token's last) equal its recurrence: m = 1 (DeltaNet), chunks that split a token's factors,
+    beta up to 2; 1e-9."""
+    rng = np.random.default_rng(100 + n)
+    Q = rng.normal(size=(n, 6))
+    K = rng.normal(size=(n, m, 6))
+    K /= np.linalg.norm(K, axis=-1, keepdims=True)
+    V = rng.normal(size=(n, m, 4))
+    beta = rng.uniform(0.1, 2.0, size=(n, m))
+    alpha = rng.uniform(0.3, 1.0, size=n) if gated else None
+    ref = lc.deltaproduct_recurrent(Q, K, V, beta, alpha)
+    lc.check_close("deltaproduct_parallel = recurrent", lc.deltaproduct_parallel(Q, K, V, beta, alpha), ref, 1e-9)
+    lc.check_close("deltaproduct_chunkwise = recurrent",
+                   lc.deltaproduct_chunkwise(Q, K, V, beta, alpha, chunk_size=chunk), ref, 1e-9)
+    with pytest.raises(ValueError, match="beta"):
+        lc.deltaproduct_parallel(Q, K, V, beta * 3.0, alpha)
+    with pytest.raises(ValueError, match="Q must have shape"):
+        lc.deltaproduct_chunkwise(Q[:, :-1], K, V, beta, alpha)
+
+
 @pytest.mark.parametrize("harsh", [False, True])
 def test_gated_deltanet_equals_comba(harsh):
     # GDN(alpha, beta, v) = Comba(gamma = alpha, eta = alpha beta, v / alpha)
