@@ -1,7 +1,7 @@
 """PyTorch ops backed by Triton kernels, with fla's names, argument order and layout.
 
 One folder per kernel family: ``flash/`` (softmax attention, and FoX's forget-gated form), ``gla/`` (linear attention with no,
-scalar or vector gates), ``delta/`` (the plain and gated delta rule), ``deltaformer/`` (the delta rule inside softmax
+scalar or vector gates), ``delta/`` (the plain and gated delta rule, DeltaProduct and Comba), ``deltaformer/`` (the delta rule inside softmax
 attention), ``path/`` (PaTH: Householder products as position encoding), ``mesa/`` (MesaNet's
 regression solved by conjugate gradients), ``conv/`` (the short causal convolution of Chapter 10). Each holds its op, its stages,
 its launch plan, its benchmark of record with the results, its ``NOTES.md`` and a ``lab/``.
@@ -27,7 +27,7 @@ except Exception:  # pragma: no cover
 
 from .backend import HAS_TRITON, INTERPRET, resolve_backend  # noqa: E402
 from .conv import causal_conv1d  # noqa: E402
-from .delta import chunk_delta_rule, chunk_gated_delta_product, chunk_gated_delta_rule  # noqa: E402
+from .delta import chunk_comba, chunk_delta_rule, chunk_gated_delta_product, chunk_gated_delta_rule  # noqa: E402
 from .deltaformer import deltaformer_attn  # noqa: E402
 from .flash import flash_attention, parallel_forgetting_attn  # noqa: E402
 from .gla import chunk_gla, chunk_linear_attn, chunk_simple_gla  # noqa: E402
@@ -35,4 +35,4 @@ from .mesa import chunk_mesa_net  # noqa: E402
 from .path import parallel_path_attn  # noqa: E402
 
 __all__ = ["flash_attention", "parallel_forgetting_attn", "chunk_linear_attn", "chunk_simple_gla", "chunk_gla",
-           "chunk_delta_rule", "chunk_gated_delta_rule", "chunk_gated_delta_product", "deltaformer_attn", "parallel_path_attn", "chunk_mesa_net", "causal_conv1d", "HAS_TRITON", "INTERPRET", "resolve_backend"]
+           "chunk_delta_rule", "chunk_gated_delta_rule", "chunk_gated_delta_product", "chunk_comba", "deltaformer_attn", "parallel_path_attn", "chunk_mesa_net", "causal_conv1d", "HAS_TRITON", "INTERPRET", "resolve_backend"]

@@ -54,6 +54,7 @@ OPS = {
     "chunk_delta_rule": ("q", "k", "v", "beta"),
     "chunk_gated_delta_rule": ("q", "k", "v", "g", "beta"),
     "chunk_gated_delta_product": ("q", "k", "v", "g", "beta"),
+    "chunk_comba": ("q", "k", "v", "g", "beta"),
     "parallel_forgetting_attn": ("q", "k", "v", "g"),
     "deltaformer_attn": ("q", "k", "v", "beta"),
     "parallel_path_attn": ("q", "k", "v", "w", "beta"),
@@ -71,6 +72,7 @@ FLA_NAMES = {
     "chunk_delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule"),
     "chunk_gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
     "chunk_gated_delta_product": ("fla.ops.gated_delta_product", "chunk_gated_delta_product"),
+    "chunk_comba": ("fla.ops.comba", "chunk_comba"),
     "parallel_forgetting_attn": ("fla.ops.forgetting_attn", "parallel_forgetting_attn"),
     "deltaformer_attn": ("kernels.deltaformer.bench", "fla_pseudo_values"),
     "parallel_path_attn": ("fla.ops.path_attn", "parallel_path_attn"),
@@ -85,7 +87,8 @@ CONFIG = dict(H=H, D=D, dtype="bfloat16", tokens=TOKENS, conv_width=CONV_WIDTH, 
                      "g = logsigmoid(N(0, 1)) in float32 (vector gates / 16); beta = sigmoid(N(0, 1)) "
                      "in float32 (PaTH: 2 sigmoid, w L2-normalised, float32); MesaNet lamb = 1 [H, K]; "
                      "conv: x [B, T, H D], weight [H D, 4] ~ N(0, 1/4), SiLU; DeltaProduct: k, v, beta "
-                     "with T num_householder rows; scale D^-0.5")
+                     "with T num_householder rows; Comba: Gated DeltaNet's inputs, beta as eta (fla's form with p = k); "
+                     "scale D^-0.5")
 
 
 def train_cases(parts=PARTS, *, ts=T_ALL, fla_ts=FLA_T, ops=tuple(OPS)) -> list:
@@ -154,11 +157,11 @@ def make_inputs(op: str, B: int, T: int, *, heads: int = H, dim: int = D, device
     steps = T * NUM_HOUSEHOLDER if op == "chunk_gated_delta_product" else T    # rows of k, v and beta
     x = {"q": rand(B, T, heads, dim).to(dtype), "k": rand(B, steps, heads, dim).to(dtype),
          "v": rand(B, steps, heads, dim).to(dtype)}
-    delta = ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_gated_delta_product", "chunk_mesa_net")
+    delta = ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_gated_delta_product", "chunk_comba", "chunk_mesa_net")
     if op in delta:
         x["k"] = F.normalize(x["k"].float(), dim=-1).to(dtype)
-    if op in ("chunk_simple_gla", "chunk_gated_delta_rule", "chunk_gated_delta_product", "parallel_forgetting_attn",
-              "chunk_mesa_net"):
+    if op in ("chunk_simple_gla", "chunk_gated_delta_rule", "chunk_gated_delta_product", "chunk_comba",
+              "parallel_forgetting_attn", "chunk_mesa_net"):
         x["g"] = F.logsigmoid(rand(B, T, heads))
     if op == "chunk_gla":
         x["g"] = F.logsigmoid(rand(B, T, heads, dim)) / 16
@@ -237,6 +240,8 @@ def fla_fn(op: str):
         return lambda q, k, v, g, beta: fn(q, k, v, g, beta, NUM_HOUSEHOLDER, scale=s)[0]
     if op == "parallel_path_attn":
         return lambda q, k, v, w, beta: fn(q, k, v, w, beta, scale=s)[0]
+    if op == "chunk_comba":         # fla's form reads with a vector p; p = k is the same amount of work
+        return lambda q, k, v, g, beta: fn(q, k, v, k, g, beta, scale=s)[0]
     return lambda **x: _first(fn(**x, scale=s))
 
 

@@ -15,8 +15,10 @@ def test_model_map_validates_and_covers_the_books_models():
     assert by["GLA (vector gate)"]["bench"] == "python -m kernels.gla.bench --write"
     assert by["Gated DeltaNet"]["results"] == "kernels/delta/results.json"
     assert by["PaTH (Householder products as position encoding)"]["bench"] == "python -m kernels.path.bench --write"
-    # the model without a kernel says so (no op, no family, no benchmark)
-    assert by["Comba"]["op"] is None and by["Comba"]["bench"] is None and by["Comba"]["recurrent"]
+    # Comba's op is the delta family's (the gated delta rule after the change of variables)
+    assert by["Comba"]["op"] == "chunk_comba" and by["Comba"]["family"] == "delta"
+    assert all(r["recurrent"] and r["parallel"] and r["chunkwise"] and r["op"] for r in rows), \
+        [r["model"] for r in rows if not (r["parallel"] and r["chunkwise"] and r["op"])]
     assert by["DeltaProduct"]["op"] == "chunk_gated_delta_product" and by["DeltaProduct"]["family"] == "delta"
 
 

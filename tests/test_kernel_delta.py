@@ -485,3 +485,91 @@ def test_deltaproduct_bad_inputs():
         kernels.chunk_gated_delta_product(q, k, v, g, beta, 3)
     with pytest.raises(ValueError, match=r"g must have shape \[B, T, H\] = \[1, 4, 1\]"):
         kernels.chunk_gated_delta_product(q, k, v, beta, beta, 2)
+
+
+# ------------------------------------------------------------------ Comba (Chapter 6's form)
+def _comba_inputs(B, T, H, K, V, *, seed, device, harsh=False):
+    """Comba's inputs: γ = exp(g) in [0.2, 1] (harsh: down to 1e-20, below the op's floor on every fifth
+    token), η in (0, 1.5] with η/γ above 2 on every third token (the key rescaling)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
+    g = torch.log(0.2 + 0.8 * torch.rand(B, T, H, generator=gen, dtype=torch.float64))
+    if harsh:
+        g[:, ::5] = -46.0                       # γ = 1e-20 < exp(-30)
+    eta = 0.05 + 0.95 * torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    eta[:, ::3] = torch.minimum(3.0 * g[:, ::3].exp(), torch.full_like(eta[:, ::3], 1.5))
+    return [t.to(device=device, dtype=torch.float32) for t in (q, k, v, g, eta)]
+
+
+@pytest.mark.parametrize("T,harsh", [(1, False), (37, False), (70, True)])
+def test_comba_is_lattn_cores_definition(T, harsh):
+    """The op's PyTorch path (float32) = lc.comba_recurrent (float64, same rounded inputs; gates at the
+    op's floor exp(-30) where they were below it) per batch and head: float32 round-off over <= 70 steps
+    of O(1) values ~1e-6, so 1e-4; a map that missed γ on the values or the key's scale is off by O(1)."""
+    import lattn_core as lc
+    from kernels.delta.op import COMBA_MIN_LOG_GATE
+    q, k, v, g, eta = _comba_inputs(2, T, 2, 8, 4, seed=T, device="cpu", harsh=harsh)
+    o, S = kernels.chunk_comba(q, k, v, g, eta, scale=1.0, output_final_state=True)
+    gamma = g.double().clamp(min=COMBA_MIN_LOG_GATE).exp()
+    for b in range(2):
+        for h in range(2):
+            ref = lc.comba_recurrent(q[b, :, h].double().numpy(), k[b, :, h].double().numpy(),
+                                     v[b, :, h].double().numpy(), gamma[b, :, h].numpy(), eta[b, :, h].double().numpy())
+            lc.check_close("chunk_comba = lc.comba_recurrent", o[b, :, h].numpy(), ref, 1e-4, relative=True)
+    assert S.shape == (2, 2, 8, 4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_comba_triton_against_the_reference(device):
+    """The Triton path (the delta family's kernels after the map) = the PyTorch path, outputs, final
+    state and every gradient (q, k, v, g, eta, initial state), at TOL32 (both float32)."""
+    ins = _comba_inputs(1, 45, 2, 16, 16, seed=5, device=device)
+    h0 = torch.randn(1, 2, 16, 16, generator=torch.Generator().manual_seed(3)).to(device)
+    leaves = [t.clone().requires_grad_() for t in ins + [h0]]
+    o, S = kernels.chunk_comba(*leaves[:5], scale=0.5, initial_state=leaves[5], output_final_state=True,
+                               backend="triton")
+    ref_leaves = [t.detach().cpu().requires_grad_() for t in ins + [h0]]
+    o_r, S_r = kernels.chunk_comba(*ref_leaves[:5], scale=0.5, initial_state=ref_leaves[5], output_final_state=True,
+                                   backend="torch")
+    assert _rel_err(o.cpu(), o_r) < TOL32 and _rel_err(S.cpu(), S_r) < TOL32
+    gen = torch.Generator().manual_seed(11)
+    do, dS = torch.randn(o_r.shape, generator=gen), torch.randn(S_r.shape, generator=gen)
+    grads = torch.autograd.grad((o * do.to(o)).sum() + (S * dS.to(S)).sum(), leaves)
+    grads_r = torch.autograd.grad((o_r * do).sum() + (S_r * dS).sum(), ref_leaves)
+    for name, gr, gr_r in zip(("q", "k", "v", "g", "eta", "h0"), grads, grads_r):
+        assert _rel_err(gr.cpu(), gr_r) < TOL32, name
+
+
+def test_comba_gradients_against_float64_autograd_of_the_recurrence():
+    """The gradients through the change of variables are Comba's own: the op's PyTorch path (float32)
+    against autograd of the recurrence written out in float64 on the same inputs. float32 round-off
+    over 20 steps: 1e-4 of the largest entry; a gradient lost in the map (the key's scale, γ on the
+    values) is off by O(1)."""
+    ins = _comba_inputs(1, 20, 1, 6, 5, seed=2, device="cpu")
+    leaves = [t.clone().requires_grad_() for t in ins]
+    o, _ = kernels.chunk_comba(*leaves, scale=1.0)
+    loop = [t.double().requires_grad_() for t in ins]
+    lq, lk, lv, lg, le = (t[0, :, 0] for t in loop)
+    S = torch.zeros(6, 5, dtype=torch.float64)                  # fla's orientation [K, V]
+    outs = []
+    for t in range(20):
+        S = lg[t].exp() * S + le[t] * torch.outer(lk[t], lv[t] - S.T @ lk[t])
+        outs.append(S.T @ lq[t])
+    o_loop = torch.stack(outs)[None, :, None]
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    assert (o.double() - o_loop).abs().max() < 1e-4 * o_loop.abs().max()
+    for name, a, b in zip("qkvge", torch.autograd.grad((o * do.float()).sum(), leaves),
+                          torch.autograd.grad((o_loop * do).sum(), loop)):
+        assert (a.double() - b).abs().max() < 1e-4 * b.abs().max(), name
+
+
+def test_comba_bad_inputs():
+    q, k, v, g, eta = _comba_inputs(1, 4, 1, 8, 8, seed=0, device="cpu")
+    with pytest.raises(ValueError, match="g .* and beta .* must be tensors"):
+        kernels.chunk_comba(q, k, v, None, eta)
+    with pytest.raises(ValueError, match="beta must lie in"):
+        kernels.chunk_comba(q, k, v, g, eta + 2.0)
+    with pytest.raises(ValueError, match="g"):
+        kernels.chunk_comba(q, k, v, -g, eta)

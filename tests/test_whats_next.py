@@ -40,7 +40,7 @@ def test_family_table_joins_the_catalog_by_form_names():
     assert rows["Gated DeltaNet"]["op"] == "chunk_gated_delta_rule"
     assert rows["Gated DeltaNet"]["family"] == "delta"
     assert rows["softmax attention"]["op"] == "flash_attention"
-    assert rows["Comba"]["op"] is None and rows["Comba"]["family"] is None
+    assert rows["Comba"]["op"] == "chunk_comba" and rows["Comba"]["family"] == "delta"
     fake = [dict(recurrent="mesanet_recurrent", parallel=None, chunkwise=None, op="chunk_mesa_net",
                  family="mesa")]
     rows = {r["model"]: r for r in wn.family_table(fake)}
@@ -79,7 +79,10 @@ def test_every_row_runs_its_forms_on_its_inputs():
             if getattr(row, form) is not None:
                 np.testing.assert_allclose(wn.run_family(row, x, form), ref, atol=1e-9)
     with pytest.raises(ValueError, match="form"):
-        wn.run_family(ROW["Comba"], wn.family_inputs(ROW["Comba"], 4, 2, 2, 0), "parallel")
+        wn.run_family(ROW["Comba"], wn.family_inputs(ROW["Comba"], 4, 2, 2, 0), "blocked")
+    no_parallel = wn.FamilyRow(**{**ROW["Comba"].__dict__, "parallel": None})
+    with pytest.raises(ValueError, match="Comba has no parallel form"):
+        wn.run_family(no_parallel, wn.family_inputs(no_parallel, 4, 2, 2, 0), "parallel")
 
 
 def test_decode_memory_is_chapter_7s_count():

@@ -1,5 +1,6 @@
 """The (gated) delta rule: ``chunk_delta_rule`` and ``chunk_gated_delta_rule``, and (Gated)
-DeltaProduct, ``chunk_gated_delta_product``, which is the gated delta rule run on every token's steps.
+DeltaProduct, ``chunk_gated_delta_product``, which is the gated delta rule run on every token's steps,
+and Comba, ``chunk_comba``, which is the gated delta rule after Chapter 6's change of variables.
 
 ``op.py`` is the autograd op that calls the stages in order: ``solve.py`` (the per-chunk
 triangular solve ``T = (I + A)^{-1}``, reused by other families), ``wy.py`` (the WY/UT factors and
@@ -7,6 +8,6 @@ the scores), ``march.py`` (the sequential pass, training and inference forms), `
 ``plan.py`` holds the measured launch choices. ``bench.py`` is the benchmark of record
 (``results.json``), ``NOTES.md`` the design and every round of measurement, ``lab/`` the sweeps.
 """
-from .op import chunk_delta_rule, chunk_gated_delta_product, chunk_gated_delta_rule
+from .op import chunk_comba, chunk_delta_rule, chunk_gated_delta_product, chunk_gated_delta_rule
 
-__all__ = ["chunk_delta_rule", "chunk_gated_delta_rule", "chunk_gated_delta_product"]
+__all__ = ["chunk_delta_rule", "chunk_gated_delta_rule", "chunk_gated_delta_product", "chunk_comba"]
