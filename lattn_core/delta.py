@@ -344,6 +344,17 @@ def comba_chunkwise(Q, K, V, gamma, eta, *, chunk_size: int = 64) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # DeltaProduct
 # --------------------------------------------------------------------------------------------
+def _deltaproduct_inputs(Q, K, V, beta, alpha):
+    """Validated DeltaProduct inputs as float64 arrays; ``alpha`` ones when ``None``."""
+    K = as_array(K, "K", ("n", "m", "d_k"))
+    n, m, d_k = K.shape
+    Q = as_array(Q, "Q", (n, d_k))
+    V = as_array(V, "V", (n, m, "d_v"))
+    beta = check_gate(beta, "beta", (n, m), low=0.0, high=2.0)
+    alpha = np.ones(n) if alpha is None else _alpha(alpha, n)
+    return Q, K, V, beta, alpha
+
+
 def deltaproduct_recurrent(Q, K, V, beta, alpha=None) -> np.ndarray:
     """DeltaProduct: ``m`` delta-rule steps per token, then a read.
 
@@ -354,12 +365,8 @@ def deltaproduct_recurrent(Q, K, V, beta, alpha=None) -> np.ndarray:
     The state transition per token is a product of ``m`` generalised Householder matrices.
     ``m = 1`` is DeltaNet (Gated DeltaNet with ``alpha``).
     """
-    K = as_array(K, "K", ("n", "m", "d_k"))
+    Q, K, V, beta, alpha = _deltaproduct_inputs(Q, K, V, beta, alpha)
     n, m, d_k = K.shape
-    Q = as_array(Q, "Q", (n, d_k))
-    V = as_array(V, "V", (n, m, "d_v"))
-    beta = check_gate(beta, "beta", (n, m), low=0.0, high=2.0)
-    alpha = np.ones(n) if alpha is None else _alpha(alpha, n)
     S = np.zeros((V.shape[2], d_k))
     O = np.empty((n, V.shape[2]))
     for t in range(n):
@@ -375,12 +382,8 @@ def _deltaproduct_steps(Q, K, V, beta, alpha):
     """DeltaProduct as Gated DeltaNet on ``n·m`` micro-steps: token ``t``'s ``m`` keys, values and
     ``beta`` in turn, its gate on the first of them (``1`` on the others), its query on the last
     (zeros elsewhere; those outputs are dropped). Returns the flattened inputs and ``m``."""
-    K = as_array(K, "K", ("n", "m", "d_k"))
+    Q, K, V, beta, alpha = _deltaproduct_inputs(Q, K, V, beta, alpha)
     n, m, d_k = K.shape
-    Q = as_array(Q, "Q", (n, d_k))
-    V = as_array(V, "V", (n, m, "d_v"))
-    beta = check_gate(beta, "beta", (n, m), low=0.0, high=2.0)
-    alpha = np.ones(n) if alpha is None else _alpha(alpha, n)
     a_steps = np.ones((n, m))
     a_steps[:, 0] = alpha
     q_steps = np.zeros((n, m, d_k))
