@@ -383,6 +383,34 @@ def test_gpu_memory_is_linear_in_T():
     assert peaks[1] < 2.5 * peaks[0], peaks
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton needs a CUDA device")
+def test_gpu_offsets_past_int32():
+    """fla's tracker records an int32 overflow in PaTH on long inputs. Here every [B, T, H, D] tensor
+    has B·T·H·D = 1040·1024·16·128 > 2^31 elements (bfloat16, w too; over 60 GB in all), so an
+    element offset computed in int32 would wrap into another sequence's data. The first and the last
+    sequence's outputs and gradients must equal the same sequence run alone (B = 1, offsets far below
+    2^31): the same kernels on the same values, so they differ only by the order of the backward's
+    float32 atomic sums, then one bfloat16 rounding; 5e-3 of the norm allows that, and a wrapped
+    offset (another sequence's inputs) is off by O(1)."""
+    B, T, H, D = 1040, 1024, 16, 128
+    assert B * T * H * D > 2 ** 31
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rnd = lambda *shape: torch.randn(*shape, device="cuda", generator=gen)     # noqa: E731
+    q, k, v = (rnd(B, T, H, D).to(torch.bfloat16) for _ in range(3))
+    w = torch.nn.functional.normalize(rnd(B, T, H, D), dim=-1).to(torch.bfloat16)
+    beta = (2 * torch.sigmoid(rnd(B, T, H))).to(torch.bfloat16)
+    g = torch.nn.functional.logsigmoid(rnd(B, T, H))
+    do = rnd(B, T, H, D).to(torch.bfloat16)
+    inputs = (q, k, v, w, beta, g)
+    whole = grads(lambda *a: kernels.parallel_path_attn(*a)[0], inputs, do)
+    for b in (0, B - 1):
+        alone = grads(lambda *a: kernels.parallel_path_attn(*a)[0], [x[b:b + 1] for x in inputs], do[b:b + 1])
+        for name, ref in alone.items():
+            got = whole[name][b:b + 1].float()
+            err = ((got - ref.float()).norm() / ref.float().norm()).item()
+            assert err < 5e-3, (b, name, err)
+
+
 # Query blocks of 128 rows (the plan's ``rows``: two 64-blocks per program, the second block's rows
 # meeting the first block's keys through the carried queries): the same function as 64 rows.
 @pytest.mark.parametrize("device", DEVICES)
