@@ -350,3 +350,35 @@ def test_marching_forward_equals_the_tiled_one(device, T, W, seg, extras):
                                     conv_forward(x, w5, None, None, None, act, replace(p5, march=False)))
     with pytest.raises(ValueError, match="march_seg must be a power of two"):
         plan_for(x.dtype, x.device, T=T, D=24, W=W, march_seg=2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,W,seg,extras", [(37, 4, 8, True), (37, 3, 16, False), (5, 4, 4, True), (1, 2, 4, True),
+                                             (9, 1, 4, False), (2, 4, 8, True), (64, 4, 16, True)])
+def test_lab_marching_backward_equals_the_shipped_one(device, T, W, seg, extras):
+    """lab/march_backward.py (off the shipped path, to be timed on a GPU): the same `dx`, `dw` and
+    `db` as the shipped two-pass backward, in float32 on the interpreter up to the order of the sums
+    (1e-5 relative: dw adds up to 2·37 products per channel in another order), with and without bias,
+    state, SiLU and the final state's gradient; segments that end inside the sequence and past it,
+    widths 1 to 4, T = 1 and 2 (shorter than the convolution)."""
+    from kernels.conv.backward import conv_backward
+    from kernels.conv.lab.march_backward import march_backward
+    x, w, b, _, s = make_inputs(2, T, 24, W, torch.float32, device, bias=extras, residual=False, state=extras,
+                                seed=T + W)
+    act = "silu" if extras else None
+    gen = torch.Generator().manual_seed(T)
+    dy = torch.randn(2, T, 24, generator=gen).to(device)
+    dht = torch.randn(2, 24, W, generator=gen).to(device) if extras else None
+    plan = plan_for(x.dtype, x.device, T=T, D=24, W=W, **(_plan(device) or {}))
+    want = conv_backward(x, w, b, s, dy, dht, act, plan, need_dw=True, need_db=extras)
+    got = march_backward(x, w, b, s, dy, dht, act, plan, need_dw=True, need_db=extras, seg=seg, bd=16)
+    for name, a, r in zip(("dx", "dw", "db"), got, want):
+        if r is None:
+            assert a is None, name
+        else:
+            assert max_rel(a, r) < 1e-5, name
+    with pytest.raises(ValueError, match="1 to 4 taps"):
+        march_backward(x, torch.zeros(24, 5, device=device), None, None, dy, None, None, plan, need_dw=False,
+                       need_db=False)
+    with pytest.raises(ValueError, match="seg must be a power of two"):
+        march_backward(x, w, None, None, dy, None, None, plan, need_dw=False, need_db=False, seg=2)

@@ -58,28 +58,54 @@ def main(argv=None) -> int:
         if fla_conv is not None:
             add("fla", bench_ms(lambda: fla_conv(x, w, activation="silu", backend="triton")[0]),
                 fla_conv(x, w, activation="silu", backend="triton")[0])
-        for seg, bd, wp in MARCH:
-            if bd > D:
-                continue
+
+        def make_run(seg, bd, wp):
             mp = plan_for(x.dtype, x.device, T=T, D=D, W=W, march_seg=seg, march_bd=bd, fwd_march=(Launch(wp, 1),))
-            try:
-                out = conv_forward(x, w, None, None, None, "silu", mp)
-                ms = bench_ms(lambda: conv_forward(x, w, None, None, None, "silu", mp))
-            except Exception as e:  # noqa: BLE001 - a configuration that does not compile is recorded
-                rows.append(dict(B=B, T=T, D=D, variant="march", seg=seg, bd=bd, warps=wp, ms=None,
-                                 note=f"{type(e).__name__}: {e}"[:200]))
-                continue
-            add(f"march seg={seg} bd={bd} warps={wp}", ms, out, seg=seg, bd=bd, warps=wp)
-        best = min((r for r in rows if r["D"] == D and r["T"] == T and r["variant"].startswith("march")
-                    and r["ms"]), key=lambda r: r["ms"])
-        print(f"best marching: {best['variant']} {best['ms']:.4f} ms, {best['copy_fraction']:.3f} of copy", flush=True)
+            return lambda: conv_forward(x, w, None, None, None, "silu", mp)
+        sweep_configs(rows, add, (B, T, D), MARCH, make_run)
     print(f"{time.time() - t0:.0f} s")
     if "--write" in argv:
-        out = Path(__file__).resolve().parent / "logs" / "sweep_march.json"
-        out.parent.mkdir(exist_ok=True)
-        out.write_text(json.dumps({"env": environment(), "W": W, "rows": rows}, indent=1) + "\n")
-        print("wrote", out)
+        write_log(rows, "sweep_march.json", environment())
     return 0
+
+
+def sweep_configs(rows, add, shape, configs, make_run):
+    """Time ``make_run(seg, bd, warps)`` for every configuration of ``configs`` that fits the shape's
+    width, report each through ``add`` (or record its failure in ``rows``), then print the fastest."""
+    B, T, D = shape
+    for seg, bd, wp in configs:
+        if bd > D:
+            continue
+        timed = time_config(rows, dict(B=B, T=T, D=D, seg=seg, bd=bd, warps=wp), make_run(seg, bd, wp))
+        if timed:
+            add(f"march seg={seg} bd={bd} warps={wp}", timed[1], timed[0], seg=seg, bd=bd, warps=wp)
+    print_best(rows, B, T, D)
+
+
+def time_config(rows, case: dict, run):
+    """``(output, median ms)`` of one marching configuration, or ``None`` after recording in ``rows``
+    why it failed (a configuration that does not compile is a result too)."""
+    from kernels.harness import bench_ms
+    try:
+        return run(), bench_ms(run)
+    except Exception as e:  # noqa: BLE001 - recorded
+        rows.append(dict(case, variant="march", ms=None, note=f"{type(e).__name__}: {e}"[:200]))
+        return None
+
+
+def print_best(rows, B, T, D):
+    """Print the fastest marching row of one shape."""
+    best = min((r for r in rows if (r["B"], r["T"], r["D"]) == (B, T, D) and r["variant"].startswith("march")
+                and r["ms"]), key=lambda r: r["ms"])
+    print(f"best marching: {best['variant']} {best['ms']:.4f} ms, {best['copy_fraction']:.3f} of copy", flush=True)
+
+
+def write_log(rows, name, env):
+    """Keep the table in ``lab/logs/<name>`` with the environment and the width."""
+    out = Path(__file__).resolve().parent / "logs" / name
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"env": env, "W": W, "rows": rows}, indent=1) + "\n")
+    print("wrote", out)
 
 
 if __name__ == "__main__":
