@@ -24,6 +24,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+import triton
 
 import kernels
 import lattn_core as lc
@@ -355,30 +356,53 @@ def test_marching_forward_equals_the_tiled_one(device, T, W, seg, extras):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("T,W,seg,extras", [(37, 4, 8, True), (37, 3, 16, False), (5, 4, 4, True), (1, 2, 4, True),
                                              (9, 1, 4, False), (2, 4, 8, True), (64, 4, 16, True)])
-def test_lab_marching_backward_equals_the_shipped_one(device, T, W, seg, extras):
-    """lab/march_backward.py (off the shipped path, to be timed on a GPU): the same `dx`, `dw` and
-    `db` as the shipped two-pass backward, in float32 on the interpreter up to the order of the sums
-    (1e-5 relative: dw adds up to 2·37 products per channel in another order), with and without bias,
-    state, SiLU and the final state's gradient; segments that end inside the sequence and past it,
-    widths 1 to 4, T = 1 and 2 (shorter than the convolution)."""
+def test_marching_backward_equals_the_two_pass_one(device, T, W, seg, extras):
+    """The two backwards of backward.py, the marching one (the plan's default up to W = 4) and the
+    two-pass one (``march=False``; every width), give the same `dx`, `dw` and `db`, in float32 on
+    the interpreter up to the order of the sums (1e-5 relative: dw adds up to 2·37 products per
+    channel in another order), with and without bias, state, SiLU and the final state's gradient;
+    segments that end inside the sequence and past it, widths 1 to 4, T = 1 and 2 (shorter than
+    the convolution). At W = 5 the plan's marching backward hands over to the two-pass one."""
     from kernels.conv.backward import conv_backward
-    from kernels.conv.lab.march_backward import march_backward
     x, w, b, _, s = make_inputs(2, T, 24, W, torch.float32, device, bias=extras, residual=False, state=extras,
                                 seed=T + W)
     act = "silu" if extras else None
     gen = torch.Generator().manual_seed(T)
     dy = torch.randn(2, T, 24, generator=gen).to(device)
     dht = torch.randn(2, 24, W, generator=gen).to(device) if extras else None
-    plan = plan_for(x.dtype, x.device, T=T, D=24, W=W, **(_plan(device) or {}))
-    want = conv_backward(x, w, b, s, dy, dht, act, plan, need_dw=True, need_db=extras)
-    got = march_backward(x, w, b, s, dy, dht, act, plan, need_dw=True, need_db=extras, seg=seg, bd=16)
+    over = _plan(device) or {}
+    two_pass = plan_for(x.dtype, x.device, T=T, D=24, W=W, **over, march=False)
+    marching = plan_for(x.dtype, x.device, T=T, D=24, W=W, **dict(over, bwd_march_seg=seg, bwd_march_bd=16))
+    want = conv_backward(x, w, b, s, dy, dht, act, two_pass, need_dw=True, need_db=extras)
+    got = conv_backward(x, w, b, s, dy, dht, act, marching, need_dw=True, need_db=extras)
     for name, a, r in zip(("dx", "dw", "db"), got, want):
         if r is None:
             assert a is None, name
         else:
             assert max_rel(a, r) < 1e-5, name
-    with pytest.raises(ValueError, match="1 to 4 taps"):
-        march_backward(x, torch.zeros(24, 5, device=device), None, None, dy, None, None, plan, need_dw=False,
-                       need_db=False)
-    with pytest.raises(ValueError, match="seg must be a power of two"):
-        march_backward(x, w, None, None, dy, None, None, plan, need_dw=False, need_db=False, seg=2)
+    w5 = torch.randn(24, 5, generator=torch.Generator().manual_seed(5)).to(device)
+    p5 = plan_for(x.dtype, x.device, T=T, D=24, W=5, **over)
+    got5 = conv_backward(x, w5, None, None, dy, None, act, p5, need_dw=True, need_db=False)
+    want5 = conv_backward(x, w5, None, None, dy, None, act, replace(p5, march=False), need_dw=True, need_db=False)
+    assert p5.march and all(torch.equal(g, r) for g, r in zip(got5[:2], want5[:2]))
+    with pytest.raises(ValueError, match="bwd_march_seg must be a power of two"):
+        plan_for(x.dtype, x.device, T=T, D=24, W=W, bwd_march_seg=2)
+
+
+def test_marching_backward_fills_a_small_grid():
+    """With the batch given, the plan shrinks the marching backward's segment, then its channel
+    block (warps alongside), until the grid has MIN_PROGRAMS programs, and never below 64 × 256;
+    a grid that is full at the measured default keeps it."""
+    from kernels.conv.plan import MIN_PROGRAMS
+    caps = kernels.backend.Caps(9, 0, 232448)
+    big = plan_for(torch.bfloat16, "cuda", T=2048, D=2048, W=4, B=32, interpret=False, caps=caps)
+    default = ConvPlan()
+    assert (big.bwd_march_seg, big.bwd_march_bd, big.bwd_march) == (default.bwd_march_seg, default.bwd_march_bd,
+                                                                      default.bwd_march)
+    small = plan_for(torch.bfloat16, "cuda", T=2048, D=2048, W=4, B=1, interpret=False, caps=caps)
+    assert small.bwd_march_seg == 64 and 256 <= small.bwd_march_bd < default.bwd_march_bd
+    assert small.bwd_march[0].num_warps * 128 == small.bwd_march_bd
+    grid = lambda p: triton.cdiv(2048, p.bwd_march_seg) * triton.cdiv(2048, p.bwd_march_bd)   # noqa: E731
+    assert grid(small) >= MIN_PROGRAMS or small.bwd_march_bd == 256
+    tiny = plan_for(torch.bfloat16, "cuda", T=8, D=64, W=4, B=1, interpret=False, caps=caps)
+    assert (tiny.bwd_march_seg, tiny.bwd_march_bd) == (default.bwd_march_seg, 256)

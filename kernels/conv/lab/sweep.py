@@ -39,21 +39,21 @@ def main(argv=None) -> int:
     x = torch.randn(B, T, D, device="cuda", generator=gen).to(torch.bfloat16)
     w = ((torch.rand(D, W, device="cuda", generator=gen) * 2 - 1) / W ** 0.5).to(torch.bfloat16)
     dy = torch.randn(B, T, D, device="cuda", generator=gen).to(torch.bfloat16)
-    base = plan_for(x.dtype, x.device, T=T, D=D, W=W)
+    base = plan_for(x.dtype, x.device, T=T, D=D, W=W, march=False)
     copy_ms = bench_ms(lambda: x.clone())
     nbytes = x.numel() * x.element_size()
     rows = []
     t0 = time.time()
     print(f"copy {copy_ms:.3f} ms ({2 * nbytes / copy_ms / 1e6:.0f} GB/s)", flush=True)
     for bt, bd, wp in FWD:
-        plan = plan_for(x.dtype, x.device, T=T, D=D, W=W, fwd_bt=bt, fwd_bd=bd, fwd=(Launch(wp, 1),))
+        plan = plan_for(x.dtype, x.device, T=T, D=D, W=W, march=False, fwd_bt=bt, fwd_bd=bd, fwd=(Launch(wp, 1),))
         ms = bench_ms(lambda: conv_forward(x, w, None, None, None, "silu", plan))
         rows.append(dict(kernel="fwd", bt=bt, bd=bd, warps=wp, ms=round(ms, 4),
                          copy_fraction=round(copy_ms / ms, 3)))
         print(rows[-1], flush=True)
     best_fwd = min((r for r in rows if r["kernel"] == "fwd"), key=lambda r: r["ms"])
     for split, bt, bd, steps, wp in BWD:
-        plan = plan_for(x.dtype, x.device, T=T, D=D, W=W, fwd_bt=best_fwd["bt"], fwd_bd=best_fwd["bd"],
+        plan = plan_for(x.dtype, x.device, T=T, D=D, W=W, march=False, fwd_bt=best_fwd["bt"], fwd_bd=best_fwd["bd"],
                         fwd=(Launch(best_fwd["warps"], 1),), bwd_bt=bt, bwd_bd=bd, bwd_steps=steps,
                         bwd=(Launch(wp, 1),))
         bwd = conv_backward if split else fused_conv_backward
