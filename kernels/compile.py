@@ -226,7 +226,7 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
                                     allow_unused=True)
         launches = sink
     elif family == "delta":
-        from .delta import backward, march, solve, wy
+        from .delta import backward, comba, march, solve, wy
         from .delta.op import delta_rule_triton
         # (dtype, K, V, gated, batch × heads, plan overrides): B·H = 256 takes V-blocks of 64, B·H = 2
         # blocks of 16 with stored scores; two chunk ranges take the narrow scores configuration
@@ -236,7 +236,7 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
             cases += [(f32, 128, 128, True, (1, 2), {})]
         if not quick:
             cases += [(dt, K, V, True, (1, 2), {}) for dt in (f16, f32) for K, V in ((16, 16), (64, 128), (128, 64))]
-        with capture([solve, wy, march, backward]) as sink:
+        with capture([solve, wy, march, backward, comba]) as sink:
             for dt, K, V, gated, (B, H), over in cases:
                 T = 130
                 q = torch.randn(B, T, H, K, dtype=dt, requires_grad=True)
@@ -248,6 +248,9 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
                     delta_rule_triton(q, k, v, g, beta, 0.1, None, True, plan=dict(over), caps=caps)
                 o, ht = delta_rule_triton(q, k, v, g, beta, 0.1, None, True, plan=dict(over), caps=caps)
                 torch.autograd.grad(o.float().sum() + ht.sum(), [q, k, v, beta] + ([g] if gated else []))
+                if gated and caps.major >= 8:  # chunk_comba's change of variables (sm_75 runs the delta rule in PyTorch)
+                    mapped = comba.comba_map(k, v, g, beta)
+                    torch.autograd.grad(sum(t.float().sum() for t in mapped), [k, v, g, beta])
         launches = sink
     elif family == "deltaformer":
         from .deltaformer import pseudo

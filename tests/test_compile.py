@@ -31,8 +31,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = ("flash", "gla", "delta", "deltaformer", "conv", "mesa")
 # the short convolution's kernels: elementwise and reductions, no matrix products anywhere
-CONV_KERNELS = {"_conv_march_kernel", "_conv_fwd_kernel", "_final_state_kernel", "_dz_kernel", "_dx_kernel", "_sum_rows_kernel",
-                "_state_grad_kernel"}
+CONV_KERNELS = {"_conv_march_kernel", "_conv_fwd_kernel", "_final_state_kernel", "_march_bwd_kernel", "_dz_kernel",
+                "_dx_kernel", "_sum_rows_kernel", "_state_grad_kernel"}
+# elementwise kernels (no products, so no tensor-core instructions to expect): the gate sums and
+# chunk_comba's change of variables (kernels/delta/comba.py)
+ELEMENTWISE = {"_gate_cumsum_kernel", "_bwd_delta_kernel", "_cumsum_kernel", "_map_fwd_kernel", "_map_bwd_kernel"}
 ARCHS = (90, 89, 80, 75)
 SMEM = {75: 64 * 1024, 80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}      # GPU_CLASSES, written out
 # the two runs that must fail: an L4 given 32 KiB of shared memory (flash's 64 x 64 tiles at D = 128
@@ -72,12 +75,11 @@ def _launches(runs, family, arch):
         assert r["fits"] and r["smem_limit"] == SMEM[arch] and r["shared"] <= SMEM[arch], r
         half = r["dtype"] in ("bf16", "fp16")
         if arch == 90:
-            if half and r["kernel"] not in {"_solve_kernel", "_gate_cumsum_kernel", "_bwd_delta_kernel",
-                                            "_cumsum_kernel"} | CONV_KERNELS:
+            if half and r["kernel"] not in {"_solve_kernel"} | ELEMENTWISE | CONV_KERNELS:
                 assert r["wgmma"], r
         elif arch in (80, 89):
             assert not r["wgmma"] and not r["tma"], r
-            if half and r["kernel"] not in {"_gate_cumsum_kernel", "_bwd_delta_kernel", "_cumsum_kernel"} | CONV_KERNELS:
+            if half and r["kernel"] not in ELEMENTWISE | CONV_KERNELS:
                 assert r["mma_sync"], r
         else:   # sm_75: products on the CUDA cores, no bfloat16 anywhere
             assert not (r["wgmma"] or r["mma_sync"] or r["tma"]) and r["dtype"] != "bf16", r

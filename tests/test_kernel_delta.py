@@ -565,6 +565,59 @@ def test_comba_gradients_against_float64_autograd_of_the_recurrence():
         assert (a.double() - b).abs().max() < 1e-4 * b.abs().max(), name
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("used", ["all", "k'"])
+def test_comba_map_kernel_against_its_pytorch_form(device, dtype, used):
+    """kernels.delta.comba's Triton map against its PyTorch form (autograd for the gradients), rows
+    where η/γ is below, at and above 2 and gates below, at and above the floor, K ≠ V not powers of
+    two; `used="k'"`: only k' reaches the loss (no gradient arrives for g', β').
+
+    float32: both against the same formulas in float64. The PyTorch form's own error is up to 7e-7
+    of the largest entry (dg at the floor rows is a difference of two terms near 1e7). A GPU's exp
+    is 2^(x·log2 e) with x·log2 e rounded to float32, which alone is 1.3e-6 relative at the floor's
+    |x| = 30, and the largest entries (at the floor rows) combine a few such factors: at most 4× the
+    PyTorch form's error plus 1e-5 (the interpreter's exp is NumPy's, within an ulp). A dropped or
+    doubled factor is off by 1e-1 or more. bfloat16: the same float32
+    arithmetic rounded to bfloat16, so against the PyTorch form directly; an output at a rounding
+    boundary may move by one unit in the last place (2^-8 relative): 2^-7."""
+    from kernels.delta.comba import COMBA_MIN_LOG_GATE, comba_map, comba_map_torch
+    gen = torch.Generator().manual_seed(7)
+    B, T, H, K, V = 2, 29, 3, 24, 40
+    k = torch.randn(B, T, H, K, generator=gen).to(dtype)
+    v = torch.randn(B, T, H, V, generator=gen).to(dtype)
+    g = torch.log(0.1 + 0.9 * torch.rand(B, T, H, generator=gen))
+    g[:, ::7] = COMBA_MIN_LOG_GATE - 5.0
+    g[:, 3::7] = COMBA_MIN_LOG_GATE
+    eta = 1.9 * torch.rand(B, T, H, generator=gen)
+    eta[:, 1::4] = 2.0 * g[:, 1::4].exp()                  # η/γ = 2 up to rounding
+    ins = (k, v, g.float(), eta.to(dtype))
+    n = 1 if used == "k'" else 4
+    outs = None
+
+    def run(f, leaves):
+        nonlocal outs
+        got = f(*leaves)
+        if outs is None:
+            outs = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in got[:n]]
+        loss = sum((a.double() * o.to(a.device)).sum() for a, o in zip(got, outs))
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        return [t.detach().double().cpu() for t in got] + [
+            torch.zeros(x.shape, dtype=torch.float64) if d is None else d.double().cpu() for d, x in zip(grads, leaves)]
+
+    names = ("k'", "v'", "g'", "beta'", "dk", "dv", "dg", "deta")
+    got = run(comba_map, [t.to(device).requires_grad_() for t in ins])
+    torch32 = run(comba_map_torch, [t.clone().requires_grad_() for t in ins])
+    if dtype == torch.float32:
+        exact = run(lambda *x: comba_map_torch(*x, compute=torch.float64),
+                    [t.double().requires_grad_() for t in ins])
+        for name, a, r, e in zip(names, got, torch32, exact):
+            assert _rel_err(a, e) <= 4 * _rel_err(r, e) + 1e-5, (name, _rel_err(a, e), _rel_err(r, e))
+    else:
+        for name, a, r in zip(names, got, torch32):
+            assert _rel_err(a, r) < 2 ** -7, (name, _rel_err(a, r))
+
+
 def test_comba_bad_inputs():
     q, k, v, g, eta = _comba_inputs(1, 4, 1, 8, 8, seed=0, device="cpu")
     with pytest.raises(ValueError, match="g .* and beta .* must be tensors"):

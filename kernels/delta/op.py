@@ -30,6 +30,7 @@ from .. import reference
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..validate import check_head_size, check_linear
 from .backward import chunk_grads, chunk_grads_torch, state_grads
+from .comba import COMBA_MIN_LOG_GATE, comba_map, comba_map_torch
 from .march import inference_forward, state_forward
 from .plan import CHUNK, HEAD_SIZES, plan_for
 from .solve import chunk_cumsum, solve_chunks
@@ -37,10 +38,6 @@ from .wy import wy_factors
 
 __all__ = ["chunk_delta_rule", "chunk_gated_delta_rule", "chunk_gated_delta_product", "chunk_comba", "delta_rule_triton",
            "COMBA_MIN_LOG_GATE"]
-
-#: chunk_comba's gates below exp(-30) ≈ 1e-13 are raised to it (a change of at most 1e-13 of the state),
-#: so that the change of variables (``η / γ``) stays far from float32's range
-COMBA_MIN_LOG_GATE = -30.0
 
 
 class ChunkDeltaFunction(torch.autograd.Function):
@@ -182,20 +179,19 @@ def chunk_comba(q, k, v, g, beta, scale=None, initial_state=None, output_final_s
     ``[B, T, H, K]``; ``v``: ``[B, T, H, V]``. Returns ``(o, final_state)`` as
     :func:`chunk_gated_delta_rule`.
 
-    No kernel of its own: Chapter 6's change of variables (``lattn_core.comba_to_gated_deltanet``)
+    No recurrence of its own: Chapter 6's change of variables (``lattn_core.comba_to_gated_deltanet``)
     makes it Gated DeltaNet with the same gate, ``β' = η / γ``, values ``γ v``, and, where ``β'``
-    would pass 2, the key scaled by ``c = sqrt(η / (2γ))`` (``β' = 2``, values ``γ c v``). The map is
-    a few elementwise PyTorch operations (differentiable) in front of :func:`chunk_gated_delta_rule`.
-    Gates below ``exp(COMBA_MIN_LOG_GATE)`` are raised to it. fla's ``chunk_comba`` is another form:
+    would pass 2, the key scaled by ``c = sqrt(η / (2γ))`` (``β' = 2``, values ``γ c v``). The map
+    (:mod:`kernels.delta.comba`: one elementwise Triton pass each way; PyTorch operations on the
+    PyTorch path) goes in front of the gated delta-rule kernels. Gates below
+    ``exp(COMBA_MIN_LOG_GATE)`` are raised to it. fla's ``chunk_comba`` is another form:
     it decays the state before the read with a separate vector ``p``, and with ``p = k`` it is Gated
     DeltaNet itself."""
     if g is None or beta is None:
         raise ValueError("g (log gates, γ = exp(g)) and beta (η) must be tensors of shape [B, T, H]; got None")
     scale = check_linear(q, k, v, scale, initial_state, g, "scalar", beta=beta)
-    gf = g.float().clamp(min=COMBA_MIN_LOG_GATE)
-    ratio = beta.float() * torch.exp(-gf)                        # η / γ
-    c = torch.sqrt(torch.clamp(ratio / 2, min=1.0))              # the key's scale where η / γ > 2
-    k2 = (k.float() * c[..., None]).to(k.dtype)
-    v2 = (v.float() * (torch.exp(gf) * c)[..., None]).to(v.dtype)
-    beta2 = torch.where(ratio > 2, torch.full_like(ratio, 2.0), ratio).to(beta.dtype)   # = ratio / c², exactly 2 past 2
-    return chunk_gated_delta_rule(q, k2, v2, gf, beta2, scale, initial_state, output_final_state, backend)
+    if resolve_backend(backend, q) == "torch":
+        k2, v2, gf, beta2 = comba_map_torch(k, v, g, beta)
+        return reference.chunk_scalar_ref(q, k2, v2, gf, beta2, scale, initial_state, output_final_state)
+    k2, v2, gf, beta2 = comba_map(k, v, g, beta)
+    return delta_rule_triton(q, k2, v2, gf, beta2, scale, initial_state, output_final_state)
