@@ -329,7 +329,7 @@ def test_bad_inputs_raise(device):
 
 def test_plan():
     """Transport dtypes (float16 carries the queries of 16-bit inputs, float32 of float32 ones);
-    classes below sm_80 run PyTorch on the device and refuse bfloat16 before compiling."""
+    the per-block stage's precision at K = 16; classes below sm_80 run PyTorch on the device and refuse bfloat16 before compiling."""
     cuda = torch.device("cuda")
     for dtype, transport in ((torch.float32, torch.float32), (torch.float16, torch.float16),
                              (torch.bfloat16, torch.float16)):
@@ -338,6 +338,9 @@ def test_plan():
             assert plan.transport == transport and plan.path == "triton"
         assert plan_for(dtype, torch.device("cpu"), interpret=True).transport == transport
     assert plan_for(torch.float32, cuda, interpret=False, caps=GPU_CLASSES[90]).precision == "ieee"
+    # 16-bit inputs take TF32 in the per-block stage except at K = 16, where it failed on the H200
+    assert [plan_for(torch.bfloat16, cuda, interpret=False, caps=GPU_CLASSES[90], K=K).local_precision
+            for K in (16, 32, 128)] == ["ieee", "tf32", "tf32"]
     assert plan_for(torch.float16, cuda, interpret=False, caps=GPU_CLASSES[75]).path == "torch"
     assert plan_for(torch.float16, torch.device("cpu"), interpret=True).precision == "ieee"
     assert HEAD_SIZES == (16, 32, 64, 128)

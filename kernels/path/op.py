@@ -91,7 +91,7 @@ def parallel_path_attn_triton(q, k, v, w, beta, g, scale: float, *, caps=None):
     check_head_size("the head size V (last axis of v)", v.shape[-1], HEAD_SIZES, "parallel_path_attn")
     caps = caps if caps is not None else device_caps(q.device)
     check_dtypes(caps, q.device, q=q, w=w, beta=beta, g=g)
-    plan = plan_for(q.dtype, q.device, caps=caps)
+    plan = plan_for(q.dtype, q.device, caps=caps, K=q.shape[-1])
     if plan.path == "torch":    # a class these kernels do not fit (plan.py): PyTorch on the device
         return path_attn_ref(q, k, v, w, beta, g, scale)
     return PathFunction.apply(q, k, v, w, beta, g, float(scale), plan)

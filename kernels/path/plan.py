@@ -51,10 +51,15 @@ class PathPlan:
         return _SolvePlan(solve=(Launch(warps, 1), Launch(4, 1)), solve_kc=K)
 
 
-def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = None, rows: int = 128) -> PathPlan:
-    """The plan for inputs of ``dtype`` on ``device`` of the GPU class ``caps`` (default: the
-    device's); ``rows``: query rows per program of the passes (128 takes 8 warps in the forward:
-    at 4 its two ``[128, K]`` float32 accumulators spill, compile check)."""
+def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = None, rows: int = 128,
+             K: int | None = None) -> PathPlan:
+    """The plan for inputs of ``dtype`` and head size ``K`` on ``device`` of the GPU class ``caps``
+    (default: the device's); ``rows``: query rows per program of the passes (128 takes 8 warps in the
+    forward: at 4 its two ``[128, K]`` float32 accumulators spill, compile check). At ``K = 16`` with
+    16-bit inputs the per-block stage takes IEEE products, as float32 inputs do: with TF32 products
+    of ``[64, 64]`` by ``[64, 16]`` tiles its backward stopped with an illegal memory access on 8
+    warps and gave a wrong ``dq`` (0.16 relative) on 4, on the H200 (Triton 3.6;
+    ``lab/logs/gpu_tests_*_h200.log``, ``NOTES.md``)."""
     if rows not in (64, 128):
         raise ValueError(f"rows must be 64 or 128; got {rows!r}")
     half = dtype != torch.float32
@@ -67,6 +72,8 @@ def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = 
     if caps.major < 8:
         return PathPlan(transport, prec, local_prec, path="torch")
     fwd = (Launch(8, 2), Launch(8, 1)) if rows == 128 else (Launch(4, 2), Launch(4, 1))
+    if half and K == 16:
+        local_prec = "ieee"
     return PathPlan(transport, prec, local_prec, fwd=fwd, rows=rows)
 
 
