@@ -310,7 +310,7 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
         launches = sink
     elif family == "mesa":
         from .gla import backward as gla_bwd, march, prep
-        from .mesa import solve as mesa_solve, states as mesa_states
+        from .mesa import prep as mesa_prep, solve as mesa_solve, states as mesa_states
         from .mesa.op import chunk_mesa_net_triton
         import torch.nn.functional as F
         # (dtype, K, V, T, num_segments, states, gate dtype): the benchmark's K = V = 128 with and without
@@ -318,7 +318,7 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
         cases = [(bf, 128, 128, 300, ns, st, gd) for ns in (None, 3) for st in (False, True) for gd in (f32, bf)]
         if not quick:
             cases += [(dt, K, V, 100, None, True, f32) for dt in (f16, f32) for K, V in ((16, 16), (32, 128), (64, 256))]
-        with capture([mesa_states, mesa_solve, march, gla_bwd, prep]) as sink:
+        with capture([mesa_prep, mesa_states, mesa_solve, march, gla_bwd, prep]) as sink:
             for dt, K, V, T, ns, st, gd in cases:
                 B, H = 1, 2
                 q = torch.randn(B, T, H, K, dtype=dt, requires_grad=True)

@@ -34,8 +34,9 @@ FAMILIES = ("flash", "gla", "delta", "deltaformer", "conv", "mesa")
 CONV_KERNELS = {"_conv_march_kernel", "_conv_fwd_kernel", "_final_state_kernel", "_march_bwd_kernel", "_dz_kernel",
                 "_dx_kernel", "_sum_rows_kernel", "_state_grad_kernel"}
 # elementwise kernels (no products, so no tensor-core instructions to expect): the gate sums and
-# chunk_comba's change of variables (kernels/delta/comba.py)
-ELEMENTWISE = {"_gate_cumsum_kernel", "_bwd_delta_kernel", "_cumsum_kernel", "_map_fwd_kernel", "_map_bwd_kernel"}
+# chunk_comba's change of variables (kernels/delta/comba.py) and MesaNet's keys (kernels/mesa/prep.py)
+ELEMENTWISE = {"_gate_cumsum_kernel", "_bwd_delta_kernel", "_cumsum_kernel", "_map_fwd_kernel", "_map_bwd_kernel",
+               "_prep_fwd_kernel", "_prep_bwd_kernel"}
 ARCHS = (90, 89, 80, 75)
 SMEM = {75: 64 * 1024, 80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}      # GPU_CLASSES, written out
 # the two runs that must fail: an L4 given 32 KiB of shared memory (flash's 64 x 64 tiles at D = 128

@@ -166,6 +166,42 @@ def test_half_inputs(device, dtype, gate_dtype):
         assert err_ratio(grads[name].cpu(), grads64[name].cpu()) < RMS_TOL["grad"], name
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,operand,beta_dtype", [(torch.float32, torch.float32, torch.float32),
+                                                      (torch.bfloat16, torch.float16, torch.float32),
+                                                      (torch.bfloat16, torch.float16, torch.bfloat16)])
+@pytest.mark.parametrize("used", ["both", "kb"])
+def test_prep_kernel_against_its_pytorch_form(device, dtype, operand, beta_dtype, used):
+    """kernels.mesa.prep: k and beta·k in the operand dtype by one Triton pass each way = the PyTorch
+    form (autograd for the gradients), K = 24 (not a power of two), beta at 0 on some rows.
+    Outputs: the same float32 product rounded once, so equal up to a float16 rounding boundary
+    (2^-10 relative of the largest entry). dk: the kernel adds its two parts in float32 and rounds
+    once where autograd rounds each part to k's dtype first: within 2 units in the last place of
+    bfloat16 (2^-7). dbeta: the same float32 sum over 24 terms in another order (1e-6 float32;
+    bfloat16 dbeta one unit, 2^-7). `used="kb"`: only beta·k reaches the loss."""
+    from kernels.mesa.prep import prep_keys, prep_keys_torch
+    gen = torch.Generator().manual_seed(3)
+    k = torch.randn(2, 37, 3, 24, generator=gen).to(dtype)
+    beta = torch.rand(2, 37, 3, generator=gen)
+    beta[:, ::5] = 0.0
+    beta = beta.to(beta_dtype)
+    n = 1 if used == "kb" else 2
+    outs = [torch.randn(k.shape, generator=gen) for _ in range(n)]
+    results = []
+    for f, dev in ((prep_keys, device), (prep_keys_torch, "cpu")):
+        leaves = [k.to(dev).requires_grad_(), beta.to(dev).requires_grad_()]
+        got = f(*leaves, operand)
+        got = got[::-1][:n]                            # (kb,) or (kb, kk)
+        loss = sum((a.float() * o.to(dev)).sum() for a, o in zip(got, outs))
+        grads = torch.autograd.grad(loss, leaves)
+        results.append([t.detach().double().cpu() for t in (*got, *grads)])
+    small = dtype == torch.float32 and beta_dtype == torch.float32
+    tols = [2 ** -10] * n + ([1e-6, 1e-6] if small else [2 ** -7, 2 ** -7])
+    for i, (a, b, tol) in enumerate(zip(*results, tols)):
+        err = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+        assert err <= tol, (i, err, tol)
+
+
 def test_reference_agrees_with_lattn_core():
     """beta = 1, gamma = exp(g): the exact reference is ``lattn_core.mesanet_recurrent`` (1e-10: both
     float64 direct solves), and the CG reference with 2K steps too (1e-8: CG in float64 at K = 8)."""

@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..backend import Launch, launch
+from ..backend import INTERPRET, Launch, launch
+from ..gla.tiles import _st
 
 __all__ = ["comba_map", "comba_map_torch", "COMBA_MIN_LOG_GATE", "MAP_ELEMENTS", "MAP_LAUNCH"]
 
@@ -72,26 +73,26 @@ def _rows_tile(p, o_r, m_r, D: tl.constexpr, BD: tl.constexpr):
 
 @triton.jit
 def _map_fwd_kernel(k, v, g, eta, k2, v2, gf_out, beta2, N, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr, BR: tl.constexpr, MIN_G: tl.constexpr):
+                    BV: tl.constexpr, BR: tl.constexpr, MIN_G: tl.constexpr, EMU: tl.constexpr):
     """``BR`` (token, head) rows: ``k' = c k``, ``v' = γ c v``, ``g'``, ``β' = min(r, 2)``."""
     o_r = tl.program_id(0) * BR + tl.arange(0, BR)
     m_r = o_r < N
     gf, ratio, c, gamma = _factors(tl.load(g + o_r, mask=m_r, other=0.0).to(tl.float32),
                                    tl.load(eta + o_r, mask=m_r, other=0.0).to(tl.float32), MIN_G)
     tl.store(gf_out + o_r, gf, mask=m_r)
-    tl.store(beta2 + o_r, tl.minimum(ratio, 2.0).to(beta2.dtype.element_ty), mask=m_r)
+    tl.store(beta2 + o_r, _st(tl.minimum(ratio, 2.0), beta2.dtype.element_ty, EMU), mask=m_r)
     pk, mk = _rows_tile(k, o_r, m_r, K, BK)
     kt = tl.load(pk, mask=mk, other=0.0).to(tl.float32)
-    tl.store(_rows_tile(k2, o_r, m_r, K, BK)[0], (kt * c[:, None]).to(k2.dtype.element_ty), mask=mk)
+    tl.store(_rows_tile(k2, o_r, m_r, K, BK)[0], _st(kt * c[:, None], k2.dtype.element_ty, EMU), mask=mk)
     pv, mv = _rows_tile(v, o_r, m_r, V, BV)
     vt = tl.load(pv, mask=mv, other=0.0).to(tl.float32)
-    tl.store(_rows_tile(v2, o_r, m_r, V, BV)[0], (vt * (gamma * c)[:, None]).to(v2.dtype.element_ty), mask=mv)
+    tl.store(_rows_tile(v2, o_r, m_r, V, BV)[0], _st(vt * (gamma * c)[:, None], v2.dtype.element_ty, EMU), mask=mv)
 
 
 @triton.jit
 def _map_bwd_kernel(k, v, g, eta, dk2, dv2, dgf, dbeta2, dk, dv, dg, deta, N, K: tl.constexpr, V: tl.constexpr,
                     BK: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, MIN_G: tl.constexpr,
-                    HAS_DGF: tl.constexpr, HAS_DBETA: tl.constexpr):
+                    HAS_DGF: tl.constexpr, HAS_DBETA: tl.constexpr, EMU: tl.constexpr):
     """The map's gradients on ``BR`` rows (the module's docstring has the formulas)."""
     o_r = tl.program_id(0) * BR + tl.arange(0, BR)
     m_r = o_r < N
@@ -99,11 +100,11 @@ def _map_bwd_kernel(k, v, g, eta, dk2, dv2, dgf, dbeta2, dk, dv, dg, deta, N, K:
     gf, ratio, c, gamma = _factors(gr, tl.load(eta + o_r, mask=m_r, other=0.0).to(tl.float32), MIN_G)
     pk, mk = _rows_tile(k, o_r, m_r, K, BK)
     gk = tl.load(_rows_tile(dk2, o_r, m_r, K, BK)[0], mask=mk, other=0.0).to(tl.float32)
-    tl.store(_rows_tile(dk, o_r, m_r, K, BK)[0], (gk * c[:, None]).to(dk.dtype.element_ty), mask=mk)
+    tl.store(_rows_tile(dk, o_r, m_r, K, BK)[0], _st(gk * c[:, None], dk.dtype.element_ty, EMU), mask=mk)
     s_k = tl.sum(gk * tl.load(pk, mask=mk, other=0.0).to(tl.float32), 1)
     pv, mv = _rows_tile(v, o_r, m_r, V, BV)
     gv = tl.load(_rows_tile(dv2, o_r, m_r, V, BV)[0], mask=mv, other=0.0).to(tl.float32)
-    tl.store(_rows_tile(dv, o_r, m_r, V, BV)[0], (gv * (gamma * c)[:, None]).to(dv.dtype.element_ty), mask=mv)
+    tl.store(_rows_tile(dv, o_r, m_r, V, BV)[0], _st(gv * (gamma * c)[:, None], dv.dtype.element_ty, EMU), mask=mv)
     s_v = tl.sum(gv * tl.load(pv, mask=mv, other=0.0).to(tl.float32), 1)
     dc = s_k + gamma * s_v
     dr = tl.where(ratio / 2 >= 1.0, dc / (4 * c), 0.0)
@@ -112,8 +113,8 @@ def _map_bwd_kernel(k, v, g, eta, dk2, dv2, dgf, dbeta2, dk, dv, dg, deta, N, K:
     d = gamma * c * s_v - ratio * dr
     if HAS_DGF:
         d += tl.load(dgf + o_r, mask=m_r, other=0.0)
-    tl.store(dg + o_r, tl.where(gr >= MIN_G, d, 0.0).to(dg.dtype.element_ty), mask=m_r)
-    tl.store(deta + o_r, (dr * tl.exp(-gf)).to(deta.dtype.element_ty), mask=m_r)
+    tl.store(dg + o_r, _st(tl.where(gr >= MIN_G, d, 0.0), dg.dtype.element_ty, EMU), mask=m_r)
+    tl.store(deta + o_r, _st(dr * tl.exp(-gf), deta.dtype.element_ty, EMU), mask=m_r)
 
 
 def _tiles(K: int, V: int):
@@ -132,7 +133,7 @@ class CombaMapFunction(torch.autograd.Function):
         gf = torch.empty(g.shape, dtype=torch.float32, device=g.device)
         beta2 = torch.empty_like(eta)
         launch(_map_fwd_kernel, (triton.cdiv(N, BR),), (k, v, g, eta, k2, v2, gf, beta2, N),
-               dict(K=K, V=V, BK=BK, BV=BV, BR=BR, MIN_G=COMBA_MIN_LOG_GATE), MAP_LAUNCH)
+               dict(K=K, V=V, BK=BK, BV=BV, BR=BR, MIN_G=COMBA_MIN_LOG_GATE, EMU=INTERPRET), MAP_LAUNCH)
         ctx.save_for_backward(k, v, g, eta)
         return k2, v2, gf, beta2
 
@@ -149,7 +150,7 @@ class CombaMapFunction(torch.autograd.Function):
                (k, v, g, eta, dk2, dv2, dgf.float().contiguous() if dgf is not None else g,
                 dbeta2.contiguous() if dbeta2 is not None else eta, dk, dv, dg, deta, N),
                dict(K=K, V=V, BK=BK, BV=BV, BR=BR, MIN_G=COMBA_MIN_LOG_GATE, HAS_DGF=dgf is not None,
-                    HAS_DBETA=dbeta2 is not None), MAP_LAUNCH)
+                    HAS_DBETA=dbeta2 is not None, EMU=INTERPRET), MAP_LAUNCH)
         return dk, dv, dg, deta
 
 

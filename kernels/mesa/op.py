@@ -1,6 +1,7 @@
 """``chunk_mesa_net``: MesaNet's per-token regression solved by conjugate gradients, in Triton.
 
-Read top to bottom: check the inputs, pick the backend, plan the launches, then three stages.
+Read top to bottom: check the inputs, pick the backend, plan the launches, then three stages
+(after :func:`kernels.mesa.prep.prep_keys` forms ``k`` and ``beta·k`` in the operand dtype, one pass).
 
 1. the states of ``H`` entering every chunk (:func:`kernels.mesa.states.h_states`): the gla
    family's chunked gated sums with the keys ``beta·k`` and the values ``k``;
@@ -26,6 +27,7 @@ from ..gla.op import HEAD_SIZES as GLA_HEAD_SIZES, chunk_gla_triton
 from ..validate import check_gate_tensor, check_head_size, check_qkv
 from ..reference import chunk_mesa_net_ref
 from .plan import KEY_SIZES, plan_for
+from .prep import prep_keys
 from .solve import cg_solve
 from .states import h_states, h_states_again
 
@@ -151,8 +153,7 @@ def chunk_mesa_net_triton(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init=No
                                   output_final_state)
     od = mplan.operand
     g = g.contiguous()
-    kk = k.to(od).contiguous()
-    kb = (beta.unsqueeze(-1).float() * k.float()).to(od).contiguous()
+    kk, kb = prep_keys(k, beta, od)
     x, h_kk = MesaSolveFunction.apply(q.contiguous(), kb, kk, g, lamb, h_kk_init, int(max_CG_iteration), mplan,
                                       bool(output_final_state), caps)
     o, h_kv = chunk_gla_triton(x, kb, v.to(od).contiguous(), g, 1.0, h_kv_init, output_final_state, caps=caps)
