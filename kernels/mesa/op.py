@@ -13,8 +13,9 @@ Read top to bottom: check the inputs, pick the backend, plan the launches, then 
 The backward differentiates the exact solve (implicit differentiation): stage 3's gla backward
 gives ``dx`` (and the gradients of its keys, values, gates and initial state); ``y = (H_t + Λ)^{-1}
 dx_t`` by the same CG kernel (the matrix is symmetric); ``dq = y``, ``dlamb = -Σ_t y_t ⊙ x_t``; and
-``dH_t = -y_t x_tᵀ`` pulled back into ``k``, ``beta``, ``g`` and ``h_kk_init`` by gla's autograd of
-"linear attention with the queries ``x``, keys ``beta·k``, values ``k``", output gradient ``-y``.
+``dH_t = -y_t x_tᵀ`` pulled back into ``k``, ``beta``, ``g`` and ``h_kk_init`` by the backward stages
+of gla's "linear attention with the queries ``x``, keys ``beta·k``, values ``k``" (output gradient
+``-y``), called directly on the chunk states the backward's solve has just recomputed.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import numbers
 import torch
 
 from ..backend import check_dtypes, device_caps, resolve_backend
+from ..gla.backward import chunk_grads, gate_grads, state_grads
 from ..gla.op import HEAD_SIZES as GLA_HEAD_SIZES, chunk_gla_triton
 from ..validate import check_gate_tensor, check_head_size, check_qkv
 from ..reference import chunk_mesa_net_ref
@@ -95,13 +97,13 @@ class MesaSolveFunction(torch.autograd.Function):
     """``(x, h_kk)`` from ``(q, kb = beta·k, kk = k, g, lamb, h_kk_init)``: stages 1 and 2."""
 
     @staticmethod
-    def forward(ctx, q, kb, kk, g, lamb, h0, iters, plan, output_final_state, caps):
+    def forward(ctx, q, kb, kk, g, lamb, h0, iters, plan, output_final_state):
         h0f = h0.float().contiguous() if h0 is not None else None
         lamf = lamb.float().contiguous()
         hs, inits, ht = h_states(kb, kk, g, h0f, plan.states, output_final_state)
         x = cg_solve(q, kb, kk, g, lamf, hs, iters, plan, kk.dtype)
         ctx.save_for_backward(kb, kk, g, lamf, h0f, inits, x)
-        ctx.iters, ctx.plan, ctx.caps = iters, plan, caps
+        ctx.iters, ctx.plan = iters, plan
         ctx.dtypes = (q.dtype, lamb.dtype, None if h0 is None else h0.dtype)
         return x, ht
 
@@ -111,30 +113,24 @@ class MesaSolveFunction(torch.autograd.Function):
         plan = ctx.plan
         q_dtype, lamb_dtype, h0_dtype = ctx.dtypes
         need_q, need_kb, need_kk, need_g, need_lamb, need_h0 = ctx.needs_input_grad[:6]
-        hs = h_states_again(kb, kk, g, inits, plan.states)
+        hs, dec = h_states_again(kb, kk, g, inits, plan.states)
         y = cg_solve(dx.contiguous(), kb, kk, g, lamf, hs, ctx.iters, plan, torch.float32)   # (H + Λ)^{-1} dx
-        del hs
         dq = y.to(q_dtype) if need_q else None
         dlamb = -(y * x.float()).sum((0, 1)).to(lamb_dtype) if need_lamb else None
         dkb = dkk = dg = dh0 = None
         if need_kb or need_kk or need_g or need_h0:
-            # dH_t = -y_t x_tᵀ pulled back: gla's autograd of "queries x, keys beta·k, values k" with the
-            # output gradient -y (and the final state's gradient dht)
-            with torch.enable_grad():
-                kb_, kk_, g_ = (t.detach().requires_grad_() for t in (kb, kk, g))
-                h0_ = h0f.detach().requires_grad_() if h0f is not None else None
-                o2, ht2 = chunk_gla_triton(x.detach(), kb_, kk_, g_, 1.0, h0_, dht is not None, caps=ctx.caps)
-                outs, seeds = [o2], [(-y).to(o2.dtype)]
-                if dht is not None:
-                    outs.append(ht2)
-                    seeds.append(dht.float())
-                leaves = [kb_, kk_, g_] + ([h0_] if h0_ is not None else [])
-                grads = torch.autograd.grad(outs, leaves, seeds, allow_unused=True)
-            dkb, dkk, dg = grads[:3]
-            if h0_ is not None and need_h0:
-                d = grads[3]
-                dh0 = (0.5 * (d + d.transpose(-1, -2))).to(h0_dtype)     # h_kk_init is symmetric
-        return dq, dkb, dkk, dg, dlamb, dh0, None, None, None, None
+            # dH_t = -y_t x_tᵀ pulled back by the backward stages of gla's "linear attention with the
+            # queries x, keys beta·k, values k" (its state is H), with the output gradient -y and the
+            # final state's gradient dht, on the chunk states the solve above already read
+            gp = plan.states
+            do = (-y).to(kk.dtype)
+            dht = dht.contiguous().float() if dht is not None else None
+            dhs, d0 = state_grads(x, g, do, dht, dec, 1.0, gp, h0f is not None and need_h0)
+            _, dkb, dkk, terms = chunk_grads(x, kb, kk, g, do, hs, dhs, None, 1.0, gp)
+            dg = gate_grads(g, terms, gp)
+            if d0 is not None:
+                dh0 = (0.5 * (d0 + d0.transpose(-1, -2))).to(h0_dtype)     # h_kk_init is symmetric
+        return dq, dkb, dkk, dg, dlamb, dh0, None, None, None
 
 
 def chunk_mesa_net_triton(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init=None, h_kv_init=None,
@@ -155,6 +151,6 @@ def chunk_mesa_net_triton(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init=No
     g = g.contiguous()
     kk, kb = prep_keys(k, beta, od)
     x, h_kk = MesaSolveFunction.apply(q.contiguous(), kb, kk, g, lamb, h_kk_init, int(max_CG_iteration), mplan,
-                                      bool(output_final_state), caps)
+                                      bool(output_final_state))
     o, h_kv = chunk_gla_triton(x, kb, v.to(od).contiguous(), g, 1.0, h_kv_init, output_final_state, caps=caps)
     return o.to(v.dtype), h_kk, h_kv

@@ -26,7 +26,7 @@ def h_states(kb, kk, g, h0, plan, output_final_state: bool):
     dummy = torch.empty(1, dtype=f32, device=dev)
     if plan.NS > 1:       # gla's split: every segment's own sum, a sequential combine, then the chunks
         inits, ht = segment_entering_states(kb, kb, kk, g, h0, 1.0, plan, output_final_state)
-        return h_states_again(kb, kk, g, inits, plan), inits, ht
+        return h_states_again(kb, kk, g, inits, plan)[0], inits, ht
     # one segment: the chunk states and the final state in one march
     hs = torch.empty(BH, plan.NT, K, K, dtype=f32, device=dev)
     ht = torch.empty(B, H, K, K, dtype=f32, device=dev) if output_final_state else None
@@ -39,7 +39,8 @@ def h_states(kb, kk, g, h0, plan, output_final_state: bool):
 
 
 def h_states_again(kb, kk, g, inits, plan):
-    """The chunk states of :func:`h_states` recomputed from its ``inits`` (the backward's;
-    gla's :func:`~kernels.gla.march.chunk_states`, parallel over segments)."""
+    """``(hs, dec)``: the chunk states of :func:`h_states` recomputed from its ``inits`` (the
+    backward's; gla's :func:`~kernels.gla.march.chunk_states`, parallel over segments), and the
+    segments' log decays that gla's reverse combine reads."""
     assert plan.state_dtype == torch.float32, "the solve reads float32 chunk states"
-    return chunk_states(kb, kb, kk, g, inits, 1.0, plan)[0]
+    return chunk_states(kb, kb, kk, g, inits, 1.0, plan)
