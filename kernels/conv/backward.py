@@ -15,7 +15,7 @@ Two ways to get ``dx``, as the forward has two:
   :func:`_march_bwd_kernel` walks ``bwd_march_seg`` tokens four rows per step, forms ``dz`` from
   ``x`` and ``dy``, adds its terms to ``dw`` and ``db`` and completes ``dx`` three rows behind,
   so ``x`` and ``dy`` are read once, ``dx`` is written once and ``dz`` never leaves the chip. On the
-  H200 it took 0.35–0.37 of the two-pass time (``lab/logs/sweep_march_backward.json``, NOTES);
+  H200 it took 0.35 of the two-pass time (``lab/logs/sweep_march_backward.json``, NOTES);
 - **two passes** (any width): :func:`_dz_kernel` writes ``dz`` with the partial sums (``bwd_steps``
   tiles per program, summed element by element in a ``[BT, BD, W]`` register tile), and
   :func:`_dx_kernel` reads ``dz`` back on the forward's tiles. A tiled single pass would recompute

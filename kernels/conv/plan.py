@@ -56,7 +56,7 @@ class ConvPlan:
     # 4096, B·T = 65,536): 32 tokens x 256 channels on 2 warps, the best of 45 configurations over both
     # shapes, at 0.81 of the tiled forward's time and 0.84-0.86 of a copy's bandwidth
     # the marching backward (lab/sweep_march_backward.py, lab/logs/sweep_march_backward.json; same setting):
-    # 512 tokens x 1024 channels on 8 warps, the best of 24 configurations at both shapes, at 0.35-0.37
+    # 512 tokens x 1024 channels on 8 warps, the best of 24 configurations at both shapes, at 0.35
     # of the two-pass backward's time and 0.70-0.72 of a copy's bandwidth by its one-pass count
     fwd_march: tuple = field(default_factory=lambda: (Launch(2, 1),))
     bwd_march: tuple = field(default_factory=lambda: (Launch(8, 1),))
