@@ -51,18 +51,23 @@ class PathPlan:
         return _SolvePlan(solve=(Launch(warps, 1), Launch(4, 1)), solve_kc=K)
 
 
-def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = None, rows: int = 128,
-             K: int | None = None) -> PathPlan:
+def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = None,
+             rows: int | None = None, K: int | None = None) -> PathPlan:
     """The plan for inputs of ``dtype`` and head size ``K`` on ``device`` of the GPU class ``caps``
-    (default: the device's); ``rows``: query rows per program of the passes (128 takes 8 warps in the
-    forward: at 4 its two ``[128, K]`` float32 accumulators spill, compile check). At ``K = 16`` with
-    16-bit inputs the per-block stage takes IEEE products, as float32 inputs do: with TF32 products
-    of ``[64, 64]`` by ``[64, 16]`` tiles its backward stopped with an illegal memory access on 8
-    warps and gave a wrong ``dq`` (0.16 relative) on 4, on the H200 (Triton 3.6;
-    ``lab/logs/gpu_tests_*_h200.log``, ``NOTES.md``)."""
+    (default: the device's); ``rows``: query rows per program of the passes (default 128, which takes
+    8 warps in the forward: at 4 its two ``[128, K]`` float32 accumulators spill, compile check).
+
+    At ``K = 16`` with 16-bit inputs the default is 64 rows and the per-block stage takes IEEE
+    products, as float32 inputs do. With 128 rows and float16 transport at ``K = 16`` the
+    backward's gradients came back NaN (IEEE per-block products, on 4 or 8 warps) or the per-block
+    backward stopped with an illegal memory access (TF32 products), on the H200 (Triton 3.6). With
+    64 rows, or with float32 transport, every gradient was within fla's tolerances
+    (``lab/k16_diag.py``, ``lab/logs/k16_diag_h200.log``, ``NOTES.md``)."""
+    half = dtype != torch.float32
+    small_half = half and K == 16
+    rows = (64 if small_half else 128) if rows is None else rows
     if rows not in (64, 128):
         raise ValueError(f"rows must be 64 or 128; got {rows!r}")
-    half = dtype != torch.float32
     transport = torch.float16 if half else torch.float32
     prec = "ieee" if (not half or interpret) else "tf32"
     local_prec = "ieee" if (interpret or not half) else "tf32"
@@ -72,7 +77,7 @@ def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = 
     if caps.major < 8:
         return PathPlan(transport, prec, local_prec, path="torch")
     fwd = (Launch(8, 2), Launch(8, 1)) if rows == 128 else (Launch(4, 2), Launch(4, 1))
-    if half and K == 16:
+    if small_half:
         local_prec = "ieee"
     return PathPlan(transport, prec, local_prec, fwd=fwd, rows=rows)
 
