@@ -1,4 +1,4 @@
-"""Lab: does a finer grid make the marching backward's time repeat at D = 2048? (Not yet run.)
+"""Lab: does a finer grid make the marching backward's time repeat at D = 2048?
 
     python3 -m kernels.conv.lab.repeat_grid [--reps 5] [--write]
 
@@ -9,7 +9,8 @@ script times the op's forward + backward (``causal_conv1d``, bf16, SiLU, W = 4, 
 inputs and step) at the benchmark's shapes with the backward's segment at 512, 256 and 128 tokens,
 the settings interleaved and repeated ``--reps`` times, and prints each setting's median, smallest
 and largest time. A segment that keeps the median and narrows the spread is the case for raising
-``plan.MIN_PROGRAMS``. ``--write`` keeps the table in ``lab/logs/repeat_grid.json``.
+``plan.MIN_PROGRAMS``. ``--write`` keeps the table in ``lab/logs/repeat_grid.json``; the H200
+run there did not make the case (``NOTES.md``).
 """
 from __future__ import annotations
 
