@@ -327,6 +327,23 @@ def test_layer_run_loads_and_tabulates(tmp_path):
     assert {r["variant"] for r in stored["rows"]} >= {"conv", "bare"} and stored["env"]["device"]
 
 
+def test_layer_byte_floor():
+    """bench_layer.byte_floor: three convolutions of N = B·T·heads·head_dim bf16 values move 2·N·2
+    bytes each forward and 5·N·2 forward + backward; floor_check flags an extra time below that."""
+    from kernels.conv import bench_layer as layer
+    args = dict(B=2, T=1000, hidden=8, heads=2, head_dim=4, width=4)   # N = 16,000 values, 32,000 bytes
+    floor = layer.byte_floor({"args": args}, gbps=1000.0)               # 1 GB/s = 1e6 bytes per ms
+    assert floor["fwd"] == pytest.approx(3 * 2 * 32000 / 1e6 / 1000) and floor["fwdbwd"] == pytest.approx(
+        2.5 * floor["fwd"])
+    rows = [{"variant": "conv", "fwd_ms": 1.0 + 2 * floor["fwd"], "fwdbwd_ms": 1.0 + floor["fwdbwd"] / 2},
+            {"variant": "silu", "fwd_ms": 1.0, "fwdbwd_ms": 1.0}, {"variant": "bare", "fwd_ms": 1.0, "fwdbwd_ms": 1.0}]
+    checks = {c["pass_"]: c for c in layer.floor_check({"args": args, "rows": rows}, gbps=1000.0)}
+    assert set(checks) == {"fwd", "fwdbwd"} and not checks["fwd"]["below"] and checks["fwdbwd"]["below"]
+    assert checks["fwd"]["extra_ms"] == pytest.approx(2 * floor["fwd"])
+    assert layer.copy_bandwidth({"records": [{"impl": "copy", "gbps": g} for g in (1.0, 3.0, 2.0)]
+                                 + [{"impl": "ours", "gbps": 9.0}]}) == 2.0
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("T,W,seg,extras", [(37, 4, 8, True), (37, 3, 16, False), (5, 4, 4, True), (1, 2, 4, True),
                                              (9, 1, 4, False), (2, 4, 8, True)])

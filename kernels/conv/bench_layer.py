@@ -99,6 +99,42 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def copy_bandwidth(results=None) -> float:
+    """The device-to-device copy's bandwidth (GB/s) in the conv benchmark of record: the median over
+    its ``copy`` records (measured in the same run as the kernels)."""
+    import statistics
+    from kernels.harness import load_results
+    data = load_results("conv") if results is None else results
+    return statistics.median(r["gbps"] for r in data["records"] if r["impl"] == "copy")
+
+
+def byte_floor(data: dict, gbps: float) -> dict:
+    """The least time (ms) the layer's three convolutions (q, k, v, each ``B·T × heads·head_dim``)
+    can add over ``bare`` at ``gbps``: each reads its input and writes its output in the forward
+    (``2·N·s`` bytes, ``s`` = 2 for bf16) and reads ``x`` and ``dy`` and writes ``dx`` in the backward
+    (``3·N·s`` more). The SiLU is fused, so it adds no bytes."""
+    a = data["args"]
+    n_bytes = a["B"] * a["T"] * a["heads"] * a["head_dim"] * 2
+    return {"fwd": 3 * 2 * n_bytes / gbps / 1e6, "fwdbwd": 3 * 5 * n_bytes / gbps / 1e6}
+
+
+def floor_check(data: dict, gbps: float) -> list:
+    """Per convolution variant and pass: ``{variant, pass, extra_ms, floor_ms, below}``, where
+    ``extra_ms`` is the variant's time over ``bare`` and ``below`` says it is less than
+    :func:`byte_floor` allows (a timing that cannot be the convolutions' whole cost)."""
+    floor = byte_floor(data, gbps)
+    bare = next(r for r in data["rows"] if r["variant"] == "bare")
+    out = []
+    for r in data["rows"]:
+        if r["variant"] not in ("conv", "conv-fla"):
+            continue
+        for pass_ in ("fwd", "fwdbwd"):
+            extra = r[f"{pass_}_ms"] - bare[f"{pass_}_ms"]
+            out.append(dict(variant=r["variant"], pass_=pass_, extra_ms=extra, floor_ms=floor[pass_],
+                            below=extra < floor[pass_]))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kernels.conv.bench_layer", description=__doc__.split("\n\n")[0])
     ap.add_argument("--B", type=int, default=8)
