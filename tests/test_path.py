@@ -148,6 +148,32 @@ def test_two_reflections_make_a_rotation():
     lc.check_close("H_b H_a = rotation by θ", R, rot, 1e-12)
 
 
+def test_rope_is_relative_and_a_special_case_of_path():
+    """RoPE's identity (Ω^i q)ᵀ(Ω^j k) = qᵀ Ω^(j−i) k for an orthogonal Ω (random, 6 × 6, by QR), and
+    PaTH with two unit mirrors a, b alternating at β = 2 is RoPE: R_{2m,0} = (H_b H_a)^m = Ω^m with
+    Ω the rotation of the two reflections; with one repeated factor R_ij = H^(i−j) depends on i − j
+    only. Float64 products of at most nine small matrices: round-off ~1e-15."""
+    rng = np.random.default_rng(3)
+    omega = np.linalg.qr(rng.normal(size=(6, 6)))[0]
+    q, k = rng.normal(size=6), rng.normal(size=6)
+    power = np.linalg.matrix_power
+    for i, j in ((5, 2), (2, 5), (4, 4), (7, 0)):
+        lhs = (power(omega, i) @ q) @ (power(omega, j) @ k)
+        rhs = q @ (power(omega, j - i) if j >= i else power(omega.T, i - j)) @ k
+        assert abs(lhs - rhs) < 1e-12
+    a, b = np.array([1.0, 0.0]), np.array([np.cos(0.3), np.sin(0.3)])
+    W = np.array([a if t % 2 else b for t in range(9)])
+    rotation = lc.reflection_rotation(a, b)
+    for m in range(5):
+        np.testing.assert_allclose(lc.householder_product(W, np.full(9, 2.0), 2 * m, 0),
+                                   power(rotation, m), atol=1e-12)
+    w = rng.normal(size=4)
+    W1, beta1 = np.tile(w, (8, 1)), np.full(8, 0.7)
+    H = np.eye(4) - 0.7 * np.outer(w, w)
+    for i, j in ((3, 1), (7, 5), (6, 0)):
+        np.testing.assert_allclose(lc.householder_product(W1, beta1, i, j), power(H, i - j), atol=1e-12)
+
+
 def test_forget_gates_add_fox_bias():
     """PaTH-FoX: the gates add log Γ_ij to the scores; gates of 1 change nothing."""
     n = 18
@@ -166,8 +192,9 @@ def test_bad_inputs_raise():
     Q, K, V, W, beta = _inputs(6)
     with pytest.raises(ValueError, match="W must have shape"):
         lc.path_attention_scores(Q, K, W[:5], beta)
-    with pytest.raises(ValueError, match="beta"):
-        lc.path_attention_scores(Q, K, W, np.full(6, 2.5))
+    for bad in (2.5, -0.1):        # beta must lie in [0, 2], both ends checked
+        with pytest.raises(ValueError, match="beta"):
+            lc.path_attention_scores(Q, K, W, np.full(6, bad))
     with pytest.raises(ValueError, match="K must have shape"):
         lc.path_attention_scores(Q, K[:, :3], W, beta)
     with pytest.raises(ValueError, match="gamma"):
