@@ -81,6 +81,29 @@ def test_transition_closed_form_and_sub_block_inverse():
         lc.check_close(f"inverse of L[{a}:{b}, {a}:{b}]", np.linalg.inv(L[a:b, a:b]), inv[a:b, a:b], 1e-10)
 
 
+def test_sub_block_inverse_and_orthogonal_products_symbolically():
+    """Two steps of the derivation in SymPy. A sub-block on the diagonal of the inverse of a lower
+    triangular matrix (4 × 4, symbolic entries) is the inverse of the same sub-block; and with
+    β|w|² = 2 (d = 2, w = √2 (cos θ, sin θ), β = 1) every factor is orthogonal, H Hᵀ = I, so the
+    product between tokens i and j is R_i R_jᵀ with R_i the product from the first token."""
+    n = 4
+    L = sp.Matrix(n, n, lambda r, c: sp.Symbol(f"l{r}{c}") if r > c else (sp.Symbol(f"d{r}") if r == c else 0))
+    inv = L.inv()
+    for j, i in ((0, 2), (1, 3), (1, 4), (2, 3)):
+        assert sp.simplify(inv[j:i, j:i] - L[j:i, j:i].inv()) == sp.zeros(i - j, i - j)
+    thetas = sp.symbols("theta1:4", real=True)
+
+    def factor(t):
+        w = sp.sqrt(2) * sp.Matrix([sp.cos(t), sp.sin(t)])
+        return sp.eye(2) - w * w.T
+
+    H = [factor(t) for t in thetas]
+    for Ht in H:
+        assert sp.simplify(Ht * Ht.T - sp.eye(2)) == sp.zeros(2, 2)
+    R1, R3 = H[0], H[2] * H[1] * H[0]                  # products from the first token
+    assert sp.simplify(R3 * R1.T - H[2] * H[1]) == sp.zeros(2, 2)
+
+
 @pytest.mark.parametrize("n,i,j", [(6, 5, 0), (11, 7, 3), (20, 19, 18), (9, 4, 4)])
 def test_each_equality_of_the_derivation(n, i, j):
     """The article's component forms of A_ij, line by line, on random sizes (float64, O(1) terms)."""
