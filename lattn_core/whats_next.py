@@ -27,7 +27,8 @@ from ._validate import as_array, check_qkv
 from .softmax import _online_softmax_fold
 
 __all__ = ["FamilyRow", "FAMILY", "family_inputs", "run_family", "carried_numbers", "family_table",
-           "ModelConfig", "EXAMPLE_CONFIG", "decode_memory", "kv_cache_step", "gated_delta_step",
+           "ModelConfig", "EXAMPLE_CONFIG", "published_config", "decode_memory", "kv_cache_step",
+           "gated_delta_step",
            "rereading_rnn", "SoftmaxCell", "StickBreakingCell", "stick_breaking_attention",
            "FORM_KEYS"]
 
@@ -287,6 +288,20 @@ class ModelConfig:
 # Our example of a 1.3B-class decoder (the count of ModelConfig.params), not a published model.
 EXAMPLE_CONFIG = ModelConfig("example 1.3B", layers=24, d_model=2048, heads=16, kv_heads=16, head_dim=128,
                              vocab=32000)
+
+
+def published_config(name: str = "Llama-3-8B") -> ModelConfig:
+    """A published model's attention shape from Chapter 7's list (:data:`lattn_core.feeding_back.
+    MODEL_SHAPES`) as a :class:`ModelConfig` for :func:`decode_memory`: its layers, heads, key-value
+    heads and head width (``d_model = heads · head_dim``; ``vocab`` 0, since only the attention
+    layers' memory is counted, so :meth:`ModelConfig.params` does not describe it)."""
+    from .feeding_back import MODEL_SHAPES
+    shapes = {s.name: s for s in MODEL_SHAPES}
+    if name not in shapes:
+        raise ValueError(f"name must be one of {sorted(shapes)}; got {name!r}")
+    s = shapes[name]
+    return ModelConfig(s.name, layers=s.layers, d_model=s.heads * s.head_dim, heads=s.heads,
+                       kv_heads=s.kv_heads, head_dim=s.head_dim, vocab=0, extra={"cite": s.cite})
 
 
 def decode_memory(row: FamilyRow, config: ModelConfig, n, *, batch: int = 1, kv_heads: int | None = None):

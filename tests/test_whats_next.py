@@ -85,6 +85,18 @@ def test_every_row_runs_its_forms_on_its_inputs():
         wn.run_family(no_parallel, wn.family_inputs(no_parallel, 4, 2, 2, 0), "parallel")
 
 
+def test_published_config_is_chapter_7s_shape():
+    """published_config takes a published model's attention shape from Chapter 7's list: Llama-3-8B's
+    cache is lc.kv_cache_size with its 8 key-value heads; an unknown name raises ValueError."""
+    cfg = wn.published_config("Llama-3-8B")
+    shape = next(s for s in lc.MODEL_SHAPES if s.name == "Llama-3-8B")
+    assert (cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim) == (shape.layers, shape.heads, shape.kv_heads,
+                                                                   shape.head_dim) == (32, 32, 8, 128)
+    assert wn.decode_memory(ROW["softmax attention"], cfg, 8192) == lc.kv_cache_size(32, 8, 128, 8192)
+    with pytest.raises(ValueError, match="name must be one of"):
+        wn.published_config("GPT-5")
+
+
 def test_decode_memory_is_chapter_7s_count():
     """Softmax attention's cache is lc.kv_cache_size (16-bit); a d_v × d_k state is lc.linear_state_size
     in float32; MesaNet adds d_k(d_k+1)/2 per head; FoX one number per token and head. Integers: exact."""
