@@ -230,6 +230,48 @@ def test_identities_page_points_at_existing_tests():
         assert re.search(rf"^\s*def {name}\(|^class {name}\b", path.read_text(), re.M), f"{file}::{name} not found"
 
 
+GENERIC_REFS = re.compile(r"^(experiment|exercises?( \d+( and \d+)?)?|summary|the kernel)$", re.I)
+
+
+def test_identities_page_names_existing_sections():
+    """Every section an entry of book/identities.md names in italics, ``(*name; name*)``, is a heading
+    (or the bold lead of a paragraph) of that chapter's notebook, compared without case; ``N / name``
+    names a section of chapter N. Generic words (experiment, exercise 2, summary) are not checked."""
+    text = (ROOT / "book" / "identities.md").read_text()
+    by_chapter = {int(p.name[:2]): p for p in NOTEBOOKS}
+    heads = {}
+    for ch, path in by_chapter.items():
+        found = []
+        for c in _load(path).cells:
+            if c.cell_type == "markdown":
+                found += re.findall(r"^#+\s+(.*?)\s*$", c.source, re.M)
+                found += [b.rstrip(".") for b in re.findall(r"^\*\*([^*]+)\*\*", c.source, re.M)]
+        heads[ch] = [h.lower() for h in found]
+    sections = re.split(r"^## (Chapter \d+|Other)\s*$", text, flags=re.M)
+    missing, checked = [], 0
+    for title, body in zip(sections[1::2], sections[2::2]):
+        if not title.startswith("Chapter"):
+            continue
+        chapter = int(title.split()[1])
+        for item in re.findall(r"^- (.*)$", body, re.M):
+            paren = re.findall(r"\(([^()]*\*[^()]*)\)\.?$", item.split(" Test:")[0])
+            if not paren:
+                continue
+            for span in re.findall(r"\*([^*]+)\*", paren[-1]):
+                for ref in (r.strip() for r in span.split(";")):
+                    ch, name = chapter, ref
+                    m = re.match(r"^(\d+) / (.*)$", ref)
+                    if m:
+                        ch, name = int(m.group(1)), m.group(2)
+                    if GENERIC_REFS.match(name):
+                        continue
+                    checked += 1
+                    if not any(name.lower() in h for h in heads[ch]):
+                        missing.append(f"Chapter {chapter}: *{ref}*")
+    assert checked > 50, checked
+    assert not missing, f"identities.md names sections no notebook has: {missing}"
+
+
 def test_bold_symbol_macros_are_defined():
     """Every two-letter bold macro (``\\bQ``, ``\\bk``, ...) used in the book is defined in _config.yml.
 
