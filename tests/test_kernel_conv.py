@@ -187,6 +187,35 @@ def test_decoding_continuity(device, cut):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cut", [1, 2, 9])
+def test_chained_pieces_have_one_runs_gradients(device, cut):
+    """fla's tracker #1140 as a user meets it: a first piece shorter than W - 1 (cut = 1, 2) or
+    longer (9), its final state passed to the second piece, and a loss on both pieces' outputs and
+    the last final state. The gradients of x, weight, bias and the initial state equal one call's.
+    Float32 with the sums over tokens split differently: 1e-5 of the largest entry."""
+    B, T, D, W = 2, 12, 24, 4
+    inputs = make_inputs(B, T, D, W, torch.float32, device, residual=False, seed=cut)
+    x, w, b, _, s = [t.detach().clone().requires_grad_() if t is not None else None for t in inputs]
+    plan = _plan(device)
+    gen = torch.Generator().manual_seed(100 + cut)
+    dy = torch.randn(B, T, D, generator=gen).to(device)
+    dh = torch.randn(B, D, W, generator=gen).to(device)
+
+    def grads(pieces):
+        state, ys = s, []
+        for lo, hi in pieces:
+            y, state = causal_conv1d_triton(x[:, lo:hi], w, b, None, state, True, "silu", plan=plan)
+            ys.append(y)
+        loss = (torch.cat(ys, 1) * dy).sum() + (state * dh).sum()
+        return torch.autograd.grad(loss, [x, w, b, s])
+
+    for name, one, two in zip(("x", "weight", "bias", "initial_state"), grads([(0, T)]),
+                              grads([(0, cut), (cut, T)])):
+        err = (one - two).abs().max().item() / max(one.abs().max().item(), 1.0)
+        assert err <= 1e-5, f"{name}: {err:.2e}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_strided_inputs(device):
     """x and residual as column slices of wider tensors (time stride > D) and as a transposed
     [B, D, T] tensor (channel stride > 1, copied): the contiguous results exactly."""
