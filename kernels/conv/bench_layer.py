@@ -1,6 +1,7 @@
 """What the short convolution costs inside a DeltaNet layer (issue 23's "the whole point").
 
-    python -m kernels.conv.bench_layer [--B 8] [--T 4096] [--hidden 2048] [--heads 16] [--write]
+    python -m kernels.conv.bench_layer [--B 8] [--T 4096] [--hidden 2048] [--heads 16] [--reps 1]
+                                       [--graph] [--write]
 
 One DeltaNet layer as fla builds it, in bfloat16: ``q, k, v = x W_q, x W_k, x W_v`` (``hidden ->
 heads · 128``), ``beta = sigmoid(x W_b)``, a short convolution with SiLU on each of q, k, v
@@ -16,7 +17,11 @@ weight), CUDA events through ``kernels.harness.bench_ms``:
 ``bare`` is a lower bound for any variant that folds the convolution into the kernel that reads
 ``k`` (a folded kernel still does everything ``bare`` does, and the convolution's arithmetic on top),
 so ``(conv − bare) / conv`` bounds from above what folding could save, and answers whether the conv
-costs more than a few percent of the layer. It prints its table, and with ``--write`` keeps it in
+costs more than a few percent of the layer. ``--reps N`` times the variants interleaved, ``N`` rounds,
+and keeps each variant's median (and every round's time); ``--graph`` replays each step from a CUDA
+graph, so that host-side gaps between launches do not reach the timing (:func:`floor_check` found
+the forward + backward of one eager run below what the convolutions' bytes need). It prints its
+table, and with ``--write`` keeps it in
 ``kernels/conv/layer.json`` (device, date, versions), which ``NOTES.md`` and Chapter 10 read
 (:func:`load`, :func:`table`).
 """
@@ -135,6 +140,23 @@ def floor_check(data: dict, gbps: float) -> list:
     return out
 
 
+def graphed(fn):
+    """``fn`` captured once as a CUDA graph (after warm-up on a side stream, as capture requires);
+    returns a callable that replays it. The captured step allocates from the graph's pool, so its
+    outputs are overwritten by the next replay, which timing does not mind."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kernels.conv.bench_layer", description=__doc__.split("\n\n")[0])
     ap.add_argument("--B", type=int, default=8)
@@ -143,9 +165,14 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--width", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=1, help="rounds of the variants, interleaved")
+    ap.add_argument("--graph", action="store_true", help="time each step replayed from a CUDA graph")
     ap.add_argument("--write", action="store_true", help=f"keep the table in {PATH}")
     args = ap.parse_args(argv)
+    if args.reps < 1:
+        raise ValueError(f"--reps must be at least 1; got {args.reps}")
     os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")      # before fla is imported
+    import statistics
     import torch
     if not torch.cuda.is_available():
         print("this lab needs a CUDA GPU")
@@ -156,18 +183,26 @@ def main(argv=None):
     x = torch.randn(args.B, args.T, args.hidden, device="cuda", dtype=dt, requires_grad=True)
     do = torch.randn(args.B, args.T, args.hidden, device="cuda", dtype=dt)
     variants = dict(convs(), silu=None, bare=None)
-    rows = []
+    steps = {}
     for name, conv in variants.items():
-        def fwd():
+        def fwd(name=name, conv=conv):
             with torch.no_grad():
                 return layer(x, p, name, args.heads, args.head_dim, conv)
 
-        def step():
+        def step(name=name, conv=conv):
             o = layer(x, p, name, args.heads, args.head_dim, conv)
             return torch.autograd.grad(o, [x] + list(p.values()), do, allow_unused=True)
-        rows.append({"variant": name, "fwd_ms": bench_ms(fwd), "fwdbwd_ms": bench_ms(step)})
+        steps[name] = (graphed(fwd), graphed(step)) if args.graph else (fwd, step)
+    times = {name: {"fwd": [], "fwdbwd": []} for name in steps}
+    for _ in range(args.reps):
+        for name, (fwd, step) in steps.items():
+            times[name]["fwd"].append(bench_ms(fwd))
+            times[name]["fwdbwd"].append(bench_ms(step))
+    rows = [{"variant": name, "fwd_ms": statistics.median(t["fwd"]), "fwdbwd_ms": statistics.median(t["fwdbwd"]),
+             "fwd_ms_all": t["fwd"], "fwdbwd_ms_all": t["fwdbwd"]} for name, t in times.items()]
     bare = next(r for r in rows if r["variant"] == "bare")
-    print(f"B={args.B} T={args.T} hidden={args.hidden} heads={args.heads}x{args.head_dim} W={args.width} bf16")
+    print(f"B={args.B} T={args.T} hidden={args.hidden} heads={args.heads}x{args.head_dim} W={args.width} bf16"
+          f"{', CUDA graphs' if args.graph else ''}; medians of {args.reps} interleaved round(s)")
     print(f"{'variant':10s} {'fwd ms':>9s} {'fwd+bwd ms':>11s}  share over bare (fwd, fwd+bwd)")
     for r in rows:
         r["share_fwd"] = (r["fwd_ms"] - bare["fwd_ms"]) / r["fwd_ms"]
