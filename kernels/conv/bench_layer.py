@@ -142,8 +142,8 @@ def floor_check(data: dict, gbps: float) -> list:
 
 def graphed(fn):
     """``fn`` captured once as a CUDA graph (after warm-up on a side stream, as capture requires);
-    returns a callable that replays it. The captured step allocates from the graph's pool, so its
-    outputs are overwritten by the next replay, which timing does not mind."""
+    returns ``(replay, out)``: a callable that replays it and the captured call's output, which
+    every replay overwrites in place (the step allocates from the graph's pool)."""
     import torch
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -153,8 +153,8 @@ def graphed(fn):
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+        out = fn()
+    return graph.replay, out
 
 
 def main(argv=None):
@@ -192,7 +192,7 @@ def main(argv=None):
         def step(name=name, conv=conv):
             o = layer(x, p, name, args.heads, args.head_dim, conv)
             return torch.autograd.grad(o, [x] + list(p.values()), do, allow_unused=True)
-        steps[name] = (graphed(fwd), graphed(step)) if args.graph else (fwd, step)
+        steps[name] = (graphed(fwd)[0], graphed(step)[0]) if args.graph else (fwd, step)
     times = {name: {"fwd": [], "fwdbwd": []} for name in steps}
     for _ in range(args.reps):
         for name, (fwd, step) in steps.items():

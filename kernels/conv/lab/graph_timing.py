@@ -24,6 +24,7 @@ def main(argv=None) -> int:
     reps = int(argv[argv.index("--reps") + 1]) if "--reps" in argv else 5
     import torch
     from kernels.conv import bench
+    from kernels.conv.bench_layer import graphed
     from kernels.conv.op import causal_conv1d_triton
     from kernels.conv.lab.sweep_march import write_log
     from kernels.harness import bench_ms, environment
@@ -37,30 +38,22 @@ def main(argv=None) -> int:
         def step():
             y = causal_conv1d_triton(x, w, activation="silu")[0]
             return torch.autograd.grad(y, [x, w], dy)
-        side = torch.cuda.Stream()                 # warm up on a side stream, as capture requires
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = step()
+        replay, out = graphed(step)
         ref = step()
-        graph.replay()
+        replay()
         torch.cuda.synchronize()
         same = all(torch.equal(a, b) for a, b in zip(out, ref))
         times = {"eager": [], "graph": []}
         for _ in range(reps):
             times["eager"].append(bench_ms(step))
-            times["graph"].append(bench_ms(graph.replay))
+            times["graph"].append(bench_ms(replay))
         for how, ts in times.items():
             row = dict(B=case["B"], T=case["T"], D=case["D"], how=how, ms=ts, median=statistics.median(ts),
                        low=min(ts), high=max(ts), graph_equals_eager=same)
             rows.append(row)
             print(f"B={row['B']} T={row['T']} D={row['D']} {how:5s}  median {row['median']:.3f} ms  "
                   f"[{row['low']:.3f}, {row['high']:.3f}]  same={same}", flush=True)
-        del graph, out
+        del replay, out
     print(f"{time.time() - t0:.0f} s")
     if "--write" in argv:
         write_log(rows, "graph_timing.json", environment())
