@@ -23,7 +23,7 @@ from collections import namedtuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["attention_ref", "deltaformer_ref", "path_attn_ref", "chunk_scalar_ref", "chunk_gla_ref", "recurrent_ref", "DeltaChunk", "delta_chunk",
+__all__ = ["attention_ref", "deltaformer_ref", "path_attn_ref", "path_rows_ref", "chunk_scalar_ref", "chunk_gla_ref", "recurrent_ref", "DeltaChunk", "delta_chunk",
            "delta_chunk_adjoint", "causal_conv1d_ref", "past_and_inputs", "chunk_mesa_net_ref"]
 
 
@@ -94,6 +94,34 @@ def path_attn_ref(q, k, v, w, beta, g=None, scale: float = 1.0) -> torch.Tensor:
     s = s.masked_fill(~lower, float("-inf"))
     o = torch.matmul(torch.softmax(s, dim=-1), vf)
     return o.transpose(1, 2).to(v.dtype)
+
+
+def path_rows_ref(q, k, v, w, beta, g=None, scale: float = 1.0, rows=(0,)) -> torch.Tensor:
+    """PaTH's outputs for a few query ``rows`` only, in float64 on the CPU, with ``O(T d)`` memory:
+    each row's query is carried back token by token, ``y ← H_j y`` (``H_j = I − β_j w_j w_jᵀ`` is
+    symmetric, so ``q_iᵀ H_i ⋯ H_{j+1} k_j = y_jᵀ k_j`` with ``y_i = q_i``), never forming a
+    ``T × T`` matrix. For checking the far end of sequences too long for :func:`path_attn_ref`.
+    Same arguments as :func:`path_attn_ref`; returns ``[B, len(rows), H, V]`` float64."""
+    rows = [int(i) for i in rows]
+    B, T, H, _ = q.shape
+    if not rows or min(rows) < 0 or max(rows) >= T:
+        raise ValueError(f"rows must be indices in [0, {T}); got {rows}")
+    f64 = [None if x is None else x.detach().to("cpu", torch.float64) for x in (q, k, v, w, beta, g)]
+    qf, kf, vf, wf, bf, gf = f64
+    idx = torch.tensor(rows)
+    y = torch.zeros(B, len(rows), H, q.shape[-1], dtype=torch.float64)   # carried queries
+    s = torch.full((B, len(rows), H, T), float("-inf"), dtype=torch.float64)
+    for j in range(max(rows), -1, -1):
+        start = idx == j
+        if start.any():
+            y[:, start] = qf[:, j][:, None]
+        live = idx >= j
+        s[:, live, :, j] = scale * (y[:, live] * kf[:, j][:, None]).sum(-1)
+        y = y - bf[:, j][:, None, :, None] * (y * wf[:, j][:, None]).sum(-1, keepdim=True) * wf[:, j][:, None]
+    if gf is not None:
+        G = torch.cumsum(gf, dim=1)                                       # [B, T, H]
+        s = s + (G[:, idx][..., None] - G.transpose(1, 2)[:, None])
+    return torch.einsum("brht,bthv->brhv", torch.softmax(s, dim=-1), vf)
 
 
 def _pad_time(x, C):
