@@ -312,3 +312,17 @@ def test_gpu_large_shapes(B, T, H, K, V, dtype, states):
             assert err_ratio(a, b) < RMS_TOL["o"]
     for name in grads64:
         assert err_ratio(grads[name], grads64[name]) < RMS_TOL["grad"], name
+
+
+def test_step_costs_fit_the_sweep():
+    """kernels.mesa.bench.step_costs: a line through (CG steps, ms) per implementation and pass;
+    exact for times that are exactly linear, and a pair timed at one count only is left out."""
+    from kernels.mesa.bench import step_costs
+    recs = [dict(op="mesa_cg", impl="ours", cg=c, ms=2.0 + 0.5 * c) for c in (5, 10, 30)]
+    recs += [dict(op="mesa_cg", impl="fla", cg=5, ms=4.0), dict(op="mesa", impl="ours", cg=30, ms=99.0)]
+    for r in recs:
+        r["pass"] = "fwd"
+    out = step_costs({"records": recs})
+    assert set(out) == {("ours", "fwd")}
+    assert out["ours", "fwd"]["per_step_ms"] == pytest.approx(0.5) and out["ours", "fwd"]["rest_ms"] == pytest.approx(2.0)
+    assert out["ours", "fwd"]["steps"] == [5, 10, 30]

@@ -89,6 +89,26 @@ def flops(case):
     return 2 * case["B"] * case["T"] * H * case["cg"] * (2 * 64 * D + D * D)
 
 
+def step_costs(data: dict, op: str = "mesa_cg") -> dict:
+    """From a results file's iteration sweep (``op``'s records at one shape): per ``(impl, pass)``
+    the least-squares line of the median time against the CG count, ``{"per_step_ms", "rest_ms",
+    "steps"}``: what one step costs and what the rest of the pass costs (its time at zero steps).
+    Pairs with fewer than two timed counts are left out."""
+    import numpy as np
+    pts = {}
+    for r in data["records"]:
+        if r.get("op") == op and r.get("ms"):
+            pts.setdefault((r["impl"], r["pass"]), []).append((r["cg"], r["ms"]))
+    out = {}
+    for key, xy in pts.items():
+        if len({c for c, _ in xy}) < 2:
+            continue
+        c, ms = np.array(xy, dtype=float).T
+        slope, icept = np.polyfit(c, ms, 1)
+        out[key] = {"per_step_ms": float(slope), "rest_ms": float(icept), "steps": sorted(int(x) for x in c)}
+    return out
+
+
 def reference(case, x):
     from kernels.reference import chunk_mesa_net_ref
     return chunk_mesa_net_ref(x["q"], x["k"], x["v"], x["g"], x["beta"], x["lamb"][0, 0], exact=True)[0]
