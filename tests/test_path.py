@@ -172,7 +172,8 @@ def test_two_reflections_make_a_rotation():
 
 
 def test_rope_is_relative_and_a_special_case_of_path():
-    """RoPE's identity (Ω^i q)ᵀ(Ω^j k) = qᵀ Ω^(j−i) k for an orthogonal Ω (random, 6 × 6, by QR), and
+    """RoPE's identity (Ω^i q)ᵀ(Ω^j k) = qᵀ Ω^(j−i) k for an orthogonal Ω (random, 6 × 6, by QR; and in
+    SymPy for a planar rotation), and
     PaTH with two unit mirrors a, b alternating at β = 2 is RoPE: R_{2m,0} = (H_b H_a)^m = Ω^m with
     Ω the rotation of the two reflections; with one repeated factor R_ij = H^(i−j) depends on i − j
     only. Float64 products of at most nine small matrices: round-off ~1e-15."""
@@ -184,6 +185,11 @@ def test_rope_is_relative_and_a_special_case_of_path():
         lhs = (power(omega, i) @ q) @ (power(omega, j) @ k)
         rhs = q @ (power(omega, j - i) if j >= i else power(omega.T, i - j)) @ k
         assert abs(lhs - rhs) < 1e-12
+    # the same identity in SymPy for a planar rotation by θ and symbolic vectors, i = 3, j = 1
+    th = sp.Symbol("theta", real=True)
+    rot = sp.Matrix([[sp.cos(th), -sp.sin(th)], [sp.sin(th), sp.cos(th)]])
+    qs, ks = sp.Matrix(sp.symbols("q0 q1")), sp.Matrix(sp.symbols("k0 k1"))
+    assert sp.simplify(((rot ** 3 * qs).T * (rot * ks))[0] - (qs.T * (rot.T ** 2) * ks)[0]) == 0
     a, b = np.array([1.0, 0.0]), np.array([np.cos(0.3), np.sin(0.3)])
     W = np.array([a if t % 2 else b for t in range(9)])
     rotation = lc.reflection_rotation(a, b)
