@@ -352,6 +352,7 @@ def test_layer_run_loads_and_tabulates(tmp_path):
                                                                          width=4), "rows": rows}))
     text = layer.table(layer.load(path))
     assert "our causal_conv1d" in text and "20.0%" in text and "25.0%" in text and "neither" in text
+    assert "as launched" in text and "CUDA graphs" not in text
     stored = layer.load()                     # the run this copy of the book ships
     assert {r["variant"] for r in stored["rows"]} >= {"conv", "bare"} and stored["env"]["device"]
 
@@ -452,3 +453,19 @@ def test_marching_backward_fills_a_small_grid():
     assert grid(small) >= MIN_PROGRAMS or small.bwd_march_bd == 256
     tiny = plan_for(torch.bfloat16, "cuda", T=8, D=64, W=4, B=1, interpret=False, caps=caps)
     assert (tiny.bwd_march_seg, tiny.bwd_march_bd) == (default.bwd_march_seg, 256)
+
+
+def test_launched_vs_graphed_fractions():
+    """bench.launched_vs_graphed: 5·N·2 bytes over the median time, over the copy's bandwidth; the
+    stored log has both ways at every shape of the benchmark."""
+    from kernels.conv import bench as cb
+    log = {"rows": [dict(B=2, T=1000, D=100, how="eager", median=0.002, low=0.001, high=0.003),
+                    dict(B=2, T=1000, D=100, how="graph", median=0.001, low=0.001, high=0.001)]}
+    rows = cb.launched_vs_graphed(log, gbps=2000.0)
+    # 5 · 2·1000·100 · 2 bytes = 2e6 bytes; in 0.002 ms that is 1000 GB/s, half of 2000
+    assert [round(r["copy_fraction"], 9) for r in rows] == [0.5, 1.0]
+    stored = cb.launched_vs_graphed()
+    shapes = {(r["B"], r["T"], r["D"]) for r in stored}
+    assert shapes == {(b, t, d) for b, t in cb.SHAPES_FULL for d in cb.DIMS}
+    assert {r["how"] for r in stored} == {"eager", "graph"}
+    assert all(0 < r["copy_fraction"] < 1.5 for r in stored)

@@ -99,6 +99,31 @@ def bandwidth(case, rec, yardsticks):
     rec["copy_fraction"] = round(rec["gbps"] / yardsticks[0]["gbps"], 3)
 
 
+GRAPH_LOG = "lab/logs/graph_timing.json"
+
+
+def launched_vs_graphed(log=None, gbps=None) -> list:
+    """The forward + backward as launched from Python and replayed from a CUDA graph
+    (``lab/graph_timing.py``'s log, default the stored one): per shape and way, the median ms and its
+    fraction of the copy's bandwidth (``5·N·s`` bytes; ``gbps`` default the median copy of the
+    benchmark of record). A graph replays the same kernels without the host, so where launched is
+    slower than graphed the step waits for the host, not for memory."""
+    import json
+    import statistics
+    from pathlib import Path
+    from kernels.harness import load_results
+    if log is None:
+        path = Path(__file__).parent / GRAPH_LOG
+        if not path.exists():
+            raise FileNotFoundError(f"no stored log at {path}; run `python -m kernels.conv.lab.graph_timing "
+                                    "--write` on a GPU to create it")
+        log = json.loads(path.read_text())
+    if gbps is None:
+        gbps = statistics.median(r["gbps"] for r in load_results("conv")["records"] if r["impl"] == "copy")
+    return [dict(B=r["B"], T=r["T"], D=r["D"], how=r["how"], ms=r["median"], low=r["low"], high=r["high"],
+                 copy_fraction=moved_bytes(r, "fwdbwd") / r["median"] / 1e6 / gbps) for r in log["rows"]]
+
+
 RUN = dict(budget_s=480.0, err_T_max=ERR_T, token_inputs=("x",), out_like="x", yardsticks=copy_record,
            annotate=bandwidth)   # for harness.bench_main
 

@@ -96,6 +96,8 @@ def table(data: dict) -> str:
     a = data["args"]
     lines = [f"DeltaNet layer, B={a['B']} T={a['T']} hidden={a['hidden']} heads={a['heads']}x{a['head_dim']} "
              f"W={a['width']} bf16",
+             ("replayed from CUDA graphs" if a.get("graph") else "as launched")
+             + (f", medians of {a['reps']} interleaved rounds" if a.get("reps", 1) > 1 else ""),
              f"{'variant':22s} {'fwd ms':>7s} {'fwd+bwd':>8s} {'share':>6s} {'share':>8s}",
              f"{'':22s} {'':>7s} {'ms':>8s} {'fwd':>6s} {'fwd+bwd':>8s}"]
     for r in data["rows"]:
