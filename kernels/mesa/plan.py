@@ -1,4 +1,4 @@
-"""The launch plan of the MesaNet kernels: defaults, as data (NOT yet measured on a GPU).
+"""The launch plan of the MesaNet kernels: defaults, as data (the solve's launch timed on the H200).
 
 :func:`plan_for` is the only place where the family's launch choices are made; every stage receives
 the plan. Three stages share it (``kernels/mesa/NOTES.md``):
@@ -11,6 +11,11 @@ the plan. Three stages share it (``kernels/mesa/NOTES.md``):
   ``[64, 128]`` float32 iterates ``x``, ``r``, ``p``, ``Hp`` need 4 x 64 registers per thread on 4
   warps, over the 255 a thread has) and 4 below;
 * the outputs ``o = G_t^T x_t`` are gla's ``chunk_simple_gla`` with its own plan.
+
+The solve's warps and stages were first chosen by the compile check (fewest spills) and then timed
+(``lab/plan_sweep.py``, ``lab/logs/plan_sweep.json``; ``NOTES.md``): at K = 128, 4 warps are about
+1 % faster than 8 and 16 warps twice as slow; stages change nothing (the CG loop loads nothing).
+The default stays at 8, the plan every GPU test and the benchmark of record ran.
 
 ``operand``: the dtype of the solve's matrix-product operands and of the tensors handed to the gla
 stages. float16 for 16-bit inputs (bfloat16 keys and values convert to it exactly in its range, and

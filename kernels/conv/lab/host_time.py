@@ -1,0 +1,71 @@
+"""Lab: the host's time for one forward + backward of the op, against the GPU's.
+
+    python -m kernels.conv.lab.host_time [--steps 200] [--write]
+
+``lab/graph_timing.py`` found the launched step at ``D = 2048`` slower than the same kernels
+replayed from a CUDA graph, and read it as the GPU waiting for the host. This measures the host's
+side directly: after a synchronise, ``--steps`` steps are enqueued back to back without waiting
+(a step is three launches, far below the launch queue's depth, so the host never blocks on the
+GPU), and the wall time over the steps is the host's time per step. For scale, the same for the
+forward alone and for one ``x.clone()`` (the copy the benchmark of record compares with). The
+benchmark's shapes (bf16, SiLU, W = 4). ``--write`` keeps the table in ``lab/logs/host_time.json``.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+
+def host_ms(fn, steps: int, reps: int = 5) -> float:
+    """Median over ``reps`` of the host's wall time per call of ``fn`` enqueued ``steps`` times."""
+    import torch
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        out.append((time.perf_counter() - t) * 1e3 / steps)
+        torch.cuda.synchronize()
+    return statistics.median(out)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 200
+    import torch
+    from kernels.conv import bench
+    from kernels.conv.lab.sweep_march import write_log
+    from kernels.conv.op import causal_conv1d_triton
+    from kernels.harness import environment
+    rows = []
+    for case in bench.cases():
+        inp = bench.make_inputs(case)
+        x = inp["x"].detach().clone().requires_grad_()
+        w = inp["weight"].detach().clone().requires_grad_()
+        dy = torch.randn_like(x)
+
+        def step():
+            y = causal_conv1d_triton(x, w, activation="silu")[0]
+            return torch.autograd.grad(y, [x, w], dy)
+
+        def forward():
+            with torch.no_grad():
+                return causal_conv1d_triton(x, w, activation="silu")[0]
+
+        for fn in (step, forward):
+            fn()
+        row = dict(B=case["B"], T=case["T"], D=case["D"], steps=steps,
+                   host_fwdbwd_ms=host_ms(step, steps), host_fwd_ms=host_ms(forward, steps),
+                   host_copy_ms=host_ms(lambda: inp["x"].clone(), steps))
+        rows.append(row)
+        print(f"B={row['B']} T={row['T']} D={row['D']}: host per step fwd+bwd {row['host_fwdbwd_ms']:.3f} ms, "
+              f"fwd {row['host_fwd_ms']:.3f} ms, copy {row['host_copy_ms']:.3f} ms", flush=True)
+    if "--write" in argv:
+        write_log(rows, "host_time.json", environment())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
