@@ -496,6 +496,43 @@ def summary_sentences(summary: dict) -> list[str]:
     return out
 
 
+def check_run_claims(accuracy: dict, final_loss: dict, chance_level: float, geometry: dict, n_cups: int,
+                     *, learned: float = 0.9, near_chance: float = 0.1) -> None:
+    """What Chapter 8 says of one CPU run, checked: PaTH reaches ``learned`` accuracy at every
+    length and a final training loss under 0.1; RoPE and NoPE (when present) stay within
+    ``near_chance`` of ``chance_level`` at every length, with a final loss within 0.1 of chance's
+    ``ln n_cups``; and some head of the trained PaTH layer is within 0.05 of the hand-set reflections
+    (``geometry`` from :func:`swap_geometry`). Raises ``AssertionError`` naming what breaks."""
+    assert min(accuracy["path"]) > learned, f"path: accuracy {min(accuracy['path']):.3f} <= {learned}"
+    assert final_loss["path"] < 0.1, f"path: final loss {final_loss['path']:.3f} >= 0.1"
+    for m in ("rope", "nope"):
+        if m not in accuracy:
+            continue
+        gap = max(abs(a - chance_level) for a in accuracy[m])
+        assert gap < near_chance, f"{m}: {gap:.3f} from chance (allowed {near_chance})"
+        assert final_loss[m] > np.log(n_cups) - 0.1, f"{m}: final loss {final_loss[m]:.3f} below chance's"
+    assert any(bg < 0.05 and ag < 0.05 for bg, ag in zip(geometry["beta_gap"], geometry["angle_gap"])), \
+        "path: no head within 0.05 of the hand-set reflections"
+
+
+def check_stored_claims(summary: dict, train_len: int, *, learned: float = 0.95,
+                        near_chance: float = 0.06) -> None:
+    """What Chapter 8 says of the stored GPU runs (a :func:`seed_summary`), checked: PaTH's accuracy
+    is above ``learned`` in every seed at every length up to twice the training length, and its mean
+    is lower at the longest length than at any length up to the training length; RoPE's and NoPE's
+    means stay within ``near_chance`` of chance at every length. Raises ``AssertionError`` naming
+    what breaks."""
+    mean, lens = summary["mean"], summary["eval_lens"]
+    short = [a for n, a in zip(lens, summary["min"]["path"]) if n <= 2 * train_len]
+    assert short and min(short) > learned, \
+        f"path: accuracy {min(short) if short else None} <= {learned} in some seed up to 2x training"
+    assert mean["path"][-1] < min(a for n, a in zip(lens, mean["path"]) if n <= train_len), \
+        "path: no drop at the longest length"
+    for m in ("rope", "nope"):
+        gap = max(abs(a - summary["chance"]) for a in mean[m])
+        assert gap < near_chance, f"{m}: {gap:.3f} from chance (allowed {near_chance})"
+
+
 def load_stored() -> dict:
     """The stored GPU runs (``experiments/results/state_tracking.json``: ``env``, ``config`` with
     its ``seeds``, ``records``), with ``same_as_gpu_config``: whether they were run with the

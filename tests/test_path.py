@@ -236,3 +236,18 @@ def test_bad_inputs_raise():
         lc.householder_product(W, beta, 2, 3)
     with pytest.raises(ValueError, match="non-zero"):
         lc.reflection_rotation([0.0, 0.0], [1.0, 0.0])
+
+
+def test_factor_is_orthogonal_exactly_for_reflections_symbolically():
+    """Chapter 8's exercise 1: ``HᵀH − I = β(β|w|² − 2) w wᵀ`` for ``H = I − β w wᵀ`` (SymPy, d = 3),
+    so the factor is orthogonal exactly when ``β|w|² = 2`` (or ``β = 0``); a numerical ``H`` with
+    ``β = 1.5``, unit ``w`` is not."""
+    w = sp.Matrix(sp.symbols("w0:3"))
+    b = sp.Symbol("beta")
+    H = sp.eye(3) - b * w * w.T
+    norm2 = (w.T * w)[0, 0]
+    assert sp.simplify(H.T * H - sp.eye(3) - b * (b * norm2 - 2) * w * w.T) == sp.zeros(3, 3)
+    assert sp.simplify((H.T * H - sp.eye(3)).subs(b, 2 / norm2)) == sp.zeros(3, 3)
+    u = np.array([0.6, 0.8, 0.0])
+    Hn = lc.householder_product(np.stack([u, u]), np.array([0.0, 1.5]), 1, 0)
+    assert np.abs(Hn.T @ Hn - np.eye(3)).max() > 0.1

@@ -296,3 +296,18 @@ def test_context_recall_claims():
         assert r[2]["accuracy"] == r[2]["latest"], r
         assert r[4]["accuracy"] >= r[2]["accuracy"] + 0.4, r
         assert r[2]["accuracy"] < r[3]["accuracy"] <= r[4]["accuracy"] + 1e-12, r
+
+
+def test_a_convolution_on_v_writes_the_predecessor():
+    """Chapter 10's exercise 3: values shifted by one token, ``v_t = x_{t−1}``, write the pairs
+    ``(x_t, x_{t−1})``; DeltaNet's state read at ``x_j`` returns ``x_{j−1}`` for most tokens (random
+    unit tokens in 32 dimensions, 24 of them: the writes interfere a little) and never the next
+    token, which is what an MQAR query needs."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(24, 32))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    S = lc.deltanet_states(X, lc.short_conv(X, lc.shift_weight(32)))[-1]
+    r = lc.readout(S, X)
+    j = np.arange(1, 23)
+    assert np.mean(r["match"][1:] == j - 1) > 0.8
+    assert r["next"] == 0.0

@@ -427,3 +427,32 @@ def test_seed_summary_and_sentences():
     assert labels[:3] == ["PaTH", "RoPE", "chance"]
     assert list(ax.get_lines()[0].get_ydata()) == pytest.approx([1.0, 0.8])
     plt.close(fig)
+
+
+def test_run_claims_fail_where_a_claim_does():
+    """``check_run_claims`` passes the chapter's shape of a CPU run and names what breaks it."""
+    acc = {"path": [1.0, 0.95], "rope": [0.36, 0.30], "nope": [0.33, 0.31]}
+    loss = {"path": 0.02, "rope": 1.09, "nope": 1.10}
+    geo = {"beta_gap": [0.3, 0.01], "angle_gap": [0.2, 0.02]}
+    st.check_run_claims(acc, loss, 1 / 3, geo, 3)
+    with pytest.raises(AssertionError, match="path: accuracy"):
+        st.check_run_claims(dict(acc, path=[1.0, 0.85]), loss, 1 / 3, geo, 3)
+    with pytest.raises(AssertionError, match="rope"):
+        st.check_run_claims(dict(acc, rope=[0.5, 0.3]), loss, 1 / 3, geo, 3)
+    with pytest.raises(AssertionError, match="nope: final loss"):
+        st.check_run_claims(acc, dict(loss, nope=0.5), 1 / 3, geo, 3)
+    with pytest.raises(AssertionError, match="hand-set reflections"):
+        st.check_run_claims(acc, loss, 1 / 3, {"beta_gap": [0.3, 0.01], "angle_gap": [0.2, 0.2]}, 3)
+
+
+def test_the_chapters_claims_on_the_stored_gpu_runs():
+    """What Chapter 8 says of the stored GPU setting (``experiments/results/state_tracking.json``,
+    committed): PaTH answers nearly every position up to twice the training length in every seed and
+    falls beyond; RoPE and NoPE stay at chance. A summary with one seed below the bar fails."""
+    stored = st.load_stored()
+    summary = st.seed_summary(stored["records"])
+    assert len(summary["seeds"]) >= 3
+    st.check_stored_claims(summary, stored["config"]["train_len"])
+    worse = dict(summary, min=dict(summary["min"], path=[0.9] + summary["min"]["path"][1:]))
+    with pytest.raises(AssertionError, match="in some seed"):
+        st.check_stored_claims(worse, stored["config"]["train_len"])
