@@ -19,25 +19,34 @@ import sys
 import time
 
 
+def fwdbwd_step(case):
+    """The benchmark's inputs for ``case`` and its timed step (the op's forward with SiLU, then the
+    gradients of ``x`` and the weight for a fixed upstream gradient): ``(step, inputs)``."""
+    import torch
+    from kernels.conv import bench
+    from kernels.conv.op import causal_conv1d_triton
+    inp = bench.make_inputs(case)
+    x = inp["x"].detach().clone().requires_grad_()
+    w = inp["weight"].detach().clone().requires_grad_()
+    dy = torch.randn_like(x)
+
+    def step():
+        y = causal_conv1d_triton(x, w, activation="silu")[0]
+        return torch.autograd.grad(y, [x, w], dy)
+    return step, inp
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     reps = int(argv[argv.index("--reps") + 1]) if "--reps" in argv else 5
     import torch
     from kernels.conv import bench
     from kernels.conv.bench_layer import graphed
-    from kernels.conv.op import causal_conv1d_triton
     from kernels.conv.lab.sweep_march import write_log
     from kernels.harness import bench_ms, environment
     rows, t0 = [], time.time()
     for case in bench.cases():
-        inp = bench.make_inputs(case)
-        x = inp["x"].detach().clone().requires_grad_()
-        w = inp["weight"].detach().clone().requires_grad_()
-        dy = torch.randn_like(x)
-
-        def step():
-            y = causal_conv1d_triton(x, w, activation="silu")[0]
-            return torch.autograd.grad(y, [x, w], dy)
+        step, _ = fwdbwd_step(case)
         replay, out = graphed(step)
         ref = step()
         replay()

@@ -36,23 +36,17 @@ def main(argv=None) -> int:
     steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 200
     import torch
     from kernels.conv import bench
+    from kernels.conv.lab.graph_timing import fwdbwd_step
     from kernels.conv.lab.sweep_march import write_log
     from kernels.conv.op import causal_conv1d_triton
     from kernels.harness import environment
     rows = []
     for case in bench.cases():
-        inp = bench.make_inputs(case)
-        x = inp["x"].detach().clone().requires_grad_()
-        w = inp["weight"].detach().clone().requires_grad_()
-        dy = torch.randn_like(x)
-
-        def step():
-            y = causal_conv1d_triton(x, w, activation="silu")[0]
-            return torch.autograd.grad(y, [x, w], dy)
+        step, inp = fwdbwd_step(case)
 
         def forward():
             with torch.no_grad():
-                return causal_conv1d_triton(x, w, activation="silu")[0]
+                return causal_conv1d_triton(inp["x"], inp["weight"], activation="silu")[0]
 
         for fn in (step, forward):
             fn()
