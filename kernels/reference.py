@@ -151,7 +151,7 @@ def chunk_scalar_ref(q, k, v, g=None, beta=None, scale: float = 1.0, initial_sta
     B, T, H, K = q.shape
     V = v.shape[-1]
     acc = _acc_dtype(q)
-    C = chunk_size
+    C = max(1, min(chunk_size, T))    # a sequence shorter than a chunk is one chunk of its own length
     NT = (T + C - 1) // C
     # [B, H, NT, C, D] in the accumulation dtype; padded tokens have k = v = 0, g = 0.
     def blocks(x):
