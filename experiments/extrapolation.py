@@ -306,10 +306,13 @@ def run_extrapolation(config: ExtrapolationConfig | None = None, *, keep_models:
                       loss_every=loss_every)
 
 
-def run_seeds(config: ExtrapolationConfig, seeds) -> dict:
-    """:func:`run_extrapolation` once per seed. Returns ``{"config" (with "seeds"), "records" (one
-    per encoding and seed), "seconds": {seed: wall seconds}}``."""
-    return run_each_seed(config, seeds, run_extrapolation)
+def run_seeds(config: ExtrapolationConfig, seeds, *, jobs: int = 1) -> dict:
+    """:func:`run_extrapolation` once per seed, or with ``jobs > 1`` once per encoding and seed,
+    that many at a time in their own processes (the same records: every encoding of a seed starts
+    from the same seeds). Returns ``{"config" (with "seeds", and "jobs" when above 1), "records"
+    (one per encoding and seed), "seconds": {seed: seconds, summed over its pieces}}``."""
+    return run_each_seed(config, seeds, run_extrapolation, jobs=jobs,
+                         split="encodings" if jobs != 1 else None)
 
 
 def seed_summary(records: list[dict]) -> dict:
