@@ -17,7 +17,8 @@ The checks can fail: a class given too little shared memory (``--smem``) fails t
 bfloat16 on a T4 stops it with the ops' ``ValueError`` before anything is compiled.
 
 The twelve runs (and the two failure runs) start together, as many at a time as there are CPUs.
-Wall time on 2 cores: about 3 minutes with an empty Triton cache, about 15 s with a warm one.
+Wall time on 2 cores: 3 to 7.5 minutes with an empty Triton cache (2026-11-25 and 2026-11-28, two
+kinds of 2-core machine), under a minute with a warm one.
 """
 import json
 import os
