@@ -70,7 +70,8 @@ def deltaformer_ref(q, k, v, beta=None, scale: float = 1.0) -> torch.Tensor:
 
 
 def path_attn_ref(q, k, v, w, beta, g=None, scale: float = 1.0) -> torch.Tensor:
-    """PaTH attention: causal softmax of ``scale · A + G_i − G_j`` times ``v``, with the scores in
+    """PaTH attention: causal softmax of ``scale · (A + G_i − G_j)`` times ``v`` (fla's convention:
+    the forget-gate bias inside the scale), with the scores in
     the article's closed form ``A = (Q Kᵀ ⊙ M) − (Q Wᵀ ⊙ M)(I + Diag(β)(W Wᵀ ⊙ M⁻))^{-1}
     Diag(β)(W Kᵀ ⊙ M⁻)`` (``lattn_core.path_attention_scores``); ``w`` ``[B, T, H, K]``, ``beta``
     ``[B, T, H]``, ``g`` ``None`` or log forget gates ``[B, T, H]`` (PaTH-FoX, ``G = cumsum(g)``).
@@ -87,11 +88,10 @@ def path_attn_ref(q, k, v, w, beta, g=None, scale: float = 1.0) -> torch.Tensor:
     Y = torch.linalg.solve_triangular(N, rhs, upper=False, unitriangular=True)
     A = torch.matmul(qf, kf.transpose(-1, -2)).masked_fill(~lower, 0) \
         - torch.matmul(torch.matmul(qf, wf.transpose(-1, -2)).masked_fill(~lower, 0), Y)
-    s = A * scale
     if g is not None:
         G = torch.cumsum(g.to(acc), dim=1).transpose(1, 2)               # [B, H, T]
-        s = s + (G[..., :, None] - G[..., None, :])
-    s = s.masked_fill(~lower, float("-inf"))
+        A = A + (G[..., :, None] - G[..., None, :])
+    s = (A * scale).masked_fill(~lower, float("-inf"))
     o = torch.matmul(torch.softmax(s, dim=-1), vf)
     return o.transpose(1, 2).to(v.dtype)
 
@@ -120,7 +120,7 @@ def path_rows_ref(q, k, v, w, beta, g=None, scale: float = 1.0, rows=(0,)) -> to
         y = y - bf[:, j][:, None, :, None] * (y * wf[:, j][:, None]).sum(-1, keepdim=True) * wf[:, j][:, None]
     if gf is not None:
         G = torch.cumsum(gf, dim=1)                                       # [B, T, H]
-        s = s + (G[:, idx][..., None] - G.transpose(1, 2)[:, None])
+        s = s + scale * (G[:, idx][..., None] - G.transpose(1, 2)[:, None])
     return torch.einsum("brht,bthv->brhv", torch.softmax(s, dim=-1), vf)
 
 

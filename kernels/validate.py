@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_qkv", "check_gate_tensor", "check_state", "check_head_size", "default_scale", "check_linear"]
+__all__ = ["check_qkv", "check_gate_tensor", "check_state", "default_scale", "check_linear"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -88,12 +88,6 @@ def default_scale(scale, K: int) -> float:
     if not (scale > 0 and scale < float("inf")):
         raise ValueError(f"scale must be a positive finite number; got {scale!r}")
     return scale
-
-
-def check_head_size(name: str, d: int, allowed, kernel: str):
-    """Head sizes a Triton kernel can tile: a clear ``ValueError`` before any compilation."""
-    if d not in allowed:
-        raise ValueError(f"{name} must be one of {tuple(allowed)} for the Triton {kernel} kernel; got {d}")
 
 
 def check_linear(q, k, v, scale, initial_state, g=None, g_shape: str = "scalar", beta=None) -> float:

@@ -255,16 +255,18 @@ def test_gradient_only_through_final_state(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("K,V", [(24, 16), (16, 48), (256, 16), (16, 8)])
+@pytest.mark.parametrize("K,V", [(300, 16), (16, 257), (0, 16)])
 def test_bad_head_sizes_raise(device, K, V):
+    """Head sizes over 256 (fla's largest) raise before anything compiles; every size up to 256
+    runs (tests/test_kernel_common.py)."""
     q = torch.randn(1, 8, 1, K, device=device)
-    k = F.normalize(torch.randn(1, 8, 1, K, device=device), dim=-1)
+    k = torch.randn(1, 8, 1, K, device=device)
     v = torch.randn(1, 8, 1, V, device=device)
     beta = torch.rand(1, 8, 1, device=device)
     g = -torch.rand(1, 8, 1, device=device)
-    with pytest.raises(ValueError, match="head size"):
+    with pytest.raises(ValueError, match="head size|non-empty"):
         kernels.chunk_delta_rule(q, k, v, beta, backend="triton")
-    with pytest.raises(ValueError, match="head size"):
+    with pytest.raises(ValueError, match="head size|non-empty"):
         kernels.chunk_gated_delta_rule(q, k, v, g, beta, backend="triton")
 
 

@@ -213,13 +213,14 @@ def test_public_op_dispatches_to_triton(device, op):
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("K,V", [(24, 16), (16, 8), (512, 16), (16, 48)])
+@pytest.mark.parametrize("K,V", [(512, 16), (16, 300)])
 def test_bad_head_sizes_raise(op, K, V):
+    """Over 256 (fla's largest) raises; every size up to 256 runs (tests/test_kernel_common.py)."""
     q, k, v, g, _ = _inputs(op, 1, 4, 1, K, V, torch.float32, DEVICES[-1], h0=False)
     fn = {"linear_attn": kernels.chunk_linear_attn, "simple_gla": kernels.chunk_simple_gla,
           "gla": kernels.chunk_gla}[op]
     args = (q, k, v) if g is None else (q, k, v, g)
-    with pytest.raises(ValueError, match="must be one of"):
+    with pytest.raises(ValueError, match="between 1 and 256"):
         fn(*args, backend="triton")
 
 

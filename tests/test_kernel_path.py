@@ -4,7 +4,7 @@ On a machine without a GPU the kernels run through Triton's interpreter (CPU ten
 sequences that still cross the 64-token blocks: one block, a ragged tail, several blocks, B > 1);
 with CUDA the same tests also run compiled, plus fla's shapes and tolerances and the memory check.
 
-References: per batch and head, ``lattn_core.path_attention(scale·Q, K, V, W, beta, gamma=exp(g))``
+References: per batch and head, ``lattn_core.path_attention(scale·Q, K, V, W, beta, gamma=exp(scale·g))``
 in float64 (the article's closed form with a library inverse); gradients from the differentiable
 ``kernels.reference.path_attn_ref`` in float64, itself checked against ``lattn_core`` here. Inputs
 are cast to float64 *after* rounding to the tested dtype (``w``, ``beta`` and ``g`` included), so
@@ -60,9 +60,10 @@ def make_inputs(B, T, H, K, V, dtype, device, *, gates=False, w_dtype=None, seed
 
 def lattn_reference(q, k, v, w, beta, g, scale):
     """float64 outputs per (b, h) from lattn_core's PaTH (the chapter's closed form), ``scale``
-    folded into Q and the gates as ``gamma = exp(g)`` (the bias ``G_i − G_j`` is not scaled)."""
+    folded into Q and the gates as ``gamma = exp(scale·g)`` (fla's convention: the bias
+    ``G_i − G_j`` inside the scale)."""
     qn, kn, vn, wn, bn = (x.detach().to("cpu", torch.float64).numpy() for x in (q, k, v, w, beta))
-    gn = None if g is None else np.exp(g.detach().to("cpu", torch.float64).numpy())
+    gn = None if g is None else np.exp(scale * g.detach().to("cpu", torch.float64).numpy())
     B, T, H, _ = qn.shape
     out = np.empty(vn.shape)
     for b in range(B):
@@ -176,7 +177,9 @@ def test_beta_zero_is_softmax_attention(device, with_g):
     d64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)   # noqa: E731
     gen = torch.Generator().manual_seed(1)      # the same upstream gradient as check_against_float64
     do = torch.randn(v.shape, generator=gen).double()
-    att = grads(lambda q_, k_, v_, w_, b_, g_: attention_ref(q_, k_, v_, 16 ** -0.5, g=g_),
+    # FoX attention with fla's PaTH convention: the gate bias inside the scale
+    att = grads(lambda q_, k_, v_, w_, b_, g_: attention_ref(q_, k_, v_, 16 ** -0.5,
+                                                             g=None if g_ is None else g_ * 16 ** -0.5),
                 [d64(x) for x in (q, k, v, None, None, g)], do)
     # float32 against float64 softmax attention: the flash kernel's float32 tolerance (1e-5), relative
     # to the largest value (dg is a reversed cumulative sum over T terms of up to ~6)

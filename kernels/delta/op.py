@@ -28,7 +28,8 @@ from triton.runtime.errors import OutOfResources
 
 from .. import reference
 from ..backend import check_dtypes, device_caps, resolve_backend
-from ..validate import check_head_size, check_linear
+from ..common import head_tile, pad_axis
+from ..validate import check_linear
 from .backward import chunk_grads, chunk_grads_torch, state_grads
 from .comba import COMBA_MIN_LOG_GATE, comba_map, comba_map_torch
 from .march import inference_forward, state_forward
@@ -84,14 +85,22 @@ class ChunkDeltaFunction(torch.autograd.Function):
 def delta_rule_triton(q, k, v, g, beta, scale, initial_state=None, output_final_state=False, plan=None, *,
                       caps=None):
     """The Triton path of both ops (``g=None``: ``chunk_delta_rule``), inputs already validated except
-    the head sizes and what the GPU class can run (``caps``: the class to plan for, default the
+    the head sizes (zero-padded to the next tile, :mod:`kernels.common.heads`; over 128 the
+    PyTorch path on the device) and what the GPU class can run (``caps``: the class to plan for, default the
     inputs' device's; the compile check and the tests give one), both checked here before anything
     is compiled. ``plan``: a :class:`~kernels.delta.plan.DeltaPlan`, or a dict of overrides of the
     measured plan (the tests and the lab's sweeps try other launch values this way)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    check_head_size("the key head size K (last axis of q and k)", K, HEAD_SIZES, "delta-rule")
-    check_head_size("the value head size V (last axis of v)", V, HEAD_SIZES, "delta-rule")
+    Kp = head_tile("the key head size K (last axis of q and k)", K, HEAD_SIZES)
+    Vp = head_tile("the value head size V (last axis of v)", V, HEAD_SIZES)
+    if Kp is None or Vp is None:      # over the largest tile: PyTorch on the device
+        return reference.chunk_scalar_ref(q, k, v, g, beta, scale, initial_state, output_final_state)
+    if (Kp, Vp) != (K, V):            # zero padding to the tiles (kernels.common.heads: exact)
+        h0p = pad_axis(pad_axis(initial_state, Kp, -2), Vp) if initial_state is not None else None
+        o, ht = delta_rule_triton(pad_axis(q, Kp), pad_axis(k, Kp), pad_axis(v, Vp), g, beta, scale, h0p,
+                                  output_final_state, plan, caps=caps)
+        return o[..., :V].contiguous(), (ht[:, :, :K, :V].contiguous() if ht is not None else None)
     if B * H > 65535:
         raise ValueError(f"batch × heads must be at most 65535 for the Triton delta-rule kernels "
                          f"(a CUDA grid dimension); got {B} × {H}")

@@ -26,7 +26,8 @@ from ..flash.forward import flash_forward
 from ..flash.plan import backward_plan_for
 from ..flash.plan import plan_for as flash_plan_for
 from ..reference import deltaformer_ref
-from ..validate import check_gate_tensor, check_head_size, check_qkv, default_scale
+from ..common import head_tile, pad_axis
+from ..validate import check_gate_tensor, check_qkv, default_scale
 from .plan import plan_for
 from .pseudo import adjoint_values, pseudo_values
 
@@ -70,11 +71,19 @@ class DeltaFormerFunction(torch.autograd.Function):
 
 def deltaformer_attn_triton(q, k, v, beta, scale: float, *, caps=None):
     """The Triton path, inputs already validated except the head sizes and the dtype the GPU class
-    can run (``caps``: default the inputs' device's), both checked before anything compiles."""
-    check_head_size("the head size K (last axis of q and k)", q.shape[-1], HEAD_SIZES, "deltaformer_attn")
-    check_head_size("the head size V (last axis of v)", v.shape[-1], HEAD_SIZES, "deltaformer_attn")
+    can run (``caps``: default the inputs' device's), both checked before anything compiles. Head
+    sizes other than the tiles are zero-padded to the next one (:mod:`kernels.common.heads`); over
+    128, PyTorch on the device."""
+    K, V = q.shape[-1], v.shape[-1]
+    Kp = head_tile("the head size K (last axis of q and k)", K, HEAD_SIZES)
+    Vp = head_tile("the head size V (last axis of v)", V, HEAD_SIZES)
     caps = caps if caps is not None else device_caps(q.device)
     check_dtypes(caps, q.device, q=q)
+    if Kp is None or Vp is None:      # over the largest tile: PyTorch on the device
+        return deltaformer_ref(q, k, v, beta, scale)
+    if (Kp, Vp) != (K, V):            # zero padding to the tiles (kernels.common.heads: exact)
+        o = deltaformer_attn_triton(pad_axis(q, Kp), pad_axis(k, Kp), pad_axis(v, Vp), beta, scale, caps=caps)
+        return o[..., :V].contiguous()
     B, T, H, _ = q.shape
     plan = plan_for(B, T, H, q.device, caps=caps)
     if plan.path == "torch":    # a class these kernels do not fit (plan.py): PyTorch on the device

@@ -13,7 +13,8 @@ import torch
 
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..reference import attention_ref
-from ..validate import check_gate_tensor, check_head_size, check_qkv, default_scale
+from ..common import head_tile, pad_axis
+from ..validate import check_gate_tensor, check_qkv, default_scale
 from .backward import flash_backward
 from .forward import cumulative_gates, flash_forward
 from .plan import backward_plan_for, plan_for
@@ -48,11 +49,19 @@ class FlashAttentionFunction(torch.autograd.Function):
 def flash_attention_triton(q, k, v, scale: float, causal: bool, g=None, *, caps=None):
     """The Triton path, inputs already validated except what the kernel adds: the head sizes and
     the dtype the GPU class can run (``caps``: the class, default the inputs' device's; the compile
-    check and the tests give one), both before anything is compiled."""
-    check_head_size("the head size K (last axis of q and k)", q.shape[-1], HEAD_SIZES, "flash_attention")
-    check_head_size("the head size V (last axis of v)", v.shape[-1], HEAD_SIZES, "flash_attention")
+    check and the tests give one), both before anything is compiled. Head sizes other than the
+    tiles are zero-padded to the next one (:mod:`kernels.common.heads`); over 128, PyTorch on the
+    device."""
+    K, V = q.shape[-1], v.shape[-1]
+    Kp = head_tile("the head size K (last axis of q and k)", K, HEAD_SIZES)
+    Vp = head_tile("the head size V (last axis of v)", V, HEAD_SIZES)
     caps = caps if caps is not None else device_caps(q.device)
     check_dtypes(caps, q.device, q=q)            # k and v share q's dtype (check_qkv)
+    if Kp is None or Vp is None:      # over the largest tile: PyTorch on the device
+        return attention_ref(q, k, v, scale, causal, g=g)
+    if (Kp, Vp) != (K, V):            # zero padding to the tiles (kernels.common.heads: exact)
+        o = flash_attention_triton(pad_axis(q, Kp), pad_axis(k, Kp), pad_axis(v, Vp), scale, causal, g, caps=caps)
+        return o[..., :V].contiguous()
     plan = plan_for(q, k, v, causal, caps=caps)
     bwd_plan = backward_plan_for(q, v, caps=caps)
     return FlashAttentionFunction.apply(q, k, v, g, float(scale), causal, plan, bwd_plan)
@@ -66,8 +75,7 @@ def _check_causal(causal):
 def flash_attention(q, k, v, scale=None, causal: bool = True, backend=None):
     """Softmax attention ``softmax(scale · q kᵀ + log M) v``; returns ``o`` (``[B, T, H, V]``).
 
-    ``q, k``: ``[B, T, H, K]``; ``v``: ``[B, T, H, V]`` (``K, V`` in 16, 32, 64, 128 for the Triton
-    kernel; they may differ). ``scale`` defaults to ``K ** -0.5``. ``causal=False``: every query
+    ``q, k``: ``[B, T, H, K]``; ``v``: ``[B, T, H, V]`` (any ``K, V`` up to 256; they may differ). ``scale`` defaults to ``K ** -0.5``. ``causal=False``: every query
     sees every key. Forward and backward run on Triton kernels with memory linear in ``T``.
     """
     B, T, H, K, V = check_qkv(q, k, v)

@@ -14,7 +14,8 @@ import torch
 
 from .. import reference
 from ..backend import check_dtypes, device_caps, resolve_backend
-from ..validate import check_head_size, check_linear
+from ..common import head_tile, pad_axis
+from ..validate import check_linear
 from .backward import chunk_grads, gate_grads, state_grads
 from .march import chunk_states, march_forward
 from .plan import gate_code, plan_for
@@ -53,20 +54,35 @@ class ChunkGLAFunction(torch.autograd.Function):
         return dq, dk, dv, dg, dh0, None, None, None
 
 
+def _torch_path(q, k, v, g, scale, initial_state, output_final_state):
+    if g is not None and g.dim() == 4:
+        return reference.chunk_gla_ref(q, k, v, g, scale, initial_state, output_final_state)
+    return reference.chunk_scalar_ref(q, k, v, g, None, scale, initial_state, output_final_state)
+
+
 def chunk_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=False, *, num_segments=None,
                      plan=None, caps=None):
     """The Triton path of all three ops (``g``: ``None``, ``[B, T, H]`` or ``[B, T, H, K]``), inputs
     already validated. ``num_segments`` forces the forward's sequence split; ``plan``: overrides of
     the measured plan (a dict; the tests and the lab's sweeps try other launch values this way);
     ``caps``: the GPU class to plan for (default: the inputs' device's; the compile check and the
-    tests give one). Head sizes and dtypes the class cannot run raise ``ValueError`` here, before
+    tests give one). Head sizes other than the tiles (:data:`HEAD_SIZES`) are zero-padded to the next
+    one (:mod:`kernels.common.heads`); dtypes the class cannot run raise ``ValueError`` here, before
     anything is compiled."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    check_head_size("K (head size of q and k)", K, HEAD_SIZES, "GLA")
-    check_head_size("V (head size of v)", V, HEAD_SIZES, "GLA")
+    Kp = head_tile("K (head size of q and k)", K, HEAD_SIZES)
+    Vp = head_tile("V (head size of v)", V, HEAD_SIZES)
     caps = caps if caps is not None else device_caps(q.device)
     check_dtypes(caps, q.device, q=q, g=g)       # k and v share q's dtype (check_qkv)
+    if Kp is None or Vp is None:      # over the largest tile: PyTorch on the device
+        return _torch_path(q, k, v, g, scale, initial_state, output_final_state)
+    if (Kp, Vp) != (K, V):            # zero padding to the tiles (kernels.common.heads: exact)
+        gp = pad_axis(g, Kp) if g is not None and g.dim() == 4 else g
+        h0p = pad_axis(pad_axis(initial_state, Kp, -2), Vp) if initial_state is not None else None
+        o, ht = chunk_gla_triton(pad_axis(q, Kp), pad_axis(k, Kp), pad_axis(v, Vp), gp, scale, h0p,
+                                 output_final_state, num_segments=num_segments, plan=plan, caps=caps)
+        return o[..., :V].contiguous(), (ht[:, :, :K, :V].contiguous() if ht is not None else None)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g = g.contiguous() if g is not None else None
     h0 = initial_state.contiguous().float() if initial_state is not None else None
@@ -79,9 +95,7 @@ def chunk_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=F
                                  num_segments=num_segments, plan=overrides, caps=caps)
         return o.to(q.dtype), ht
     if plan.path == "torch":    # a class these kernels do not fit (kernels/gla/plan.py): PyTorch on the device
-        if g is not None and g.dim() == 4:
-            return reference.chunk_gla_ref(q, k, v, g, scale, initial_state, output_final_state)
-        return reference.chunk_scalar_ref(q, k, v, g, None, scale, initial_state, output_final_state)
+        return _torch_path(q, k, v, g, scale, initial_state, output_final_state)
     o, ht = ChunkGLAFunction.apply(q, k, v, g, h0, float(scale), bool(output_final_state), plan)
     return o, (ht if output_final_state else None)
 

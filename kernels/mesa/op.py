@@ -26,7 +26,8 @@ import torch
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..gla.backward import chunk_grads, gate_grads, state_grads
 from ..gla.op import HEAD_SIZES as GLA_HEAD_SIZES, chunk_gla_triton
-from ..validate import check_gate_tensor, check_head_size, check_qkv
+from ..common import head_tile, pad_axis
+from ..validate import check_gate_tensor, check_qkv
 from ..reference import chunk_mesa_net_ref
 from .plan import KEY_SIZES, plan_for
 from .prep import prep_keys
@@ -136,13 +137,30 @@ class MesaSolveFunction(torch.autograd.Function):
 def chunk_mesa_net_triton(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init=None, h_kv_init=None,
                           output_final_state=False, *, caps=None, plan=None):
     """The Triton path, inputs already validated except the head sizes and the dtypes the GPU class
-    can run (``caps``: default the inputs' device's), both checked before anything compiles.
+    can run (``caps``: default the inputs' device's), both checked before anything compiles. Head
+    sizes other than the tiles are zero-padded to the next one (:mod:`kernels.common.heads`); ``K``
+    over 128, PyTorch on the device.
     ``plan``: overrides of :func:`kernels.mesa.plan.plan_for` (a dict)."""
     B, T, H, K = q.shape
-    check_head_size("K (head size of q and k)", K, KEY_SIZES, "MesaNet")
-    check_head_size("V (head size of v)", v.shape[-1], VALUE_SIZES, "MesaNet")
+    V = v.shape[-1]
+    Kp = head_tile("K (head size of q and k)", K, KEY_SIZES)
+    Vp = head_tile("V (head size of v)", V, VALUE_SIZES)
     caps = caps if caps is not None else device_caps(q.device)
     check_dtypes(caps, q.device, q=q, g=g, beta=beta, lamb=lamb)
+    if Kp is None or Vp is None:      # over the largest tile: PyTorch on the device
+        return chunk_mesa_net_ref(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init, h_kv_init,
+                                  output_final_state)
+    if (Kp, Vp) != (K, V):
+        # zero padding to the tiles (kernels.common.heads): H_t + Diag(lamb) is block-diagonal, the
+        # padded block Diag(1) with a zero right-hand side, so CG never moves there (exact)
+        hkk = pad_axis(pad_axis(h_kk_init, Kp, -2), Kp) if h_kk_init is not None else None
+        hkv = pad_axis(pad_axis(h_kv_init, Kp, -2), Vp) if h_kv_init is not None else None
+        o, h_kk, h_kv = chunk_mesa_net_triton(pad_axis(q, Kp), pad_axis(k, Kp), pad_axis(v, Vp), g, beta,
+                                              pad_axis(lamb, Kp, value=1.0), max_CG_iteration, hkk, hkv,
+                                              output_final_state, caps=caps, plan=plan)
+        if h_kk is not None:
+            h_kk, h_kv = h_kk[:, :, :K, :K].contiguous(), h_kv[:, :, :K, :V].contiguous()
+        return o[..., :V].contiguous(), h_kk, h_kv
     mplan = plan_for(q.dtype, q.device, B, T, H, K, caps=caps, **(plan or {}))
     if mplan.path == "torch":     # a class these kernels do not fit (plan.py): PyTorch on the device
         return chunk_mesa_net_ref(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init, h_kv_init,

@@ -9,16 +9,21 @@ with ``H_c``::
     H P = Diag(e^b) P H_c + ((P (Diag(beta) K)^T) ⊙ D) K,     D_tj = e^{b_t - b_j} [j <= t]
 
 plus ``Lambda P``. The forward solves with ``b = q``, the backward with ``b = dL/dx`` (the matrix is
-symmetric). CG starts from zero and runs exactly ``ITERS`` iterations (no stopping test, as fla);
-a row whose residual or curvature is exactly zero stays where it is (no 0/0). (The PyTorch path,
-``kernels.reference._cg``, stops a row at its dtype's roundoff, so that autograd through converged
-steps stays finite; this kernel's backward is one more solve and needs no such rule.)
+symmetric). CG starts from zero and runs at most ``ITERS`` iterations; a row stops (its steps
+become zero) once ``|r_t|^2 <= CG_FLOOR |b_t|^2``, or where its curvature is not positive. fla runs a
+fixed count with ``1e-5`` added to each denominator; the relative stop does the same work without
+a scale of its own: after convergence the recursive residual keeps shrinking into float32's
+underflow while the 16-bit products leave the true one at roundoff, and the steps taken there
+diverge (measured: NaN, or errors of 10^3, at ``max_CG_iteration = 128`` on well-conditioned rows;
+``kernels/mesa/NOTES.md``). The PyTorch path, ``kernels.reference._cg``, stops at the same floor
+for float32.
 
 Operands of the products, in the plan's ``operand`` dtype (float16 for 16-bit inputs):
-- ``P`` row-scaled by ``1 / |r_t|`` (CG's ``|p_k| <= sqrt(k + 1) |r_k|``): the rows stay O(1) in
-  float16 as the residual shrinks by orders of magnitude (unscaled, float16's subnormals would cut
-  the solve's precision at ``|r| ~ 1e-4``); the products are linear in each row, so the result is
-  scaled back exactly;
+- ``P`` row-scaled to unit length (``|p|^2`` carried by CG's recurrence ``|p_k|^2 = |r_k|^2 +
+  beta_k^2 |p_{k-1}|^2``, no extra reduction): the rows stay O(1) in float16 as the residual shrinks
+  by orders of magnitude, and cannot overflow when a residual jumps up (CG's residual norms are not
+  monotone; scaling by ``1 / |r_t|`` could); the products are linear in each row, so the result
+  is scaled back exactly;
 - ``H_c`` divided by its largest entry (restored, with the decay ``e^{b_t}``, on the product's rows):
   float16's range then holds any state, whatever the keys' norms and the gates.
 The scaled ``P`` is converted once per iteration and feeds both products.
@@ -31,12 +36,18 @@ import triton.language as tl
 
 from ..gla.tiles import _r16, _st
 
-__all__ = ["cg_solve"]
+__all__ = ["cg_solve", "CG_FLOOR"]
+
+#: a row of the solve stops once ``|r|^2 <= CG_FLOOR |b|^2`` (float32's unit roundoff squared):
+#: past it the recursively updated residual keeps shrinking while the true one cannot, and with
+#: 16-bit products the steps taken there drift away from the solution (NaN or wrong by orders of
+#: magnitude at ``max_CG_iteration = K`` on well-conditioned rows: ``NOTES.md``, "robustness")
+CG_FLOOR = float(torch.finfo(torch.float32).eps) ** 2
 
 
 @triton.jit
 def _cg_kernel(rhs, kb, kk, g, lamb, hs, x, T, NT, ITERS,
-               H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
+               FLOOR: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, IP: tl.constexpr, EMU: tl.constexpr):
     """grid (NT, B·H). ``rhs``, ``x``: ``[B, T, H, K]``; ``kb`` = beta·k and ``kk`` = k in the operand
     dtype; ``g`` ``[B, T, H]`` log gates; ``lamb`` ``[H, K]``; ``hs`` ``[B·H, NT, K, K]`` float32."""
     DT = kk.dtype.element_ty
@@ -66,22 +77,27 @@ def _cg_kernel(rhs, kb, kk, g, lamb, hs, x, T, NT, ITERS,
     xs = tl.zeros([BT, K], dtype=tl.float32)
     p = r
     rr = tl.sum(r * r, axis=1)
+    pp = rr                                   # |p|^2, carried by CG's own recurrence (no reduction)
+    floor = rr * FLOOR                        # a row stops once |r|^2 <= FLOOR |b|^2
     for _ in tl.range(0, ITERS):
-        nr = tl.sqrt(rr)
-        inv = tl.where(nr > 0, 1.0 / tl.where(nr > 0, nr, 1.0), 0.0)
-        ph = _r16(p * inv[:, None], DT, EMU)                 # one operand for both products with P
+        live = rr > floor
+        npn = tl.sqrt(pp)
+        inv = tl.where(npn > 0, 1.0 / tl.where(npn > 0, npn, 1.0), 0.0)
+        ph = _r16(p * inv[:, None], DT, EMU)                 # unit rows: one operand for both products
         A = tl.dot(ph, tl.trans(ka), input_precision=IP) * D                          # [BT, BT]
         acc = tl.dot(ph, Hn, input_precision=IP) * (eb * sH)[:, None]                 # the state's part
         acc = tl.dot(_r16(A, DT, EMU), kv, acc, input_precision=IP)                   # + the chunk's own
-        Ap = acc * nr[:, None] + lam[None, :] * p
+        Ap = acc * npn[:, None] + lam[None, :] * p
         pAp = tl.sum(p * Ap, axis=1)
-        alpha = tl.where(pAp > 0, rr / tl.where(pAp > 0, pAp, 1.0), 0.0)
+        ok = live & (pAp > 0)
+        alpha = tl.where(ok, rr / tl.where(ok, pAp, 1.0), 0.0)
         xs += alpha[:, None] * p
         r -= alpha[:, None] * Ap
         rr_new = tl.sum(r * r, axis=1)
-        step = tl.where(rr > 0, rr_new / tl.where(rr > 0, rr, 1.0), 0.0)
-        p = r + step[:, None] * p
-        rr = rr_new
+        step = tl.where(ok, rr_new / tl.where(ok, rr, 1.0), 0.0)
+        p = tl.where(ok[:, None], r + step[:, None] * p, 0.0)
+        pp = tl.where(ok, rr_new + step * step * pp, 0.0)
+        rr = tl.where(ok, rr_new, rr)
     tl.store(x + offs, _st(xs, x.dtype.element_ty, EMU), mask=mask_t[:, None])
 
 
@@ -91,7 +107,7 @@ def cg_solve(rhs, kb, kk, g, lamb, hs, iterations: int, plan, out_dtype):
     B, T, H, K = kk.shape
     NT = triton.cdiv(T, plan.BT)
     x = torch.empty(B, T, H, K, dtype=out_dtype, device=kk.device)
-    _cg_kernel[(NT, B * H)](rhs.contiguous(), kb, kk, g, lamb, hs, x, T, NT, int(iterations), H=H, K=K,
+    _cg_kernel[(NT, B * H)](rhs.contiguous(), kb, kk, g, lamb, hs, x, T, NT, int(iterations), FLOOR=CG_FLOOR, H=H, K=K,
                             BT=plan.BT, IP=plan.IP, EMU=plan.EMU, num_warps=plan.warps_cg,
                             num_stages=plan.stages_cg)
     return x

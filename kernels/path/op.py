@@ -20,7 +20,8 @@ import torch
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..flash.forward import cumulative_gates
 from ..reference import path_attn_ref
-from ..validate import check_gate_tensor, check_head_size, check_qkv, default_scale
+from ..common import head_tile, pad_axis
+from ..validate import check_gate_tensor, check_qkv, default_scale
 from .backward import path_backward
 from .forward import path_forward
 from .local import local_backward, prepare_blocks
@@ -46,15 +47,18 @@ def _check_path_inputs(q, k, v, w, beta, g, scale):
 
 def parallel_path_attn(q, k, v, w, beta, g=None, scale=None, backend=None):
     """PaTH attention (fla's ``parallel_path_attn``): per batch and head, the causal softmax of
-    ``scale · A + G_i − G_j`` times ``v``, with ``A_ij = q_iᵀ H_i H_{i−1} ⋯ H_{j+1} k_j``,
+    ``scale · (A_ij + G_i − G_j)`` times ``v``, with ``A_ij = q_iᵀ H_i H_{i−1} ⋯ H_{j+1} k_j``,
     ``H_t = I − β_t w_t w_tᵀ`` (``lattn_core.path_attention_scores``) and, with ``g`` (log forget
     gates, PaTH-FoX), ``G = cumsum(g)``. Returns ``(o, None)``, ``o`` ``[B, T, H, V]``.
 
     ``q, k``: ``[B, T, H, K]``; ``v``: ``[B, T, H, V]``; ``w``: ``[B, T, H, K]`` (used as given: the
     models normalise it); ``beta``: ``[B, T, H]`` in ``[0, 2]``; ``g``: ``None`` or ``[B, T, H]``,
-    ``<= 0``. ``w``, ``beta`` and ``g`` in float32 (as fla insists) or the inputs' dtype. The
-    gate bias is not multiplied by ``scale`` (fla's kernel multiplies it: pass it ``g / scale`` for
-    the same function).
+    ``<= 0``. ``w``, ``beta`` and ``g`` in float32 (as fla insists) or the inputs' dtype.
+
+    The gate bias sits inside the scale, as in fla's kernel and its naive reference. In the
+    article's notation (Chapter 8, no implicit scale) this is ``lattn_core.path_attention(scale·Q,
+    K, V, W, beta, gamma=exp(scale·g))``: the forget gates are ``γ_t = e^{scale·g_t}``. (fla's FoX,
+    :func:`kernels.parallel_forgetting_attn`, adds its bias outside the scale.)
     """
     scale = _check_path_inputs(q, k, v, w, beta, g, scale)
     if resolve_backend(backend, q) == "torch":
@@ -66,7 +70,8 @@ class PathFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, w, beta, g, scale, plan):
         q, k, v, w, beta = (x.contiguous() for x in (q, k, v, w, beta))
-        G = cumulative_gates(g) if g is not None else None
+        # the kernels add G_i - G_j to the scaled scores: fla's bias inside the scale is G = scale·cumsum(g)
+        G = cumulative_gates(g) * scale if g is not None else None
         w_dtype = w.dtype
         w = w.to(plan.transport)    # the directions as every stage uses them (fla, too, casts w to float16)
         qt, kh, u, wt, aloc, tm = prepare_blocks(q, k, w, beta, plan)
@@ -80,17 +85,26 @@ class PathFunction(torch.autograd.Function):
         q, k, v, w, beta, G, qt, kh, u, wt, aloc, tm, o, lse = ctx.saved_tensors
         dqt, dkh, gw, hu, daloc, dv, dG = path_backward(qt, kh, u, wt, aloc, v, do, o, lse, G, ctx.scale, ctx.plan)
         dq, dk, dw, dbeta = local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, ctx.plan, ctx.w_dtype)
-        dg = cumulative_gates(dG, reverse=True, out_dtype=ctx.g_dtype) if dG is not None else None
+        dg = cumulative_gates(dG * ctx.scale, reverse=True, out_dtype=ctx.g_dtype) if dG is not None else None
         return dq, dk, dv, dw, dbeta, dg, None, None
 
 
 def parallel_path_attn_triton(q, k, v, w, beta, g, scale: float, *, caps=None):
     """The Triton path, inputs already validated except the head sizes and the dtype the GPU class
-    can run (``caps``: default the inputs' device's), both checked before anything compiles."""
-    check_head_size("the head size K (last axis of q, k and w)", q.shape[-1], HEAD_SIZES, "parallel_path_attn")
-    check_head_size("the head size V (last axis of v)", v.shape[-1], HEAD_SIZES, "parallel_path_attn")
+    can run (``caps``: default the inputs' device's), both checked before anything compiles. Head
+    sizes other than the tiles are zero-padded to the next one (:mod:`kernels.common.heads`); over
+    128, PyTorch on the device."""
+    K, V = q.shape[-1], v.shape[-1]
+    Kp = head_tile("the head size K (last axis of q, k and w)", K, HEAD_SIZES)
+    Vp = head_tile("the head size V (last axis of v)", V, HEAD_SIZES)
     caps = caps if caps is not None else device_caps(q.device)
     check_dtypes(caps, q.device, q=q, w=w, beta=beta, g=g)
+    if Kp is None or Vp is None:      # over the largest tile: PyTorch on the device
+        return path_attn_ref(q, k, v, w, beta, g, scale)
+    if (Kp, Vp) != (K, V):            # zero padding to the tiles (kernels.common.heads: exact)
+        o = parallel_path_attn_triton(pad_axis(q, Kp), pad_axis(k, Kp), pad_axis(v, Vp), pad_axis(w, Kp), beta, g,
+                                      scale, caps=caps)
+        return o[..., :V].contiguous()
     plan = plan_for(q.dtype, q.device, caps=caps, K=q.shape[-1])
     if plan.path == "torch":    # a class these kernels do not fit (plan.py): PyTorch on the device
         return path_attn_ref(q, k, v, w, beta, g, scale)

@@ -1,0 +1,9 @@
+"""The common floor of ``kernels/``: stages and helpers that more than one family uses, under public
+names, each with its own tests (``tests/test_kernel_common.py``). A family imports from here,
+never from another family's private names.
+
+- :mod:`.heads`: any head size up to 256 on every op (zero padding to the kernels' tiles).
+"""
+from .heads import MAX_HEAD, head_tile, pad_axis
+
+__all__ = ["MAX_HEAD", "head_tile", "pad_axis"]
