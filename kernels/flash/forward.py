@@ -286,17 +286,19 @@ def _alloc_scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def flash_forward(q, k, v, scale: float, causal: bool, plan: FlashPlan, G=None):
+def flash_forward(q, k, v, scale: float, causal: bool, plan: FlashPlan, G=None, out_dtype=None):
     """``softmax(scale · q kᵀ + G_i − G_j + log M) v`` with the launch ``plan`` (``G_i`` drops out).
 
-    ``G``: ``None`` or the cumulative log gates (float32 ``[B, T, H]``).
-    Returns ``(o, lse)``: ``o`` ``[B, T, H, DV]`` in ``v``'s dtype, ``lse`` float32 ``[B, H, T]``
+    ``G``: ``None`` or the cumulative log gates (float32 ``[B, T, H]``). ``out_dtype``: ``o``'s
+    dtype (default ``v``'s; float32 keeps the accumulator unrounded, for a backward whose row sums
+    ``Σ o·do`` must not carry 16-bit rounding: DeltaFormer's).
+    Returns ``(o, lse)``: ``o`` ``[B, T, H, DV]`` in ``out_dtype``, ``lse`` float32 ``[B, H, T]``
     (log2 units of the scaled scores less ``G_j``), what the backward recomputes the probabilities
     from."""
     B, T, H, DK = q.shape
     DV = v.shape[-1]
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    o = torch.empty((B, T, H, DV), dtype=v.dtype, device=v.device)
+    o = torch.empty((B, T, H, DV), dtype=out_dtype or v.dtype, device=v.device)
     lse = torch.empty((B, H, T), dtype=torch.float32, device=v.device)
     has_bias = G is not None
     g_arg, g_strides = (G, G.stride()) if has_bias else (lse, (0, 0, 0))   # unused pointer if no bias
