@@ -188,18 +188,19 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
     halves = tuple(dict.fromkeys((bf, torch.bfloat16 if caps.major >= 8 else f16, f16)))   # the class's 16-bit dtypes
     launches = []
     if family == "flash":
+        from .common import gates
         from .flash import backward, forward
         from .flash.op import flash_attention_triton
         # (dtype, head size, causal, T, FoX gates): forward and backward, with and without the bias
-        cases = [(bf, 128, True, T, gates) for T in (1024, 4096) for gates in (None, f32)]
+        cases = [(bf, 128, True, T, gate) for T in (1024, 4096) for gate in (None, f32)]
         cases += [(f32, 128, True, 100, f32), (f16, 16, False, 100, None), (bf, 64, True, 1024, None)]
         if not quick:
             cases += [(dt, D, c, T, None) for dt in halves + (f32,) for D in (16, 32, 64, 128)
                       for c in (True, False) for T in (100, 4096)]
-        with capture([forward, backward]) as sink:
-            for dt, D, causal, T, gates in cases:
+        with capture([forward, backward, gates]) as sink:
+            for dt, D, causal, T, gate in cases:
                 q = torch.randn(1, T, 2, D, dtype=dt, requires_grad=True)
-                g = None if gates is None else (-torch.rand(1, T, 2)).to(gates).requires_grad_()
+                g = None if gate is None else (-torch.rand(1, T, 2)).to(gate).requires_grad_()
                 o = flash_attention_triton(q, q, q, 0.1, causal, g, caps=caps)
                 torch.autograd.grad(o.float().sum(), [q] + ([] if g is None else [g]))
         launches = sink
@@ -226,7 +227,8 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
                                     allow_unused=True)
         launches = sink
     elif family == "delta":
-        from .delta import backward, comba, march, solve, wy
+        from .common import solve
+        from .delta import backward, comba, march, wy
         from .delta.op import delta_rule_triton
         # (dtype, K, V, gated, batch × heads, plan overrides): B·H = 256 takes V-blocks of 64, B·H = 2
         # blocks of 16 with stored scores; two chunk ranges take the narrow scores configuration
@@ -270,15 +272,14 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
                 torch.autograd.grad(o.float().sum(), [q, v, beta])
         launches = sink
     elif family == "path":
-        from .delta import solve
-        from .flash import forward as flash_forward_mod
+        from .common import gates, solve
         from .path import backward as path_bwd, forward as path_fwd, local
         from .path.op import parallel_path_attn_triton
         # (dtype, K, V, T, w/β dtype, gate): the benchmark's head size, with and without the FoX gate
         cases = [(bf, 128, 128, 300, f32, None), (bf, 128, 128, 300, bf, f32), (f32, 64, 64, 100, f32, f32)]
         if not quick:
             cases += [(dt, K, V, 100, dt, None) for dt in halves + (f32,) for K, V in ((16, 16), (32, 128), (128, 64))]
-        with capture([solve, flash_forward_mod, local, path_fwd, path_bwd]) as sink:
+        with capture([solve, gates, local, path_fwd, path_bwd]) as sink:
             for dt, K, V, T, wdt, gate in cases:
                 q = torch.randn(1, T, 2, K, dtype=dt, requires_grad=True)
                 v = torch.randn(1, T, 2, V, dtype=dt, requires_grad=True)

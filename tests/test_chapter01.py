@@ -237,9 +237,9 @@ def test_peak_bytes_measures_an_allocation():
 
 
 @pytest.mark.parametrize("path,start,stop", [
-    ("kernels.flash.forward:online_softmax_step", "m_new = tl.maximum", "return acc"),
+    ("kernels.common.softmax:online_softmax_step", "m_new = tl.maximum", "return acc"),
     ("kernels.gla.march:_fwd_kernel", "# q goes to the tensor cores", "o_c += tl.dot"),
-    ("kernels.gla.march:_fwd_kernel", "# state update", "S += tl.dot(tl.trans(_r16(k_t"),
+    ("kernels.gla.march:_fwd_kernel", "# state update", "S += tl.dot(tl.trans(round_operand(k_t"),
     ("kernels.flash.backward:_dq_key_blocks", "s = tl.dot(q, tl.trans(k)", "dgq += tl.sum(ds, 1)")])
 def test_chapter_kernel_excerpts_exist_and_fit(path, start, stop, capsys):
     """The kernel excerpts chapters 1, 2 and 7 print: their markers are in the source, and the

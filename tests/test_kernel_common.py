@@ -145,3 +145,133 @@ def test_padding_is_not_a_no_op():
     q2, k2 = pad_axis(q, 64, value=1.0), pad_axis(k, 64, value=1.0)
     o2 = call(q2, k2, v, beta, pad_axis(pad_axis(h0, 64, -2), 24), backend="torch")[0]
     assert _rel(o2, o) > 0.05
+
+
+# ---------------------------------------------------------------------------------------------
+# The shared stages, each on its own: the triangular solve, the cumulative gates, the online
+# softmax step and the operand roundings (kernels/common/{solve,gates,softmax,tiles}.py).
+# ---------------------------------------------------------------------------------------------
+import triton                         # noqa: E402
+import triton.language as tl          # noqa: E402
+
+from kernels.common.gates import cumulative_gates                      # noqa: E402
+from kernels.common.softmax import LOG2E, online_softmax_step         # noqa: E402
+from kernels.common.solve import CHUNK, chunk_cumsum, solve_chunks     # noqa: E402
+from kernels.common.tiles import round_operand, round_store            # noqa: E402
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,H", [(1, 3), (600, 5), (256, 20)])
+def test_cumulative_gates(device, T, H):
+    """The gate scan (forward and reverse, [B, T, H] and [B, H, T] input, several tiles of 256 steps,
+    more heads than one block of 16) against float64 cumsum. A float32 running sum of T terms is off
+    by at most T·2^-24 of its largest partial sum (the worst case of T roundings); that is the bound."""
+    gen = torch.Generator().manual_seed(T)
+    g = F.logsigmoid(1 + 2 * torch.randn(2, T, H, generator=gen)).to(device)
+    G = cumulative_gates(g)
+    ref = torch.cumsum(g.double(), 1)
+    assert G.dtype == torch.float32 and G.shape == g.shape
+    assert _rel(G, ref) <= T * 2 ** -24
+    R = cumulative_gates(g.transpose(1, 2).contiguous(), reverse=True, out_dtype=torch.bfloat16, time_dim=2)
+    ref_r = g.double().flip(1).cumsum(1).flip(1)
+    assert R.dtype == torch.bfloat16 and R.shape == g.shape
+    # bfloat16 output: half an ulp is 2^-9 of the value; 2^-8 of the largest bounds every entry
+    assert _rel(R, ref_r) <= 2 ** -8
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gated", [False, True])
+def test_solve_chunks(device, dtype, gated):
+    """``T = (I + A)^{-1}`` of every chunk, ``A_ij = β_i e^{b_i − b_j} k_i·k_j`` (j < i, ``b`` the
+    within-chunk cumulative log gate from ``chunk_cumsum``), against float64 ``torch.linalg.inv``;
+    T = 150 gives two whole chunks and a ragged one. Unit keys and β ≤ 1 keep ``I + A`` well
+    conditioned (entries of T stay O(1)): float32 with IEEE products matches to ~1e-6 (bound 1e-5);
+    16-bit keys are exact in float32, ``A`` is formed in TF32 (1e-3 of a term) and T is stored in
+    the keys' dtype (bfloat16, 2^-9): bound 1e-2."""
+    from kernels.delta.plan import plan_for
+    B, T, H, K = 1, 150, 2, 32
+    gen = torch.Generator().manual_seed(3)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(dtype).to(device)
+    beta = torch.rand(B, T, H, generator=gen).to(dtype).to(device)
+    g = F.logsigmoid(2 + torch.randn(B, T, H, generator=gen)).to(device) if gated else None
+    NT = triton.cdiv(T, CHUNK)
+    b, bt = chunk_cumsum(g, beta, B, T, H, NT)
+    assert bt is None and b.shape == (B * H, NT * CHUNK) and b.dtype == torch.float32
+    plan = plan_for(B, T, H, K, K, dtype, torch.device(device))
+    tm = solve_chunks(k, b, beta, plan)
+    assert tm.shape == (B * H, NT * CHUNK, CHUNK) and tm.dtype == dtype
+    kd, bd = k.double().cpu(), beta.double().cpu()
+    gd = g.double().cpu() if gated else torch.zeros(B, T, H, dtype=torch.float64)
+    for h in range(H):
+        for c in range(NT):
+            r = slice(c * CHUNK, min(T, (c + 1) * CHUNK))
+            n = r.stop - r.start
+            bc = gd[0, r, h].cumsum(0)
+            assert torch.allclose(b[h, c * CHUNK:c * CHUNK + n].double().cpu(), bc, atol=1e-5)
+            A = torch.tril(bd[0, r, h, None] * torch.exp(bc[:, None] - bc[None, :]) * (kd[0, r, h] @ kd[0, r, h].T), -1)
+            ref = torch.linalg.inv(torch.eye(n, dtype=torch.float64) + A)
+            got = tm[h, c * CHUNK:c * CHUNK + n, :n].double().cpu()
+            assert (got - ref).abs().max().item() <= (1e-5 if dtype == torch.float32 else 1e-2), (h, c)
+
+
+@triton.jit
+def _softmax_rows_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T, qk_scale, D: tl.constexpr, BM: tl.constexpr,
+                         BN: tl.constexpr):
+    """One program: BM queries against T keys (all visible) by online_softmax_step, key block by
+    key block; writes the normalised output."""
+    o_m = tl.arange(0, BM)
+    o_d = tl.arange(0, D)
+    q = tl.load(q_ptr + o_m[:, None] * D + o_d[None, :])
+    acc = tl.zeros([BM, D], dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    for start in range(0, T, BN):
+        o_n = start + tl.arange(0, BN)
+        k = tl.load(k_ptr + o_n[:, None] * D + o_d[None, :], mask=(o_n < T)[:, None], other=0.0)
+        v = tl.load(v_ptr + o_n[:, None] * D + o_d[None, :], mask=(o_n < T)[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        s = tl.where((o_n < T)[None, :], s, float("-inf"))
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, "ieee")
+    tl.store(o_ptr + o_m[:, None] * D + o_d[None, :], acc / l_i[:, None])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_online_softmax_step(device):
+    """Folding 70 keys in blocks of 16 (a ragged last block) equals softmax(scale·q kᵀ) v in float64;
+    float32 with IEEE products: ~1e-7, bound 1e-5 (a wrong rescale of acc or l fails at O(1))."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, 16, generator=gen) for n in (16, 70, 70))
+    o = torch.empty(16, 16)
+    q, k, v, o = (t.to(device) for t in (q, k, v, o))
+    scale = 0.3
+    _softmax_rows_kernel[(1,)](q, k, v, o, 70, scale * LOG2E, D=16, BM=16, BN=16)
+    ref = torch.softmax(scale * q.double() @ k.double().T, -1) @ v.double()
+    assert _rel(o, ref) <= 1e-5
+
+
+@triton.jit
+def _round_kernel(x_ptr, y_ptr, z_ptr, N: tl.constexpr, DT: tl.constexpr, EMU: tl.constexpr):
+    o = tl.arange(0, N)
+    x = tl.load(x_ptr + o)
+    tl.store(y_ptr + o, round_operand(x, DT, EMU).to(tl.float32))
+    tl.store(z_ptr + o, round_store(x, z_ptr.dtype.element_ty, EMU))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rounding_helpers(device, dtype):
+    """round_operand and round_store round to nearest-even in the 16-bit dtype, as the GPU's cast
+    does (torch's .to(dtype) is round-to-nearest-even): equal bit for bit, including the halfway
+    cases where a truncating cast (the interpreter's own bfloat16 cast) would differ."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(256, generator=gen) * 100
+    # halfway cases of bfloat16: 1 + 2^-8 and 1 + 3·2^-8 (ties to even go down, then up)
+    x[:2] = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8])
+    x = x.to(device)
+    y = torch.empty_like(x)
+    z = torch.empty(256, dtype=dtype, device=device)
+    tdt = tl.float16 if dtype == torch.float16 else tl.bfloat16
+    _round_kernel[(1,)](x, y, z, N=256, DT=tdt, EMU=bool(kernels.INTERPRET))
+    assert torch.equal(y, x.to(dtype).float())
+    assert torch.equal(z, x.to(dtype))

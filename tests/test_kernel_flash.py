@@ -127,7 +127,7 @@ def test_non_contiguous_inputs(device, causal):
 #   rounded to the input dtype before their products: 2^-9 relative for bfloat16, and each gradient
 #   is a sum of such rounded terms), gate gradients dg <= 2e-2 (issue 19's bound; dg is a reverse
 #   cumulative sum of column sums, so it adds the float32 rounding of long sums).
-from kernels.flash.forward import cumulative_gates  # noqa: E402
+from kernels.common.gates import cumulative_gates  # noqa: E402  (tested in test_kernel_common)
 from kernels.harness import err_ratio  # noqa: E402
 
 RMS_TOL = {"o": 5e-3, "dq": 1e-2, "dk": 1e-2, "dv": 1e-2, "dg": 2e-2}
@@ -179,25 +179,6 @@ def log_gates(B, T, H, device, *, low=-3.0, dtype=torch.float32, seed=0):
     gen = torch.Generator().manual_seed(seed)
     g = torch.nn.functional.logsigmoid(1 + 2 * torch.randn(B, T, H, generator=gen)).clamp(min=low)
     return g.to(dtype).to(device)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("T,H", [(1, 3), (600, 5), (256, 20)])
-def test_cumulative_gates(device, T, H):
-    """The gate scan (forward and reverse, [B, T, H] and [B, H, T] input, several tiles of 256 steps,
-    more heads than one block of 16) against float64 cumsum. A float32 running sum of T terms is off
-    by at most T·2^-24 of its largest partial sum (the worst case of T roundings); that is the bound."""
-    g = log_gates(2, T, H, device, seed=T)
-    G = cumulative_gates(g)
-    ref = torch.cumsum(g.double(), 1)
-    assert G.dtype == torch.float32 and G.shape == g.shape
-    lc.check_close(f"cumsum T={T}", G.cpu().numpy(), ref.cpu().numpy(), T * 2 ** -24, relative=True)
-    R = cumulative_gates(g.transpose(1, 2).contiguous(), reverse=True, out_dtype=torch.bfloat16, time_dim=2)
-    ref_r = g.double().flip(1).cumsum(1).flip(1)
-    assert R.dtype == torch.bfloat16 and R.shape == g.shape
-    # bfloat16 output: half an ulp at |x| <= 2048 is <= 4 (2^-8 relative)
-    lc.check_close(f"reverse cumsum T={T}", R.double().cpu().numpy(), ref_r.cpu().numpy(), 2 ** -8,
-                   relative=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)

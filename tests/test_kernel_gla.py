@@ -254,7 +254,7 @@ def test_gate_gradient_long_bf16(device, op, T):
     pairs of positions that cancel in exact arithmetic cancel in float32 too (the diagonal pair is
     left out; the other pairs use the same rounded factors on both sides). Under the interpreter
     the matmul operands, stored states and outputs are rounded to bfloat16 as on the GPU
-    (``_r16``), so this test sees the same error mechanism on CPU. Bounds: 1e-2, and at most 3x the
+    (``round_operand``), so this test sees the same error mechanism on CPU. Bounds: 1e-2, and at most 3x the
     error of dq and dk. Measured: dg/dq about 1.2x (simple_gla) and 1.7x (gla); with the chunk
     carry alone (diagonal pairs computed twice) 4.5x and 4x, with the round-1 sequence-long suffix
     sum 0.036 for simple_gla — both fail.

@@ -52,3 +52,37 @@ def test_every_family_has_its_benchmark_of_record_or_says_it_has_none():
     for d in sorted(p for p in (ROOT / "kernels").iterdir() if (p / "op.py").exists()):
         says_untimed = re.search(r"^#+ Not yet measured", (d / "NOTES.md").read_text(), re.M) is not None
         assert family_measured(d) != says_untimed, f"{d.name}: results.json and 'Not yet measured' both"
+
+
+def _kernel_imports():
+    """(file, imported module path under kernels, names) for every ``from ..x import a, b`` of the
+    shipped kernel modules (the lab apart)."""
+    import ast
+    out = []
+    for path in (ROOT / "kernels").rglob("*.py"):
+        if "lab" in path.parts:
+            continue
+        rel = path.relative_to(ROOT / "kernels")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level >= 1:
+                base = list(rel.parts[:-1])[:len(rel.parts) - node.level]
+                target = base + (node.module.split(".") if node.module else [])
+                out.append((rel, target, [a.name for a in node.names]))
+    return out
+
+
+FAMILIES = {"conv", "delta", "deltaformer", "flash", "gla", "mesa", "path"}
+
+
+def test_no_family_imports_another_familys_private_name():
+    """Stages two families use live on the common floor (kernels/common) under public names; a
+    family may call another's public stage, never a private one (a name starting with _)."""
+    bad = [(str(f), ".".join(t), n) for f, t, names in _kernel_imports() for n in names
+           if f.parts[0] in FAMILIES and t and t[0] in FAMILIES and t[0] != f.parts[0] and n.startswith("_")]
+    assert not bad, bad
+
+
+def test_common_floor_imports_no_family():
+    """kernels/common stands under every family: it imports none of them."""
+    bad = [(str(f), ".".join(t)) for f, t, _ in _kernel_imports() if f.parts[0] == "common" and t and t[0] in FAMILIES]
+    assert not bad, bad

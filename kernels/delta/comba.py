@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..backend import INTERPRET, Launch, launch
-from ..gla.tiles import _st
+from ..common.tiles import round_store, rows_tile
 
 __all__ = ["comba_map", "comba_map_torch", "COMBA_MIN_LOG_GATE", "MAP_ELEMENTS", "MAP_LAUNCH"]
 
@@ -65,13 +65,6 @@ def _factors(g, eta, MIN_G: tl.constexpr):
 
 
 @triton.jit
-def _rows_tile(p, o_r, m_r, D: tl.constexpr, BD: tl.constexpr):
-    """Pointers and mask of rows ``o_r`` of a row-major ``[N, D]`` tensor."""
-    o_d = tl.arange(0, BD)
-    return p + o_r.to(tl.int64)[:, None] * D + o_d[None, :], m_r[:, None] & (o_d < D)[None, :]
-
-
-@triton.jit
 def _map_fwd_kernel(k, v, g, eta, k2, v2, gf_out, beta2, N, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
                     BV: tl.constexpr, BR: tl.constexpr, MIN_G: tl.constexpr, EMU: tl.constexpr):
     """``BR`` (token, head) rows: ``k' = c k``, ``v' = γ c v``, ``g'``, ``β' = min(r, 2)``."""
@@ -80,13 +73,13 @@ def _map_fwd_kernel(k, v, g, eta, k2, v2, gf_out, beta2, N, K: tl.constexpr, V: 
     gf, ratio, c, gamma = _factors(tl.load(g + o_r, mask=m_r, other=0.0).to(tl.float32),
                                    tl.load(eta + o_r, mask=m_r, other=0.0).to(tl.float32), MIN_G)
     tl.store(gf_out + o_r, gf, mask=m_r)
-    tl.store(beta2 + o_r, _st(tl.minimum(ratio, 2.0), beta2.dtype.element_ty, EMU), mask=m_r)
-    pk, mk = _rows_tile(k, o_r, m_r, K, BK)
+    tl.store(beta2 + o_r, round_store(tl.minimum(ratio, 2.0), beta2.dtype.element_ty, EMU), mask=m_r)
+    pk, mk = rows_tile(k, o_r, m_r, K, BK)
     kt = tl.load(pk, mask=mk, other=0.0).to(tl.float32)
-    tl.store(_rows_tile(k2, o_r, m_r, K, BK)[0], _st(kt * c[:, None], k2.dtype.element_ty, EMU), mask=mk)
-    pv, mv = _rows_tile(v, o_r, m_r, V, BV)
+    tl.store(rows_tile(k2, o_r, m_r, K, BK)[0], round_store(kt * c[:, None], k2.dtype.element_ty, EMU), mask=mk)
+    pv, mv = rows_tile(v, o_r, m_r, V, BV)
     vt = tl.load(pv, mask=mv, other=0.0).to(tl.float32)
-    tl.store(_rows_tile(v2, o_r, m_r, V, BV)[0], _st(vt * (gamma * c)[:, None], v2.dtype.element_ty, EMU), mask=mv)
+    tl.store(rows_tile(v2, o_r, m_r, V, BV)[0], round_store(vt * (gamma * c)[:, None], v2.dtype.element_ty, EMU), mask=mv)
 
 
 @triton.jit
@@ -98,13 +91,13 @@ def _map_bwd_kernel(k, v, g, eta, dk2, dv2, dgf, dbeta2, dk, dv, dg, deta, N, K:
     m_r = o_r < N
     gr = tl.load(g + o_r, mask=m_r, other=0.0).to(tl.float32)
     gf, ratio, c, gamma = _factors(gr, tl.load(eta + o_r, mask=m_r, other=0.0).to(tl.float32), MIN_G)
-    pk, mk = _rows_tile(k, o_r, m_r, K, BK)
-    gk = tl.load(_rows_tile(dk2, o_r, m_r, K, BK)[0], mask=mk, other=0.0).to(tl.float32)
-    tl.store(_rows_tile(dk, o_r, m_r, K, BK)[0], _st(gk * c[:, None], dk.dtype.element_ty, EMU), mask=mk)
+    pk, mk = rows_tile(k, o_r, m_r, K, BK)
+    gk = tl.load(rows_tile(dk2, o_r, m_r, K, BK)[0], mask=mk, other=0.0).to(tl.float32)
+    tl.store(rows_tile(dk, o_r, m_r, K, BK)[0], round_store(gk * c[:, None], dk.dtype.element_ty, EMU), mask=mk)
     s_k = tl.sum(gk * tl.load(pk, mask=mk, other=0.0).to(tl.float32), 1)
-    pv, mv = _rows_tile(v, o_r, m_r, V, BV)
-    gv = tl.load(_rows_tile(dv2, o_r, m_r, V, BV)[0], mask=mv, other=0.0).to(tl.float32)
-    tl.store(_rows_tile(dv, o_r, m_r, V, BV)[0], _st(gv * (gamma * c)[:, None], dv.dtype.element_ty, EMU), mask=mv)
+    pv, mv = rows_tile(v, o_r, m_r, V, BV)
+    gv = tl.load(rows_tile(dv2, o_r, m_r, V, BV)[0], mask=mv, other=0.0).to(tl.float32)
+    tl.store(rows_tile(dv, o_r, m_r, V, BV)[0], round_store(gv * (gamma * c)[:, None], dv.dtype.element_ty, EMU), mask=mv)
     s_v = tl.sum(gv * tl.load(pv, mask=mv, other=0.0).to(tl.float32), 1)
     dc = s_k + gamma * s_v
     dr = tl.where(ratio / 2 >= 1.0, dc / (4 * c), 0.0)
@@ -113,8 +106,8 @@ def _map_bwd_kernel(k, v, g, eta, dk2, dv2, dgf, dbeta2, dk, dv, dg, deta, N, K:
     d = gamma * c * s_v - ratio * dr
     if HAS_DGF:
         d += tl.load(dgf + o_r, mask=m_r, other=0.0)
-    tl.store(dg + o_r, _st(tl.where(gr >= MIN_G, d, 0.0), dg.dtype.element_ty, EMU), mask=m_r)
-    tl.store(deta + o_r, _st(dr * tl.exp(-gf), deta.dtype.element_ty, EMU), mask=m_r)
+    tl.store(dg + o_r, round_store(tl.where(gr >= MIN_G, d, 0.0), dg.dtype.element_ty, EMU), mask=m_r)
+    tl.store(deta + o_r, round_store(dr * tl.exp(-gf), deta.dtype.element_ty, EMU), mask=m_r)
 
 
 def _tiles(K: int, V: int):

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from ..backend import launch
 from .plan import CHUNK
-from .solve import solve_chunks
+from ..common.solve import solve_chunks
 from .wy import _mask_gate, chunk_scores
 
 __all__ = ["state_forward", "inference_forward"]
@@ -196,7 +196,7 @@ def _side_stream(dev):
 
 
 def inference_forward(q, k, v, b, beta, bt, scale: float, h0, output_final_state: bool, plan):
-    """The T-form forward: ``T`` (:func:`kernels.delta.solve.solve_chunks`), the scores where the
+    """The T-form forward: ``T`` (:func:`kernels.common.solve.solve_chunks`), the scores where the
     march reads them stored (:func:`kernels.delta.wy.chunk_scores`), then the march. ``bt``: ``β``
     as float32 ``[B·H, NT·64]``. Returns ``o`` and the final state (or ``None``).
 

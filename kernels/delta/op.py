@@ -7,8 +7,8 @@ without a gate)::
     S_t = a_t S_{t-1};   S_t = S_t + β_t k_t (v_t − S_tᵀ k_t)ᵀ;   o_t = scale · S_tᵀ q_t
 
 Forward (:class:`ChunkDeltaFunction`), chunks of 64 tokens: the within-chunk cumulative log gate
-(:func:`kernels.delta.solve.chunk_cumsum`), then either the training forward — ``T = (I + A)^{-1}``
-of every chunk (:func:`kernels.delta.solve.solve_chunks`), ``W``, ``U`` and the scores
+(:func:`kernels.common.solve.chunk_cumsum`), then either the training forward — ``T = (I + A)^{-1}``
+of every chunk (:func:`kernels.common.solve.solve_chunks`), ``W``, ``U`` and the scores
 (:func:`kernels.delta.wy.wy_factors`), the march that keeps the state on chip
 (:func:`kernels.delta.march.state_forward`) — or, when no input needs a gradient, the inference
 forward in T form (:func:`kernels.delta.march.inference_forward`). Backward: the reverse march for
@@ -34,7 +34,7 @@ from .backward import chunk_grads, chunk_grads_torch, state_grads
 from .comba import COMBA_MIN_LOG_GATE, comba_map, comba_map_torch
 from .march import inference_forward, state_forward
 from .plan import CHUNK, HEAD_SIZES, plan_for
-from .solve import chunk_cumsum, solve_chunks
+from ..common.solve import chunk_cumsum, solve_chunks
 from .wy import wy_factors
 
 __all__ = ["chunk_delta_rule", "chunk_gated_delta_rule", "chunk_gated_delta_product", "chunk_comba", "delta_rule_triton",

@@ -27,10 +27,10 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from ..backend import Caps, Launch, device_caps, num_sms
+from ..common.solve import CHUNK  # chunk length C (four 16-row blocks: the shared solve is written for it)
 
 __all__ = ["DeltaPlan", "plan_for", "CHUNK", "HEAD_SIZES"]
 
-CHUNK = 64                      # chunk length C (four 16-row blocks: the solve is written for it)
 HEAD_SIZES = (16, 32, 64, 128)
 
 

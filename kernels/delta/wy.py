@@ -1,6 +1,6 @@
 """Stage: the WY/UT factors and the scores of every chunk, in parallel.
 
-From the chunk's ``T`` (:mod:`kernels.delta.solve`): ``W = T (β e^{b} K)`` and ``U = T (β V)``
+From the chunk's ``T`` (:mod:`kernels.common.solve`): ``W = T (β e^{b} K)`` and ``U = T (β V)``
 as ``[64, 64]`` products over column blocks, and the chunk's masked, gated, scaled scores
 ``P = scale · (q kᵀ ⊙ Γ ⊙ M)`` (``[64, 64]``, stored in the input dtype): every later kernel reads
 ``P`` instead of recomputing it per V-block. :func:`wy_factors` is the training forward's stage,

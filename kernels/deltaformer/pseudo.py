@@ -14,8 +14,8 @@ attention of ``k_i`` over the *earlier* keys with the *earlier* pseudo-values as
    strictly-lower scores to the row statistics (now ``lse`` is final), split ``r`` into what the
    earlier chunks gave (``a``, known) and the chunk's own part, and solve the chunk's unit
    lower-triangular ``64 × 64`` system ``(I + Diag(β) P_cc) u_c = v_c − β a`` in registers with the
-   delta family's 16×16-block inverse (:func:`kernels.delta.solve.inv4_unit_lower16`,
-   :func:`kernels.delta.solve.merge_inverse16`).
+   shared 16×16-block inverse (:func:`kernels.common.solve.inv4_unit_lower16`,
+   :func:`kernels.common.solve.merge_inverse16`).
 
 The adjoint ``w = (I + Diag(β) P)^{-T} du`` runs the same way backwards in time: the rows *after*
 the span contribute ``Σ_{i>t} β_i P_it w_i`` (a column sum with known ``lse``, like the dk/dv pass of
@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..delta.solve import inv4_unit_lower16, merge_inverse16
-from ..flash.forward import LOG2E, load_rows, online_softmax_step
+from ..common.solve import inv4_unit_lower16, merge_inverse16
+from ..common.softmax import LOG2E, load_rows, online_softmax_step
 from .plan import CHUNK, DeltaFormerPlan
 
 __all__ = ["pseudo_values", "adjoint_values"]
@@ -88,7 +88,7 @@ def _fold_rows(acc, kt, k_base, lse_base, beta_base, w_base, sk, sb, sw, offs_dk
 @triton.jit
 def _invert_chunk(ptr, OPREC: tl.constexpr):
     """In place: the ``[64, 64]`` float32 tile at ``ptr`` holding a strictly lower ``A`` becomes
-    ``(I + A)^{-1}``, by the delta family's 16×16-block inverse (diagonal blocks read transposed)."""
+    ``(I + A)^{-1}``, by the shared 16×16-block inverse (diagonal blocks read transposed)."""
     r = tl.arange(0, 16)
     rows = r[:, None] * 64
     cols = r[None, :]
@@ -232,7 +232,7 @@ def _pseudo_values_kernel(k_ptr, v_ptr, beta_ptr, u_ptr, r_ptr, lse_ptr, m_ptr, 
 
 def _precisions(dtype) -> tuple[str, str]:
     """Products of inputs (``PRECISION``: IEEE for float32, ignored for 16-bit) and of the solve's
-    float32 tiles (``OPREC``: IEEE for float32, 3×TF32 otherwise, as the delta family's solve)."""
+    float32 tiles (``OPREC``: IEEE for float32, 3×TF32 otherwise, as the shared solve)."""
     f32 = dtype == torch.float32
     return ("ieee" if f32 else "tf32"), ("ieee" if f32 else "tf32x3")
 

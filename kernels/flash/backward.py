@@ -29,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .forward import LOG2E, _mask_scores, load_gates, load_rows
+from ..common.softmax import LOG2E, load_rows
+from .forward import _mask_scores, load_gates
 from .plan import BackwardPlan
 
 __all__ = ["flash_backward"]

@@ -5,8 +5,8 @@ strides on ``B``, ``T`` and ``H`` (the head axis must be contiguous; it is made 
 not). One program owns ``BLOCK_M`` queries
 of one ``(batch, head)`` pair and streams over key blocks of ``BLOCK_N`` keys, keeping the
 online-softmax state (running row max ``m``, running denominator ``l``, unnormalised output
-``acc``) in float32 registers: :func:`online_softmax_step` is that update, one key block at a
-time, and the part of this family other kernels reuse. Scores use ``exp2``: ``log2(e)`` is folded
+``acc``) in float32 registers: :func:`kernels.common.softmax.online_softmax_step` is that update,
+one key block at a time (on the common floor: PaTH and DeltaFormer fold their scores with it too). Scores use ``exp2``: ``log2(e)`` is folded
 into the scale, so ``exp(scale·s) = exp2(scale·log2(e)·s)``.
 
 The optional bias (FoX, ALiBi): scores ``scale·q_i·k_j + G_i − G_j`` with ``G`` the cumulative log
@@ -41,12 +41,10 @@ import triton
 import triton.language as tl
 
 from ..backend import INTERPRET
+from ..common.softmax import LOG2E, load_rows, online_softmax_step
 from .plan import AUTOTUNE, FlashPlan
 
-__all__ = ["flash_forward", "online_softmax_step", "load_rows", "load_gates", "cumulative_gates", "LOG2E"]
-
-LOG2E = 1.4426950408889634
-
+__all__ = ["flash_forward", "load_gates"]
 
 @triton.jit
 def _mask_scores(s, offs_m, offs_n, T, CAUSAL_MASK: tl.constexpr, TAIL_MASK: tl.constexpr):
@@ -59,33 +57,6 @@ def _mask_scores(s, offs_m, offs_n, T, CAUSAL_MASK: tl.constexpr, TAIL_MASK: tl.
     elif TAIL_MASK:
         s = tl.where(offs_n[None, :] < T, s, float("-inf"))
     return s
-
-
-@triton.jit
-def online_softmax_step(acc, l_i, m_i, s, v, qk_scale, PRECISION: tl.constexpr):
-    """Fold one block of scores ``s`` ``[BM, BN]`` (unscaled, masked entries -inf) and its values
-    ``v`` ``[BN, D]`` into the running ``(acc, l, m)`` of the online softmax.
-
-    Scores in log2 units are ``qk_scale·s`` (``qk_scale = scale·log2 e > 0``, so the row max commutes
-    with the scaling and ``qk_scale·s − m`` is one fused multiply-add per score). The caller
-    guarantees that every row has seen a visible key by its first block (key 0, or its own diagonal
-    key), so ``m_new`` is finite and ``exp2(-inf − m_new) = 0`` never meets ``-inf − -inf``."""
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    p = tl.math.exp2(s * qk_scale - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-    return acc, l_i, m_new
-
-
-@triton.jit
-def load_rows(base, offs, stride, offs_d, T, TAIL_MASK: tl.constexpr):
-    """Rows ``offs`` of a ``[T, D]`` slab (row stride ``stride``, ``D`` contiguous); zeros past ``T``."""
-    ptrs = base + offs[:, None] * stride + offs_d[None, :]
-    if TAIL_MASK:
-        return tl.load(ptrs, mask=(offs < T)[:, None], other=0.0)
-    return tl.load(ptrs)
 
 
 @triton.jit
@@ -225,54 +196,6 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, g_ptr, lse_ptr,
         o_desc.store([start_m * BLOCK_M, col_v], o)
     else:
         tl.store(o_base + offs_m[:, None] * sot + offs_dv[None, :], o, mask=(offs_m < T)[:, None])
-
-
-@triton.jit
-def _add(a, b):
-    """The scan's combine function. (Ours rather than ``tl.cumsum``'s: Triton's own is decorated when
-    Triton is first imported, and if PyTorch imported Triton before :mod:`kernels` set
-    ``TRITON_INTERPRET``, it is a compiled function the interpreter cannot call.)"""
-    return a + b
-
-
-@triton.jit
-def _cumsum_kernel(x_ptr, y_ptr, T, H, sxb, sxt, sxh, syb, syt, syh,
-                   BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, REVERSE: tl.constexpr):
-    """``y = cumsum(x)`` over ``T`` (``REVERSE``: from the end), float32, for a block of heads of one
-    batch element: tiles of ``BLOCK_T`` steps, each scanned on chip and offset by the running total."""
-    i_b = tl.program_id(0).to(tl.int64)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    carry = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for i in range(0, tl.cdiv(T, BLOCK_T)):
-        if REVERSE:
-            offs_t = T - (i + 1) * BLOCK_T + tl.arange(0, BLOCK_T)
-        else:
-            offs_t = i * BLOCK_T + tl.arange(0, BLOCK_T)
-        keep = ((offs_t >= 0) & (offs_t < T))[:, None] & (offs_h < H)[None, :]
-        x = tl.load(x_ptr + i_b * sxb + offs_t[:, None] * sxt + offs_h[None, :] * sxh, mask=keep,
-                    other=0.0).to(tl.float32)
-        y = tl.associative_scan(x, 0, _add, reverse=REVERSE) + carry[None, :]
-        carry += tl.sum(x, 0)
-        tl.store(y_ptr + i_b * syb + offs_t[:, None] * syt + offs_h[None, :] * syh,
-                 y.to(y_ptr.dtype.element_ty), mask=keep)
-
-
-def cumulative_gates(x, *, reverse: bool = False, out_dtype=torch.float32, time_dim: int = 1):
-    """``cumsum(x)`` over the time axis ``time_dim`` of a 3-D ``x`` (``[B, T, H]`` or ``[B, H, T]``),
-    accumulated in float32, as a ``[B, T, H]`` tensor of ``out_dtype`` (``reverse``: ``y_t =
-    Σ_{s ≥ t} x_s``). One pass on the GPU: PyTorch's scan over a middle axis runs one thread per
-    column, which at ``B = 1`` costs milliseconds."""
-    if time_dim == 1:
-        B, T, H = x.shape
-        sxb, sxt, sxh = x.stride()
-    else:
-        B, H, T = x.shape
-        sxb, sxh, sxt = x.stride()
-    y = torch.empty((B, T, H), dtype=out_dtype, device=x.device)
-    block_h = min(triton.next_power_of_2(H), 16)
-    _cumsum_kernel[(B, triton.cdiv(H, block_h))](x, y, T, H, sxb, sxt, sxh, *y.stride(), BLOCK_T=256,
-                                                  BLOCK_H=block_h, REVERSE=reverse)
-    return y
 
 
 _attn_fwd_tuned = None if INTERPRET else triton.autotune(

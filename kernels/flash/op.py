@@ -16,7 +16,8 @@ from ..reference import attention_ref
 from ..common import head_tile, pad_axis
 from ..validate import check_gate_tensor, check_qkv, default_scale
 from .backward import flash_backward
-from .forward import cumulative_gates, flash_forward
+from ..common.gates import cumulative_gates
+from .forward import flash_forward
 from .plan import backward_plan_for, plan_for
 
 __all__ = ["flash_attention", "parallel_forgetting_attn", "flash_attention_triton", "HEAD_SIZES"]

@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 
 from .march import combine_segments
-from .tiles import _gla_level, _r16, _st
+from ..common.tiles import round_operand, round_store
+from .tiles import _gla_level
 
 __all__ = ["state_grads", "chunk_grads", "gate_grads"]
 
@@ -60,14 +61,14 @@ def _bwd_dh_kernel(q, g, do, dinit, dhs, dout, scale, T, NT, SEG_CHUNKS, NS,
     for j in tl.range(0, SEG_CHUNKS):
         c = i_s * SEG_CHUNKS + SEG_CHUNKS - 1 - j
         if STORE_DH:
-            tl.store(dhs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, _st(dS, dhs.dtype.element_ty, EMU),
+            tl.store(dhs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, round_store(dS, dhs.dtype.element_ty, EMU),
                      mask=(c < NT) & (st_offs >= 0))
         rows = c * BT + o_t
         mask_t = rows < T
         do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
         if GATE == 0:
             q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
-            dS += tl.dot(tl.trans(_r16(q_t, DT, EMU)), _r16(do_t, DT, EMU), input_precision=IP) * scale
+            dS += tl.dot(tl.trans(round_operand(q_t, DT, EMU)), round_operand(do_t, DT, EMU), input_precision=IP) * scale
         if GATE == 1:
             q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
             g_t = g_next.to(tl.float32)
@@ -76,8 +77,8 @@ def _bwd_dh_kernel(q, g, do, dinit, dhs, dout, scale, T, NT, SEG_CHUNKS, NS,
             b_t = tl.cumsum(g_t, axis=0)
             b_c = tl.sum(g_t, axis=0)
             # the decays e^{b_i} (and the scale) act on the rows of dO, so q goes to the tensor cores as loaded
-            dog = _r16((do_t.to(tl.float32) * (scale * tl.exp(b_t))[:, None]), DT, EMU)
-            dS = dS * tl.exp(b_c) + tl.dot(tl.trans(_r16(q_t, DT, EMU)), dog, input_precision=IP)
+            dog = round_operand((do_t.to(tl.float32) * (scale * tl.exp(b_t))[:, None]), DT, EMU)
+            dS = dS * tl.exp(b_c) + tl.dot(tl.trans(round_operand(q_t, DT, EMU)), dog, input_precision=IP)
         if GATE == 2:
             q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                           other=0.).to(tl.float32) * scale
@@ -85,8 +86,8 @@ def _bwd_dh_kernel(q, g, do, dinit, dhs, dout, scale, T, NT, SEG_CHUNKS, NS,
                           other=0.).to(tl.float32)
             b_t = tl.cumsum(g_t, axis=0)
             b_c = tl.sum(g_t, axis=0)
-            qg = _r16((q_t * tl.exp(b_t)), DT, EMU)
-            dS = dS * tl.exp(b_c)[:, None] + tl.dot(tl.trans(qg), _r16(do_t, DT, EMU), input_precision=IP)
+            qg = round_operand((q_t * tl.exp(b_t)), DT, EMU)
+            dS = dS * tl.exp(b_c)[:, None] + tl.dot(tl.trans(qg), round_operand(do_t, DT, EMU), input_precision=IP)
     if STORE_OUT:
         tl.store(dout + i_bhs * K * V + st_offs, dS)
 
@@ -127,21 +128,21 @@ def _bwd_dv_kernel(q, k, g, do, dhs, dv, As, scale, T, NT,
         b_t = tl.cumsum(g_t, axis=0)
         b_c = tl.sum(g_t, axis=0)
         A = tl.load(As + (i_bh * NT + c).to(tl.int64) * BT * BT + o_t[:, None] * BT + o_t[None, :])
-        kg = _r16((k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)), DT, EMU)
+        kg = round_operand((k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)), DT, EMU)
     elif GATE == 1:
-        A = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)
+        A = tl.dot(round_operand(q_t, DT, EMU), tl.trans(round_operand(k_t, DT, EMU)), input_precision=IP)
         g_t = tl.load(g + g_base + rows * H, mask=mask_t, other=0.).to(tl.float32)
         b_t = tl.cumsum(g_t, axis=0)
         b_c = tl.sum(g_t, axis=0)
         A = A * tl.exp(tl.where(causal, b_t[:, None] - b_t[None, :], float("-inf")))
-        kg = _r16((k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]), DT, EMU)
+        kg = round_operand((k_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]), DT, EMU)
     else:
-        A = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)
+        A = tl.dot(round_operand(q_t, DT, EMU), tl.trans(round_operand(k_t, DT, EMU)), input_precision=IP)
         A = tl.where(causal, A, 0.)
-        kg = _r16(k_t, DT, EMU)
-    dv_c = tl.dot(tl.trans(_r16(A, DT, EMU)), _r16(do_t, DT, EMU), input_precision=IP)
-    dv_c += tl.dot(kg, _r16(dh, DT, EMU), input_precision=IP)
-    tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], _st(dv_c, dv.dtype.element_ty, EMU),
+        kg = round_operand(k_t, DT, EMU)
+    dv_c = tl.dot(tl.trans(round_operand(A, DT, EMU)), round_operand(do_t, DT, EMU), input_precision=IP)
+    dv_c += tl.dot(kg, round_operand(dh, DT, EMU), input_precision=IP)
+    tl.store(dv + v_base + rows[:, None] * (H * V) + o_v[None, :], round_store(dv_c, dv.dtype.element_ty, EMU),
              mask=mask_t[:, None])
 
 
@@ -179,12 +180,12 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, N
     hdh = tl.zeros([BK], dtype=tl.float32)
     for vb in tl.static_range(V // BV):
         o_v = vb * BV + tl.arange(0, BV)
-        v_t = _r16(tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+        v_t = round_operand(tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
                       other=0.), DT, EMU)
-        do_t = _r16(tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
+        do_t = round_operand(tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None],
                        other=0.), DT, EMU)
-        h = _r16(tl.load(hs + st_base + o_k[:, None] * V + o_v[None, :]), DT, EMU)
-        dh = _r16(tl.load(dhs + st_base + o_k[:, None] * V + o_v[None, :]), DT, EMU)
+        h = round_operand(tl.load(hs + st_base + o_k[:, None] * V + o_v[None, :]), DT, EMU)
+        dh = round_operand(tl.load(dhs + st_base + o_k[:, None] * V + o_v[None, :]), DT, EMU)
         if GATE != 0:
             hdh += tl.sum(h.to(tl.float32) * dh.to(tl.float32), axis=1)
         dP += tl.dot(do_t, tl.trans(v_t), input_precision=IP)
@@ -218,16 +219,16 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, N
                 qe, ke, pair = _gla_level(b_t, o_t, LV, BT, BK)
                 eq = tl.exp(qe)
                 ek = tl.exp(ke)
-                dPl = _r16(tl.where(pair, dP, 0.), DT, EMU)
-                ql = _r16(q_t * eq, DT, EMU)
-                kl = _r16(k_t * ek, DT, EMU)
+                dPl = round_operand(tl.where(pair, dP, 0.), DT, EMU)
+                ql = round_operand(q_t * eq, DT, EMU)
+                kl = round_operand(k_t * ek, DT, EMU)
                 rq = tl.dot(dPl, kl, input_precision=IP)
                 ck = tl.dot(tl.trans(dPl), ql, input_precision=IP)
                 dq_t += eq * rq
                 dk_t += ek * ck
                 dgt += ql.to(tl.float32) * rq - kl.to(tl.float32) * ck
-        tl.store(dq + offs, _st((dq_t * scale), dq.dtype.element_ty, EMU), mask=mask_t[:, None])
-        tl.store(dk + offs, _st(dk_t, dk.dtype.element_ty, EMU), mask=mask_t[:, None])
+        tl.store(dq + offs, round_store((dq_t * scale), dq.dtype.element_ty, EMU), mask=mask_t[:, None])
+        tl.store(dk + offs, round_store(dk_t, dk.dtype.element_ty, EMU), mask=mask_t[:, None])
         tl.store(dgl + offs, dgt, mask=mask_t[:, None])
     else:
         if GATE == 1:
@@ -245,19 +246,19 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, N
             # The pair i = j enters q~.dq and k.dk alike and cancels exactly, so it is left out rather
             # than computed twice with different 16-bit roundings (with those, the diagonal's
             # rounding noise dominated dg's error); M is float32 from the float32 dP and scores.
-            QK = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)
+            QK = tl.dot(round_operand(q_t, DT, EMU), tl.trans(round_operand(k_t, DT, EMU)), input_precision=IP)
             M = tl.where(o_t[:, None] > o_t[None, :], dPg * QK, 0.)
             part = tl.sum(q_t * dq_t - k_t * dk_t, axis=1) + tl.sum(M, axis=1) - tl.sum(M, axis=0)
         else:
             dPg = tl.where(causal, dP, 0.)
             dq_t = dq_i
             dk_t = dk_i
-        dq_t += tl.dot(_r16(dPg, DT, EMU), _r16(k_t, DT, EMU), input_precision=IP)
-        dk_t += tl.dot(tl.trans(_r16(dPg, DT, EMU)), _r16(q_t, DT, EMU), input_precision=IP)
+        dq_t += tl.dot(round_operand(dPg, DT, EMU), round_operand(k_t, DT, EMU), input_precision=IP)
+        dk_t += tl.dot(tl.trans(round_operand(dPg, DT, EMU)), round_operand(q_t, DT, EMU), input_precision=IP)
         # dq_t is dL/dq~ (q~ = scale q): dL/dq = scale dq_t, and q dL/dq = q~ dq_t.
         offs = qk_base + rows[:, None] * (H * K) + o_k[None, :]
-        tl.store(dq + offs, _st((dq_t * scale), dq.dtype.element_ty, EMU), mask=mask_t[:, None])
-        tl.store(dk + offs, _st(dk_t, dk.dtype.element_ty, EMU), mask=mask_t[:, None])
+        tl.store(dq + offs, round_store((dq_t * scale), dq.dtype.element_ty, EMU), mask=mask_t[:, None])
+        tl.store(dk + offs, round_store(dk_t, dk.dtype.element_ty, EMU), mask=mask_t[:, None])
         if GATE == 1:
             tl.store(dgl + i_k * (B * T * H) + i_b * T * H + i_h + rows * H, part,
                      mask=mask_t)

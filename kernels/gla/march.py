@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .tiles import _r16, _st
+from ..common.tiles import round_operand, round_store
 
-__all__ = ["march_forward", "chunk_states", "combine_segments"]
+__all__ = ["march_forward", "chunk_states", "chunk_states_and_final", "segment_entering_states", "combine_segments"]
 
 
 @triton.jit
@@ -85,7 +85,7 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, As, scale, T, NT, SEG_CHUNKS, NS
         rows = c * BT + o_t
         mask_t = rows < T
         if STORE_H:
-            tl.store(hs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, _st(S, hs.dtype.element_ty, EMU),
+            tl.store(hs + (i_bh * NT + c).to(tl.int64) * K * V + st_offs, round_store(S, hs.dtype.element_ty, EMU),
                      mask=(c < NT) & (st_offs >= 0))
         k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
         v_t = tl.load(v + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
@@ -110,7 +110,7 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, As, scale, T, NT, SEG_CHUNKS, NS
             if GATE == 2 and PRE:
                 q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                               other=0.)
-                o_c = tl.dot(_r16(q_t, DT, EMU), _r16(S, DT, EMU), input_precision=IP)
+                o_c = tl.dot(round_operand(q_t, DT, EMU), round_operand(S, DT, EMU), input_precision=IP)
                 A = tl.load(As + (i_bh * NT + c).to(tl.int64) * BT * BT + o_t[:, None] * BT + o_t[None, :],
                             mask=(c < NT) & (o_t[:, None] >= 0), other=0.)
             else:
@@ -118,8 +118,8 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, As, scale, T, NT, SEG_CHUNKS, NS
                 # the scalar decays act on the float32 results
                 q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                               other=0.)
-                o_c = tl.dot(_r16(q_t, DT, EMU), _r16(S, DT, EMU), input_precision=IP)       # [BT, BV]
-                A = tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP)   # [BT, BT]
+                o_c = tl.dot(round_operand(q_t, DT, EMU), round_operand(S, DT, EMU), input_precision=IP)       # [BT, BV]
+                A = tl.dot(round_operand(q_t, DT, EMU), tl.trans(round_operand(k_t, DT, EMU)), input_precision=IP)   # [BT, BT]
                 causal = o_t[:, None] >= o_t[None, :]
                 if GATE == 1:
                     o_c = o_c * (scale * tl.exp(b_t))[:, None]
@@ -127,25 +127,25 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, dec, hs, As, scale, T, NT, SEG_CHUNKS, NS
                 else:
                     o_c = o_c * scale
                     A = tl.where(causal, A * scale, 0.)
-            o_c += tl.dot(_r16(A, DT, EMU), _r16(v_t, DT, EMU), input_precision=IP)
-            tl.store(o + v_base + rows[:, None] * (H * V) + o_v[None, :], _st(o_c, o.dtype.element_ty, EMU),
+            o_c += tl.dot(round_operand(A, DT, EMU), round_operand(v_t, DT, EMU), input_precision=IP)
+            tl.store(o + v_base + rows[:, None] * (H * V) + o_v[None, :], round_store(o_c, o.dtype.element_ty, EMU),
                      mask=mask_t[:, None])
         # state update: S <- e^{b_C} S + (K * e^{b_C - b})^T V
         if GATE == 0:
-            S += tl.dot(tl.trans(_r16(k_t, DT, EMU)), _r16(v_t, DT, EMU), input_precision=IP)
+            S += tl.dot(tl.trans(round_operand(k_t, DT, EMU)), round_operand(v_t, DT, EMU), input_precision=IP)
         if GATE == 1:
             # the per-token decay e^{b_C - b_j} scales row j of V (64 columns) rather than of K (so
             # k goes to the tensor cores as loaded)
-            vg = _r16((v_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]), DT, EMU)
-            S = S * tl.exp(b_c) + tl.dot(tl.trans(_r16(k_t, DT, EMU)), vg, input_precision=IP)
+            vg = round_operand((v_t.to(tl.float32) * tl.exp(b_c - b_t)[:, None]), DT, EMU)
+            S = S * tl.exp(b_c) + tl.dot(tl.trans(round_operand(k_t, DT, EMU)), vg, input_precision=IP)
             total += b_c
         if GATE == 2:
             if PRE:
-                S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(_r16(k_t, DT, EMU)), _r16(v_t, DT, EMU),
+                S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(round_operand(k_t, DT, EMU)), round_operand(v_t, DT, EMU),
                                                       input_precision=IP)
             else:
-                kg = _r16((k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)), DT, EMU)
-                S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(kg), _r16(v_t, DT, EMU), input_precision=IP)
+                kg = round_operand((k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)), DT, EMU)
+                S = S * tl.exp(b_c)[:, None] + tl.dot(tl.trans(kg), round_operand(v_t, DT, EMU), input_precision=IP)
             total += b_c
     if STORE_FINAL:
         tl.store(ht + i_bhs * K * V + st_offs, S)
@@ -281,3 +281,24 @@ def chunk_states(q, k, v, g, inits, scale: float, plan):
         GATE=plan.gate, HAS_H0=inits is not None, COMPUTE_O=False, STORE_FINAL=False,
         STORE_DEC=split and plan.gate != 0, STORE_H=True, IP=plan.IP, EMU=plan.EMU, num_warps=plan.warps_s, num_stages=plan.stages_s)
     return hs, dec
+
+
+def chunk_states_and_final(q, k, v, g, h0, scale: float, plan, output_final_state: bool):
+    """One march (``plan.NS == 1``, no split) from ``h0``: the state entering every chunk
+    ``[B·H, NT, K, V]`` (``plan.state_dtype``) and, with ``output_final_state``, the final state
+    ``[B, H, K, V]`` float32 (else ``None``). MesaNet's states of ``H`` are this march
+    (:mod:`kernels.mesa.states`)."""
+    assert plan.NS == 1, "one segment: with gla's split, segment_entering_states then chunk_states"
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    dev, f32 = q.device, torch.float32
+    dummy = torch.empty(1, dtype=f32, device=dev)
+    hs = torch.empty(B * H, plan.NT, K, V, dtype=plan.state_dtype, device=dev)
+    ht = torch.empty(B, H, K, V, dtype=f32, device=dev) if output_final_state else None
+    _fwd_kernel[((K // plan.BK_s) * (V // plan.BV_s), B * H)](
+        q, k, v, g if g is not None else q, dummy, h0 if h0 is not None else dummy,
+        ht if ht is not None else dummy, dummy, hs, dummy, scale, T, plan.NT, plan.SEG, 1, H=H, K=K, V=V,
+        BT=plan.BT, BK=plan.BK_s, BV=plan.BV_s, GATE=plan.gate, HAS_H0=h0 is not None, COMPUTE_O=False,
+        STORE_FINAL=ht is not None, STORE_DEC=False, STORE_H=True, IP=plan.IP, EMU=plan.EMU,
+        num_warps=plan.warps_s, num_stages=plan.stages_s)
+    return hs, ht

@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .tiles import _gate_mm, _r16, _st
+from ..common.tiles import round_operand, round_store
+from .tiles import _gate_mm
 
 __all__ = ["prepare_vector_gate"]
 
@@ -24,10 +25,10 @@ def _mul16(x, e, DT: tl.constexpr, EMU: tl.constexpr):
     Compiled with 16-bit ``DT``: one inline-PTX op per element (widen, multiply in float32, round to
     nearest), so that the compiler cannot hoist a float32 copy of ``x`` out of the caller's unrolled
     level loop (common-subexpression elimination of the widening did exactly that and doubled the
-    registers that q and k hold). Same value as ``_r16(x.to(float32) * e)``, which is what runs under
+    registers that q and k hold). Same value as ``round_operand(x.to(float32) * e)``, which is what runs under
     the interpreter and for float32."""
     if EMU:
-        return _r16(x.to(tl.float32) * e, DT, EMU)
+        return round_operand(x.to(tl.float32) * e, DT, EMU)
     elif DT == tl.bfloat16:
         return tl.inline_asm_elementwise(
             "{ .reg .f32 a; cvt.f32.bf16 a, $1; mul.rn.f32 a, a, $2; cvt.rn.bf16.f32 $0, a; }",
@@ -110,18 +111,18 @@ def _gla_prep_kernel(q, k, g, qg, kg, dch, As, scale, T, NT,
             g_t = g_t.to(tl.bfloat16)
         # b = L g (inclusive prefix sums), b_C - b = U g (strict suffix sums, <= 0 and exact)
         b = _gate_mm(jj <= ii, g_t, GT, PIECES, EMU)
-        tl.store(qg + offs, _st(q_t.to(tl.float32) * (tl.exp(b) * scale), qg.dtype.element_ty, EMU),
+        tl.store(qg + offs, round_store(q_t.to(tl.float32) * (tl.exp(b) * scale), qg.dtype.element_ty, EMU),
                  mask=mask_t[:, None])
         bu = _gate_mm(jj > ii, g_t, GT, PIECES, EMU)
-        tl.store(kg + offs, _st(k_t.to(tl.float32) * tl.exp(bu), kg.dtype.element_ty, EMU), mask=mask_t[:, None])
+        tl.store(kg + offs, round_store(k_t.to(tl.float32) * tl.exp(bu), kg.dtype.element_ty, EMU), mask=mask_t[:, None])
         # the diagonal (exponent 0)
-        A += tl.where(ii == jj, tl.dot(_r16(q_t, DT, EMU), tl.trans(_r16(k_t, DT, EMU)), input_precision=IP), 0.)
+        A += tl.where(ii == jj, tl.dot(round_operand(q_t, DT, EMU), tl.trans(round_operand(k_t, DT, EMU)), input_precision=IP), 0.)
     # the levels of K5; K in slices of BK inside each level (fewer live registers: the level's
     # exponent tile is [BT, BK]; the slices are reloaded from L1/L2 or kept by the compiler)
     for LV in tl.static_range(8):              # BT <= 256: half-blocks of BT/2, ..., 1 rows
         if (BT >> (LV + 1)) > 0:
             A += _gla_level_mm(q, k, g, base, mask_t, ii, jj, BT >> (LV + 1), BT, K, BK, DT, GT, PIECES, IP, EMU)
-    tl.store(As + (i_bh * NT + c).to(tl.int64) * BT * BT + ii * BT + jj, _st(A * scale, As.dtype.element_ty, EMU))
+    tl.store(As + (i_bh * NT + c).to(tl.int64) * BT * BT + ii * BT + jj, round_store(A * scale, As.dtype.element_ty, EMU))
 
 
 def prepare_vector_gate(q, k, g, scale: float, plan):

@@ -1,7 +1,6 @@
-"""Shared jit helpers of the gla family: operand rounding and segmented sums of gates.
+"""Jit helpers of the gla family: segmented sums of gates.
 
-``_r16`` rounds a matmul operand to the input dtype (emulated in float32 under the interpreter, so
-the CPU tests see the GPU's roundings), ``_st`` rounds for a store; ``_gate_mm`` forms the
+``_gate_mm`` forms the
 segmented sums of gates ``M @ g`` that the vector gate's levels (K5 of ``kernels/gla/NOTES.md``)
 need in the forward's prep stage, on the tensor cores, and ``_gla_level`` gives a level's exponents
 from the cumulative gate as the backward forms them.
@@ -9,36 +8,7 @@ from the cumulative gate as the backward forms them.
 import triton
 import triton.language as tl
 
-__all__ = ["_r16", "_st", "_gla_level", "_gate_mm"]
-
-
-@triton.jit
-def _r16(x, DT: tl.constexpr, EMU: tl.constexpr):
-    """Round ``x`` to the matmul operand dtype ``DT``.
-
-    Compiled: a plain cast (the tensor cores take 16-bit operands). Under the interpreter
-    (``EMU``) the value is rounded to ``DT`` *and kept in float32*, because the interpreter
-    mis-computes 16-bit ``tl.dot``; bfloat16 is rounded to nearest-even by hand, because the
-    interpreter's own float32 -> bfloat16 cast truncates (a biased rounding the GPU does not have).
-    So the CPU tests see the same operand roundings as the GPU.
-    """
-    if EMU:
-        if DT == tl.bfloat16:
-            u = x.to(tl.float32).to(tl.uint32, bitcast=True)
-            u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-            return u.to(tl.float32, bitcast=True)
-        elif DT == tl.float16:
-            return x.to(tl.float16).to(tl.float32)
-        else:
-            return x.to(tl.float32)
-    else:
-        return x.to(DT)
-
-
-@triton.jit
-def _st(x, ODT: tl.constexpr, EMU: tl.constexpr):
-    """Cast ``x`` for a store into a tensor of dtype ``ODT`` (rounded to nearest under EMU too)."""
-    return _r16(x, ODT, EMU).to(ODT)
+__all__ = ["_gla_level", "_gate_mm"]
 
 
 @triton.jit

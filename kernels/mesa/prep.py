@@ -19,8 +19,7 @@ import triton
 import triton.language as tl
 
 from ..backend import INTERPRET, Launch, launch
-from ..delta.comba import _rows_tile
-from ..gla.tiles import _st
+from ..common.tiles import round_store, rows_tile
 
 __all__ = ["prep_keys", "prep_keys_torch", "PREP_ELEMENTS", "PREP_LAUNCH"]
 
@@ -43,10 +42,10 @@ def _prep_fwd_kernel(k, beta, kk, kb, N, K: tl.constexpr, BK: tl.constexpr, BR: 
     o_r = tl.program_id(0) * BR + tl.arange(0, BR)
     m_r = o_r < N
     b = tl.load(beta + o_r, mask=m_r, other=0.0).to(tl.float32)
-    pk, mk = _rows_tile(k, o_r, m_r, K, BK)
+    pk, mk = rows_tile(k, o_r, m_r, K, BK)
     kt = tl.load(pk, mask=mk, other=0.0).to(tl.float32)
-    tl.store(_rows_tile(kk, o_r, m_r, K, BK)[0], _st(kt, kk.dtype.element_ty, EMU), mask=mk)
-    tl.store(_rows_tile(kb, o_r, m_r, K, BK)[0], _st(kt * b[:, None], kb.dtype.element_ty, EMU), mask=mk)
+    tl.store(rows_tile(kk, o_r, m_r, K, BK)[0], round_store(kt, kk.dtype.element_ty, EMU), mask=mk)
+    tl.store(rows_tile(kb, o_r, m_r, K, BK)[0], round_store(kt * b[:, None], kb.dtype.element_ty, EMU), mask=mk)
 
 
 @triton.jit
@@ -55,18 +54,18 @@ def _prep_bwd_kernel(k, beta, dkk, dkb, dk, dbeta, N, K: tl.constexpr, BK: tl.co
     """``dk = dkk + beta · dkb`` and ``dbeta = Σ_K dkb ⊙ k`` on ``BR`` rows."""
     o_r = tl.program_id(0) * BR + tl.arange(0, BR)
     m_r = o_r < N
-    pk, mk = _rows_tile(k, o_r, m_r, K, BK)
+    pk, mk = rows_tile(k, o_r, m_r, K, BK)
     acc = tl.zeros([BR, BK], dtype=tl.float32)
     if HAS_DKK:
-        acc += tl.load(_rows_tile(dkk, o_r, m_r, K, BK)[0], mask=mk, other=0.0).to(tl.float32)
+        acc += tl.load(rows_tile(dkk, o_r, m_r, K, BK)[0], mask=mk, other=0.0).to(tl.float32)
     db = tl.zeros([BR], dtype=tl.float32)
     if HAS_DKB:
         b = tl.load(beta + o_r, mask=m_r, other=0.0).to(tl.float32)
-        g = tl.load(_rows_tile(dkb, o_r, m_r, K, BK)[0], mask=mk, other=0.0).to(tl.float32)
+        g = tl.load(rows_tile(dkb, o_r, m_r, K, BK)[0], mask=mk, other=0.0).to(tl.float32)
         acc += b[:, None] * g
         db = tl.sum(g * tl.load(pk, mask=mk, other=0.0).to(tl.float32), 1)
-    tl.store(_rows_tile(dk, o_r, m_r, K, BK)[0], _st(acc, dk.dtype.element_ty, EMU), mask=mk)
-    tl.store(dbeta + o_r, _st(db, dbeta.dtype.element_ty, EMU), mask=m_r)
+    tl.store(rows_tile(dk, o_r, m_r, K, BK)[0], round_store(acc, dk.dtype.element_ty, EMU), mask=mk)
+    tl.store(dbeta + o_r, round_store(db, dbeta.dtype.element_ty, EMU), mask=m_r)
 
 
 def _tiles(K: int):

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..gla.tiles import _r16, _st
+from ..common.tiles import round_operand, round_store
 
 __all__ = ["cg_solve", "CG_FLOOR"]
 
@@ -61,8 +61,8 @@ def _cg_kernel(rhs, kb, kk, g, lamb, hs, x, T, NT, ITERS,
     mask_t = rows < T
     offs = i_b.to(tl.int64) * T * H * K + i_h * K + rows[:, None] * (H * K) + o_k[None, :]
     # padded rows (past T) load zeros: b = 0, k = 0, so they neither solve nor disturb anything
-    ka = _r16(tl.load(kb + offs, mask=mask_t[:, None], other=0.), DT, EMU)
-    kv = _r16(tl.load(kk + offs, mask=mask_t[:, None], other=0.), DT, EMU)
+    ka = round_operand(tl.load(kb + offs, mask=mask_t[:, None], other=0.), DT, EMU)
+    kv = round_operand(tl.load(kk + offs, mask=mask_t[:, None], other=0.), DT, EMU)
     r = tl.load(rhs + offs, mask=mask_t[:, None], other=0.).to(tl.float32)
     gt = tl.load(g + i_b.to(tl.int64) * T * H + rows * H + i_h, mask=mask_t, other=0.).to(tl.float32)
     bt = tl.cumsum(gt, axis=0)
@@ -72,7 +72,7 @@ def _cg_kernel(rhs, kb, kk, g, lamb, hs, x, T, NT, ITERS,
     Hc = tl.load(hs + (i_bh * NT + i_c).to(tl.int64) * K * K + o_k[:, None] * K + o_k[None, :])
     sH = tl.max(tl.max(tl.abs(Hc), axis=1), axis=0)
     sH = tl.where(sH > 0, sH, 1.0)
-    Hn = _r16(Hc / sH, DT, EMU)
+    Hn = round_operand(Hc / sH, DT, EMU)
 
     xs = tl.zeros([BT, K], dtype=tl.float32)
     p = r
@@ -83,10 +83,10 @@ def _cg_kernel(rhs, kb, kk, g, lamb, hs, x, T, NT, ITERS,
         live = rr > floor
         npn = tl.sqrt(pp)
         inv = tl.where(npn > 0, 1.0 / tl.where(npn > 0, npn, 1.0), 0.0)
-        ph = _r16(p * inv[:, None], DT, EMU)                 # unit rows: one operand for both products
+        ph = round_operand(p * inv[:, None], DT, EMU)                 # unit rows: one operand for both products
         A = tl.dot(ph, tl.trans(ka), input_precision=IP) * D                          # [BT, BT]
         acc = tl.dot(ph, Hn, input_precision=IP) * (eb * sH)[:, None]                 # the state's part
-        acc = tl.dot(_r16(A, DT, EMU), kv, acc, input_precision=IP)                   # + the chunk's own
+        acc = tl.dot(round_operand(A, DT, EMU), kv, acc, input_precision=IP)                   # + the chunk's own
         Ap = acc * npn[:, None] + lam[None, :] * p
         pAp = tl.sum(p * Ap, axis=1)
         ok = live & (pAp > 0)
@@ -98,7 +98,7 @@ def _cg_kernel(rhs, kb, kk, g, lamb, hs, x, T, NT, ITERS,
         p = tl.where(ok[:, None], r + step[:, None] * p, 0.0)
         pp = tl.where(ok, rr_new + step * step * pp, 0.0)
         rr = tl.where(ok, rr_new, rr)
-    tl.store(x + offs, _st(xs, x.dtype.element_ty, EMU), mask=mask_t[:, None])
+    tl.store(x + offs, round_store(xs, x.dtype.element_ty, EMU), mask=mask_t[:, None])
 
 
 def cg_solve(rhs, kb, kk, g, lamb, hs, iterations: int, plan, out_dtype):

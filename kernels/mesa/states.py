@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..gla.march import _fwd_kernel, chunk_states, segment_entering_states
+from ..gla.march import chunk_states, chunk_states_and_final, segment_entering_states
 
 __all__ = ["h_states", "h_states_again"]
 
@@ -21,20 +21,12 @@ def h_states(kb, kk, g, h0, plan, output_final_state: bool):
 
     ``kb`` = ``beta · k`` and ``kk`` = ``k`` in the plan's operand dtype; ``g`` ``[B, T, H]``;
     ``h0`` ``None`` or float32 ``[B, H, K, K]``; ``plan`` the gla plan of the ``K x K`` problem."""
-    B, T, H, K = kk.shape
-    BH, dev, f32 = B * H, kk.device, torch.float32
-    dummy = torch.empty(1, dtype=f32, device=dev)
+    assert plan.gate == 1, "H's gate is a scalar per token"
     if plan.NS > 1:       # gla's split: every segment's own sum, a sequential combine, then the chunks
         inits, ht = segment_entering_states(kb, kb, kk, g, h0, 1.0, plan, output_final_state)
         return h_states_again(kb, kk, g, inits, plan)[0], inits, ht
     # one segment: the chunk states and the final state in one march
-    hs = torch.empty(BH, plan.NT, K, K, dtype=f32, device=dev)
-    ht = torch.empty(B, H, K, K, dtype=f32, device=dev) if output_final_state else None
-    _fwd_kernel[((K // plan.BK_s) * (K // plan.BV_s), BH)](
-        kb, kb, kk, g, dummy, h0 if h0 is not None else dummy, ht if ht is not None else dummy, dummy, hs,
-        dummy, 1.0, T, plan.NT, plan.SEG, 1, H=H, K=K, V=K, BT=plan.BT, BK=plan.BK_s, BV=plan.BV_s, GATE=1,
-        HAS_H0=h0 is not None, COMPUTE_O=False, STORE_FINAL=ht is not None, STORE_DEC=False, STORE_H=True,
-        IP=plan.IP, EMU=plan.EMU, num_warps=plan.warps_s, num_stages=plan.stages_s)
+    hs, ht = chunk_states_and_final(kb, kb, kk, g, h0, 1.0, plan, output_final_state)
     return hs, h0, ht
 
 

@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 
 from ..backend import launch
-from .forward import LOG2E, _gates, _in_rows, _tile, _tile_rows, diagonal_scores
+from ..common.softmax import LOG2E
+from .forward import _gates, _in_rows, _tile, _tile_rows, diagonal_scores
 from .plan import CHUNK, backward_slots
 
 __all__ = ["path_backward"]

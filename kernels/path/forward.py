@@ -4,7 +4,7 @@ One program per (query block ``i``, batch·head). It starts on its own block, wh
 left in ``A_loc``, then walks the key blocks ``l = i−1, i−2, …, 0``. On reaching block ``l`` it holds
 ``X = Q̃_i P_{i−1} ⋯ P_{l+1}`` (each query pulled back to the end of block ``l``), so the block's
 scores are ``X K̂_lᵀ``; then it crosses the block, ``X ← X P_l = X − (X W_lᵀ) U_l``. Each step folds
-its scores into the flash family's online softmax (:func:`kernels.flash.forward.online_softmax_step`).
+its scores into the flash family's online softmax (:func:`kernels.common.softmax.online_softmax_step`).
 Four products per block pair where flash attention has two; nothing ``T × T`` is written.
 """
 from __future__ import annotations
@@ -14,11 +14,9 @@ import triton
 import triton.language as tl
 
 from ..backend import launch
-from ..flash.forward import online_softmax_step
+from ..common.softmax import LOG2E, online_softmax_step
 
-__all__ = ["path_forward", "LOG2E"]
-
-LOG2E = 1.4426950408889634
+__all__ = ["path_forward"]
 
 
 @triton.jit

@@ -1,8 +1,8 @@
 """Stage 1 and its gradient: what each block of 64 tokens does on its own.
 
 For a block ``b`` (tokens ``s .. e−1``) with directions ``W`` (``[64, K]``), ``β`` and the
-delta family's inverse ``T = (I + L)^{-1}``, ``L = Diag(β)(W Wᵀ ⊙ M⁻)``
-(:func:`kernels.delta.solve.solve_chunks` with ``w`` in the keys' place and no gate), the block's
+shared triangular solve's inverse ``T = (I + L)^{-1}``, ``L = Diag(β)(W Wᵀ ⊙ M⁻)``
+(:func:`kernels.common.solve.solve_chunks` with ``w`` in the keys' place and no gate), the block's
 Householder product is ``P_b = H_{e−1} ⋯ H_s = I − Wᵀ U`` with the UT factor ``U = T Diag(β) W``.
 The prepare kernel writes, per block:
 
@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..backend import launch
-from ..delta.solve import chunk_cumsum, solve_chunks
+from ..common.solve import chunk_cumsum, solve_chunks
 from .plan import CHUNK
 
 __all__ = ["prepare_blocks", "local_backward"]
@@ -88,7 +88,7 @@ def _prepare_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, qt_ptr, kh_ptr, u_ptr
 
 
 def prepare_blocks(q, k, w, beta, plan):
-    """Stage 1: the delta family's solve for ``T``, then one program per (block, batch·head).
+    """Stage 1: the shared triangular solve (:mod:`kernels.common.solve`) for ``T``, then one program per (block, batch·head).
     ``w`` in the transport dtype (the caller casts it once; the backward reads the same values).
     Returns ``(qt, kh, u, wt, aloc, tm)``: ``[B·H, NT·64, K]`` in the transport dtype (``plan.
     transport``), ``aloc`` ``[B·H, NT·64, 64]`` float32 (zero above the diagonal), ``tm`` the

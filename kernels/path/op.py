@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import check_dtypes, device_caps, resolve_backend
-from ..flash.forward import cumulative_gates
+from ..common.gates import cumulative_gates
 from ..reference import path_attn_ref
 from ..common import head_tile, pad_axis
 from ..validate import check_gate_tensor, check_qkv, default_scale

@@ -22,7 +22,7 @@ CHUNK = 64      #: tokens per block (the delta family's 16×16-block inverse of 
 
 @dataclass(frozen=True)
 class _SolvePlan:
-    """What :func:`kernels.delta.solve.solve_chunks` reads from a plan."""
+    """What :func:`kernels.common.solve.solve_chunks` reads from a plan."""
     solve: tuple
     solve_kc: int
 

@@ -78,8 +78,8 @@ def draw_delta_pipeline():
     xs = [0.1, 3.3, 6.5, 9.7]
     yf, yi, yb = 4.9, 2.75, 0.35
     stages = [
-        ("cumulative gate $b$\nper chunk\n(solve.chunk_cumsum)", PALETTE["light"]),
-        (r"$\mathbf{T} = (\mathbf{I}+\mathbf{A})^{-1}$" + "\nevery chunk\n(solve.solve_chunks)",
+        ("cumulative gate $b$\nper chunk\n(common.solve.chunk_cumsum)", PALETTE["light"]),
+        (r"$\mathbf{T} = (\mathbf{I}+\mathbf{A})^{-1}$" + "\nevery chunk\n(common.solve.solve_chunks)",
          PALETTE["key"]),
         (r"$\mathbf{W}$, $\tilde{\mathbf{U}}$, scores" + "\nevery chunk\n(wy.wy_factors)",
          PALETTE["key"]),

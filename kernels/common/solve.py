@@ -8,8 +8,11 @@ by row, reading ``A_II`` transposed so that no step moves data between register 
 them into ``T`` by block substitution (``T_IJ = −T_II Σ_M A_IM T_MJ``, 3×TF32 products for 16-bit
 inputs: near-IEEE at 0.77× the time of IEEE products) and writes ``T`` as a dense ``[64, 64]``
 tile in the input dtype. One warp per chunk: the 16×16 tiles are replicated across warps, so more
-warps only add reduction traffic. :func:`solve_chunks` is the public entry; any family whose
-chunk holds a unit lower-triangular system of this form (PaTH's Householder products) calls it.
+warps only add reduction traffic. :func:`solve_chunks` is the public entry, called by the delta
+family (``A`` from the keys) and PaTH (``w`` in the keys' place, no gate); DeltaFormer's pseudo-value
+stage reuses the two jit steps, :func:`inv4_unit_lower16` and :func:`merge_inverse16`. A caller's
+plan gives the solve's launch (``plan.solve``, a :class:`kernels.backend.Launch`) and its key
+columns per step (``plan.solve_kc``).
 """
 from __future__ import annotations
 
@@ -18,9 +21,10 @@ import triton
 import triton.language as tl
 
 from ..backend import launch
-from .plan import CHUNK
 
-__all__ = ["chunk_cumsum", "solve_chunks", "inv4_unit_lower16", "merge_inverse16"]
+__all__ = ["CHUNK", "chunk_cumsum", "solve_chunks", "inv4_unit_lower16", "merge_inverse16"]
+
+CHUNK = 64   #: tokens per chunk of the solve (the delta, PaTH and DeltaFormer families' chunk)
 
 
 @triton.jit
