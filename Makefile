@@ -69,6 +69,7 @@ book: $(STAMP)
 # and a full-page capture of a long page can outlast the browser's timeout on a slow machine.
 pagecheck: book $(CHROMIUM)
 	$(PY) tools/page_check.py --chromium $(CHROMIUM) --no-screenshots
+	$(PY) tools/colab_edition.py --check-built _build/html
 
 pageshots: book $(CHROMIUM)
 	$(PY) tools/page_check.py --chromium $(CHROMIUM)

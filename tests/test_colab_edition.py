@@ -335,6 +335,24 @@ def test_equations_are_numbered_through_the_book_in_toc_order():
     assert docs[0] == "book/notation"
 
 
+def test_numbers_are_compared_with_the_rendered_book(tmp_path):
+    """``--check-built`` (run by ``make pagecheck``) reads Sphinx's equation numbers from the
+    built pages; here on pages written to match, then with one number off."""
+    book = ce.load_book()
+    pages = {}
+    for label, (number, doc) in sorted(book.equations.items(), key=lambda kv: kv[1]):
+        from docutils.nodes import make_id
+        pages.setdefault(doc, []).append(f'<div id="{make_id("equation-" + label)}"><span class="eqno">'
+                                         f'({number + (label == "ch2-linear-attn")})</span></div>')
+    for doc, parts in pages.items():
+        (tmp_path / doc).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f"{doc}.html").write_text("\n".join(parts))
+    wrong = ce.built_numbers_differ(tmp_path)
+    n = book.equations["ch2-linear-attn"][0]
+    assert wrong == [f"notebooks/02_linear_attention: (ch2-linear-attn) is ({n + 1}) in the book, ({n}) in the "
+                     "Colab edition"], wrong
+
+
 # ----------------------------------------------------------------------------------------------
 # The install cell of the Colab edition
 # ----------------------------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
     python tools/colab_edition.py           # (re)write colab/*.ipynb (outputs empty)
     python tools/colab_edition.py --check   # exit 1 if a file differs from what this writes
+    python tools/colab_edition.py --check-built _build/html
+                                            # exit 1 if the rendered book numbers an equation
+                                            # otherwise than the Colab edition (make pagecheck)
 
 The rendered book reads MyST; a notebook viewer (Colab, Jupyter, VS Code, GitHub's preview) reads
 plain Markdown with ``$``-math and knows nothing of ``_config.yml``. Each chapter's Colab edition
@@ -771,7 +774,26 @@ def expected_files(root: Path = ROOT) -> dict:
     return {root / COLAB_DIR / p.name: notebook_text(colab_notebook(p, root)) for p in book_notebooks(root)}
 
 
+def built_numbers_differ(html: Path, root: Path = ROOT) -> list[str]:
+    """Each labelled equation whose number in the rendered book (``html``, Sphinx's output) is not
+    the one the Colab edition gives it, or that the rendered page lacks."""
+    from docutils.nodes import make_id
+    book, pages, wrong = load_book(root), {}, []
+    for label, (number, doc) in sorted(book.equations.items(), key=lambda kv: kv[1]):
+        page = pages.setdefault(doc, (html / f"{doc}.html").read_text())
+        at = page.find(f'id="{make_id("equation-" + label)}"')
+        shown = re.search(r'<span class="eqno">\((\d+)\)', page[at:]) if at >= 0 else None
+        if shown is None or int(shown.group(1)) != number:
+            wrong.append(f"{doc}: ({label}) is ({shown.group(1) if shown else '?'}) in the book, "
+                         f"({number}) in the Colab edition")
+    return wrong
+
+
 def main(argv: list[str]) -> int:
+    if "--check-built" in argv:
+        wrong = built_numbers_differ(Path(argv[argv.index("--check-built") + 1]))
+        print("\n".join(wrong) or "every equation has the same number in the book and its Colab edition")
+        return 1 if wrong else 0
     check = "--check" in argv
     want = expected_files()
     have = {p: p.read_text() for p in sorted((ROOT / COLAB_DIR).glob("*.ipynb"))}
