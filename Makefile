@@ -5,6 +5,7 @@
 #   make pagecheck  the built book in headless Chromium at 1280 px and 390 px (tools/page_check.py):
 #                   fails on anything wider than the text column, MathJax errors, widgets shown twice
 #   make pageshots  the same check, keeping a full-page screenshot of every page (for a reviewer's eye)
+#   make colab      rewrite the Colab edition (colab/*.ipynb) from notebooks/ (tools/colab_edition.py)
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 # A CPU torch pin first, so that requirements.txt's loose `torch>=` never pulls CUDA wheels.
@@ -14,10 +15,16 @@ NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 # Debian's Chromium drives the page check (Playwright is told where it is; it downloads no browser).
 CHROMIUM ?= /usr/bin/chromium
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# tests/test_colab_edition.py: KaTeX and MathJax from npm (Node.js, Debian's when missing), and
+# Colab's ipywidgets for the chapter it runs from the wheel; both git-ignored, both set up here.
+MATHCHECK := tools/mathcheck
+MATH_STAMP := $(MATHCHECK)/node_modules/.installed
+WIDGETS := .colab-widgets
+WIDGETS_STAMP := $(WIDGETS)/.installed
 
-.PHONY: setup browser check test test-py test-nb book pagecheck pageshots clean
+.PHONY: setup browser check test test-py test-nb book pagecheck pageshots colab clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(MATH_STAMP) $(WIDGETS_STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,6 +34,17 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
+$(MATH_STAMP): $(MATHCHECK)/package.json $(MATHCHECK)/package-lock.json
+	command -v npm >/dev/null || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm; }
+	cd $(MATHCHECK) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(WIDGETS_STAMP): $(STAMP)
+	rm -rf $(WIDGETS)
+	$(PY) -m pip install -q --no-deps --no-compile --target $(WIDGETS) ipywidgets==7.7.1 ipython_genutils==0.2.0
+	touch $@
+
 browser: $(CHROMIUM)
 
 $(CHROMIUM):
@@ -35,10 +53,10 @@ $(CHROMIUM):
 
 check: test pagecheck
 
-test: $(STAMP) $(CHROMIUM)
+test: setup $(CHROMIUM)
 	$(PY) -m pytest -q tests $(NOTEBOOKS) --nbval-lax --nbval-current-env -p no:cacheprovider
 
-test-py: $(STAMP) $(CHROMIUM)
+test-py: setup $(CHROMIUM)
 	$(PY) -m pytest -q tests
 
 test-nb: $(STAMP)
@@ -51,9 +69,13 @@ book: $(STAMP)
 # and a full-page capture of a long page can outlast the browser's timeout on a slow machine.
 pagecheck: book $(CHROMIUM)
 	$(PY) tools/page_check.py --chromium $(CHROMIUM) --no-screenshots
+	$(PY) tools/colab_edition.py --check-built _build/html
 
 pageshots: book $(CHROMIUM)
 	$(PY) tools/page_check.py --chromium $(CHROMIUM)
+
+colab: $(STAMP)
+	$(PY) tools/colab_edition.py
 
 clean:
 	rm -rf _build

@@ -16,6 +16,7 @@ On a machine without a CUDA device, importing this package sets ``TRITON_INTERPR
 kernel is decorated) so that ``backend="triton"`` can run the kernels through Triton's interpreter;
 the default on CPU tensors is the differentiable PyTorch implementation in :mod:`kernels.reference`.
 """
+__distribution__ = "linear-attention-history"  # only this book's packages say so (lattn_core.distribution)
 import os as _os
 
 try:
@@ -24,6 +25,10 @@ try:
         _os.environ.setdefault("TRITON_INTERPRET", "1")
 except Exception:  # pragma: no cover
     pass
+
+from lattn_core.distribution import warn_if_shared as _warn_if_shared  # noqa: E402
+
+_warn_if_shared("kernels")
 
 from .backend import HAS_TRITON, INTERPRET, resolve_backend  # noqa: E402
 from .conv import causal_conv1d  # noqa: E402

@@ -12,6 +12,7 @@ Modules, in the order of the book: ``_validate`` (the one input-validation helpe
 imported on its own. The package imports nothing from :mod:`kernels`; the experiments that train
 torch models live in :mod:`experiments`.
 """
+__distribution__ = "linear-attention-history"  # only this book's packages say so (lattn_core.distribution)
 from . import (_validate, checks, delta, feeding_back, forget_gates, linear_attention, masks, mesanet, path,
                rnn, short_convolution, softmax, ttt)
 from ._validate import *  # noqa: F401,F403

@@ -1,8 +1,8 @@
 """Hygiene of every chapter notebook, and of the citations used across the book.
 
 Each notebook must be listed in _toc.yml, stored without outputs, valid nbformat 4, start with the
-Colab badge for its own path (derived from repository.url in _config.yml), install this repository
-on Colab, have a hidden executed solution, a widget and exactly one level-1 heading. Every {cite}
+Colab badge that opens its Colab edition (colab/<name>, derived from repository.url in _config.yml),
+install this repository on Colab, have a hidden executed solution, a widget and exactly one level-1 heading. Every {cite}
 key used anywhere in the book must exist in book/references.bib.
 """
 import re
@@ -24,11 +24,14 @@ def _tool(name):
     import importlib.util
     spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    import sys
+    sys.modules.setdefault(name, module)   # a dataclass looks its module up there
     spec.loader.exec_module(module)
-    return module
+    return sys.modules[name]
 
 
 install_cell = _tool("install_cell")  # the install cell's one source
+colab_edition = _tool("colab_edition")  # the badge's one source
 
 
 def _toc_files(node):
@@ -91,13 +94,15 @@ class TestNotebook:
                 assert cell.execution_count is None, f"cell {i} has an execution count"
 
     def test_colab_badge_first(self, path):
+        """The badge opens the chapter's Colab edition, colab/<name> (tests/test_colab_edition.py
+        checks that file and its badge)."""
         nb = _load(path)
         first = nb.cells[0]
         assert first.cell_type == "markdown"
         owner_repo = REPO_URL.removeprefix("https://github.com/")
-        colab = (f"https://colab.research.google.com/github/{owner_repo}/blob/{BRANCH}/"
-                 f"{path.relative_to(ROOT).as_posix()}")
+        colab = f"https://colab.research.google.com/github/{owner_repo}/blob/{BRANCH}/colab/{path.name}"
         badge = f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab})"
+        assert badge == colab_edition.badge(CONFIG, path.name)
         assert first.source.lstrip().startswith(badge), f"first cell must start with {badge}"
 
     def test_install_cell(self, path):
