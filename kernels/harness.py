@@ -20,44 +20,18 @@ to :func:`run_benchmark`, which does the rest the same way for every family:
 
   rewritten after every case, so a killed run keeps what it measured.
 
-The book reads those files through :mod:`kernels.report`; no measured number is typed by hand.
+Results files are read and written by :mod:`kernels.results` (which also records the environment);
+the book shows them through :mod:`kernels.report`; no measured number is typed by hand.
 """
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import os
-import platform
 import time
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+from .results import environment, load_results, results_path, write_results
 
-__all__ = ["environment", "bench_ms", "err_ratio", "results_path", "write_results", "load_results",
-           "run_benchmark", "bench_main", "short_error"]
-
-
-def environment() -> dict:
-    """Device name, date and library versions, recorded next to every measurement."""
-    import torch
-    env = {
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
-    }
-    try:
-        import triton
-        env["triton"] = triton.__version__
-    except Exception:
-        env["triton"] = None
-    try:
-        from importlib.metadata import version
-        env["fla"] = version("fla-core")
-    except Exception:
-        env["fla"] = None
-    return env
+__all__ = ["bench_ms", "err_ratio", "run_benchmark", "bench_main", "short_error"]
 
 
 def bench_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
@@ -76,34 +50,6 @@ def err_ratio(x, ref) -> float:
     num = torch.sqrt(torch.mean((x - ref) ** 2)).item()
     den = torch.sqrt(torch.mean(ref ** 2)).item()
     return num / den if den > 0 else num
-
-
-def results_path(family: str) -> Path:
-    """``kernels/<family>/results.json``: the benchmark of record of one kernel family."""
-    return PACKAGE_DIR / family / "results.json"
-
-
-def write_results(path, name: str, config: dict, records: list, env: dict | None = None) -> Path:
-    """Write one results file (``path`` may be a family name or a file path)."""
-    path = results_path(path) if isinstance(path, str) and os.sep not in path and not path.endswith(".json") \
-        else Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"name": name, "env": env or environment(), "config": config, "records": records}
-    path.write_text(json.dumps(payload, indent=1, sort_keys=False, default=float) + "\n")
-    return path
-
-
-def load_results(family_or_path) -> dict:
-    """Load a family's results file (``"flash"``, ``"gla"``, ``"delta"``) or any results file by path;
-    ``FileNotFoundError`` names the benchmark that creates it."""
-    if isinstance(family_or_path, str) and os.sep not in family_or_path and not family_or_path.endswith(".json"):
-        path = results_path(family_or_path)
-        hint = f"run `python -m kernels.{family_or_path}.bench --write` on a GPU to create them"
-    else:
-        path, hint = Path(family_or_path), "no such results file"
-    if not path.exists():
-        raise FileNotFoundError(f"no stored results at {path}; {hint}")
-    return json.loads(path.read_text())
 
 
 def short_error(e: BaseException, n: int = 300) -> str:

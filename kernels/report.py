@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from .harness import load_results
+from .results import load_results
 
 __all__ = ["show_benchmark", "ratio_table", "ratio_rows", "stored_goal", "goal_verdicts", "describe_verdicts", "plot_results",
            "series_colors", "env_line", "plot_tradeoff"]

@@ -389,7 +389,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("the survey needs a CUDA GPU; Chapter 11 draws the stored kernels/survey.json")
         return 2
-    from .harness import environment, load_results, write_results
+    from .results import environment, load_results, write_results
     warmup, rep = (5, 20) if args.quick else (10, 50)
     start = time.perf_counter()
     deadline = start + args.budget_s

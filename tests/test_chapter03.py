@@ -178,7 +178,7 @@ def test_topic_recall_validates_topic_len():
 # What the chapter says about the stored benchmark and shows of the kernels' source
 # ---------------------------------------------------------------------------------------------
 def test_the_chapters_statements_about_the_gla_goals():
-    from kernels.harness import load_results
+    from kernels.results import load_results
     from kernels.report import ratio_rows
     met = {}
     for r in ratio_rows(load_results("gla")):

@@ -111,7 +111,7 @@ def launched_vs_graphed(log=None, gbps=None) -> list:
     import json
     import statistics
     from pathlib import Path
-    from kernels.harness import load_results
+    from kernels.results import load_results
     if log is None:
         path = Path(__file__).parent / GRAPH_LOG
         if not path.exists():

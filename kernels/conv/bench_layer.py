@@ -110,7 +110,7 @@ def copy_bandwidth(results=None) -> float:
     """The device-to-device copy's bandwidth (GB/s) in the conv benchmark of record: the median over
     its ``copy`` records (measured in the same run as the kernels)."""
     import statistics
-    from kernels.harness import load_results
+    from kernels.results import load_results
     data = load_results("conv") if results is None else results
     return statistics.median(r["gbps"] for r in data["records"] if r["impl"] == "copy")
 
@@ -179,7 +179,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("this lab needs a CUDA GPU")
         return 2
-    from kernels.harness import bench_ms, environment
+    from kernels.harness import bench_ms
+    from kernels.results import environment
     dt = torch.bfloat16
     p = build(args.hidden, args.heads, args.head_dim, args.width, "cuda", dt)
     x = torch.randn(args.B, args.T, args.hidden, device="cuda", dtype=dt, requires_grad=True)

@@ -43,7 +43,8 @@ def main(argv=None) -> int:
     from kernels.conv import bench
     from kernels.conv.bench_layer import graphed
     from kernels.conv.lab.sweep_march import write_log
-    from kernels.harness import bench_ms, environment
+    from kernels.harness import bench_ms
+    from kernels.results import environment
     rows, t0 = [], time.time()
     for case in bench.cases():
         step, _ = fwdbwd_step(case)

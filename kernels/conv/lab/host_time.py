@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     from kernels.conv.lab.graph_timing import fwdbwd_step
     from kernels.conv.lab.sweep_march import write_log
     from kernels.conv.op import causal_conv1d_triton
-    from kernels.harness import environment
+    from kernels.results import environment
     rows = []
     for case in bench.cases():
         step, inp = fwdbwd_step(case)

@@ -28,7 +28,8 @@ def main(argv=None) -> int:
     from kernels.conv import bench
     from kernels.conv.op import causal_conv1d_triton
     from kernels.conv.lab.sweep_march import write_log
-    from kernels.harness import bench_ms, environment
+    from kernels.harness import bench_ms
+    from kernels.results import environment
     rows, t0 = [], time.time()
     for case in bench.cases():
         x = bench.make_inputs(case)

@@ -24,7 +24,9 @@ from kernels.conv.backward import conv_backward
 from kernels.conv.lab.fused_backward import fused_conv_backward
 from kernels.conv.forward import conv_forward
 from kernels.conv.plan import plan_for
-from kernels.harness import bench_ms, environment
+from kernels.harness import bench_ms
+
+from kernels.results import environment
 
 B, T, D, W = 32, 2048, 2048, 4
 FWD = [(bt, bd, wp) for bt, bd, wp in itertools.product((4, 8, 16, 32), (64, 128, 256), (2, 4, 8))]

@@ -33,7 +33,8 @@ def main(argv=None) -> int:
     from kernels.backend import Launch
     from kernels.conv.forward import conv_forward
     from kernels.conv.plan import plan_for
-    from kernels.harness import bench_ms, environment
+    from kernels.harness import bench_ms
+    from kernels.results import environment
     try:
         from fla.modules.causal_conv1d import causal_conv1d as fla_conv
     except Exception as e:  # noqa: BLE001 - reported

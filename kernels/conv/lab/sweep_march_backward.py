@@ -32,7 +32,8 @@ def main(argv=None) -> int:
     from kernels.conv.backward import conv_backward
     from kernels.conv.lab.sweep_march import sweep_configs, write_log
     from kernels.conv.plan import plan_for
-    from kernels.harness import bench_ms, environment
+    from kernels.harness import bench_ms
+    from kernels.results import environment
     rows, t0 = [], time.time()
     for B, T, D in SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(D)

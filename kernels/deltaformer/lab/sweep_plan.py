@@ -18,7 +18,8 @@ from kernels.deltaformer.plan import DeltaFormerPlan, plan_for             # noq
 from kernels.deltaformer.pseudo import adjoint_values, pseudo_values      # noqa: E402
 from kernels.flash.forward import flash_forward                           # noqa: E402
 from kernels.flash.plan import plan_for as flash_plan_for                 # noqa: E402
-from kernels.harness import bench_ms, environment                         # noqa: E402
+from kernels.harness import bench_ms                         # noqa: E402
+from kernels.results import environment                         # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp"), "sweep_plan.json"))

@@ -15,7 +15,8 @@ sys.path.insert(0, os.getcwd())
 from kernels.deltaformer import bench                                      # noqa: E402
 from kernels.deltaformer.plan import plan_for                              # noqa: E402
 from kernels.deltaformer.pseudo import adjoint_values, pseudo_values      # noqa: E402
-from kernels.harness import bench_ms, environment                         # noqa: E402
+from kernels.harness import bench_ms                         # noqa: E402
+from kernels.results import environment                         # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp"), "sweep_split.json"))

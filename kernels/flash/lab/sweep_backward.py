@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from kernels.flash import plan as P
 from kernels.flash.backward import flash_backward
 from kernels.flash.forward import flash_forward
-from kernels.harness import bench_ms, environment
+from kernels.harness import bench_ms
+
+from kernels.results import environment
 
 H, D = 16, 128
 SHAPES = [(32, 2048), (2, 32768)]

@@ -16,7 +16,9 @@ import torch.nn.functional as F
 
 from kernels.flash.forward import flash_forward
 from kernels.flash.plan import FlashPlan
-from kernels.harness import bench_ms, environment
+from kernels.harness import bench_ms
+
+from kernels.results import environment
 
 H, D = 16, 128
 SHAPES = [(32, 2048), (8, 8192), (2, 32768)]

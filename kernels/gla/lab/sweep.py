@@ -49,7 +49,8 @@ def main(argv=None):
     import torch
     import torch.nn.functional as F
     from kernels.gla.op import chunk_gla_triton
-    from kernels.harness import bench_ms, environment, err_ratio
+    from kernels.harness import bench_ms, err_ratio
+    from kernels.results import environment
     plans = [{}] + [json.loads(x) for x in args.plan]
     rows, t0 = [], time.perf_counter()
     for shape in args.shapes.split(","):

@@ -25,7 +25,8 @@ OPTIONS = [dict(warps_cg=w, stages_cg=s) for w in (4, 8, 16) for s in (1, 2)]
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     import torch
-    from kernels.harness import bench_ms, environment
+    from kernels.harness import bench_ms
+    from kernels.results import environment
     from kernels.mesa import bench
     from kernels.mesa.op import chunk_mesa_net_triton
     B, T = (int(argv[argv.index("--shape") + i]) for i in (1, 2)) if "--shape" in argv else (32, 2048)
