@@ -3,7 +3,7 @@
 Each experiment (:mod:`experiments.mqar`, :mod:`experiments.extrapolation`, ...) trains small models once
 per seed with a configuration dataclass that has ``as_dict()`` and a ``gpu_config()``; its GPU runs
 live in ``experiments/results/<name>.json`` with the device, date and library versions
-(:func:`kernels.harness.write_results`).
+(:func:`kernels.results.write_results`).
 """
 from __future__ import annotations
 
@@ -245,11 +245,11 @@ def load_stored_runs(name: str, gpu_config, command: str, ignore=("seeds",)) -> 
     ``same_as_gpu_config``: whether they were run with the settings ``gpu_config()`` has now (the
     seed and the ``ignore`` fields aside). ``FileNotFoundError`` naming ``command`` (what writes
     them) when this copy has none."""
-    from kernels import harness
+    from kernels import results
     path = RESULTS_DIR / f"{name}.json"
     if not path.exists():
         raise FileNotFoundError(f"no stored runs at {path}; run `{command}` on a GPU to create them")
-    data = harness.load_results(path)
+    data = results.load_results(path)
     want = json.loads(json.dumps(gpu_config().as_dict()))
     want.pop("seed")
     have = {k: v for k, v in data["config"].items() if k not in ignore}
@@ -334,13 +334,13 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
         print(describe(r) + f"  ({r['train_seconds']:.0f} s)")
     print(f"{len(seeds)} seeds: {time.perf_counter() - t0:.0f} s")
     if args.write:
-        from kernels import harness
+        from kernels import results
         name = stored if args.gpu else f"{stored}_cpu"
         path = RESULTS_DIR / f"{name}.json"
         config, records = out["config"], out["records"]
         if split:
-            old = harness.load_results(path) if path.exists() else None
-            merged = merge_stored(old, dict(out, env=harness.environment()), split, base_models)
+            old = results.load_results(path) if path.exists() else None
+            merged = merge_stored(old, dict(out, env=results.environment()), split, base_models)
             config, records = merged["config"], merged["records"]
-        print("wrote", harness.write_results(path, name, config, records))
+        print("wrote", results.write_results(path, name, config, records))
     return 0

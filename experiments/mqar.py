@@ -494,7 +494,7 @@ def main(argv=None) -> int:
     """Run a sweep from the command line, once per ``--seeds``; ``--write`` stores it in
     ``experiments/results/<name>.json`` with the device, date and library versions."""
     import argparse
-    from kernels import harness
+    from kernels import results
     p = argparse.ArgumentParser(description="MQAR sweep of Chapter 6 (four update rules, one state size)")
     p.add_argument("--large", action="store_true", help="the GPU setting (gpu_config) instead of the CPU one")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="one sweep per seed (default: 0)")
@@ -520,7 +520,7 @@ def main(argv=None) -> int:
     print(f"{len(args.seeds)} sweeps, {out['config']['jobs']} at a time: {time.perf_counter() - t0:.0f} s")
     if args.write:
         name = (STORED_MESANET if args.mesanet else STORED_LARGE) if args.large else "mqar_small"
-        path = harness.write_results(RESULTS_DIR / f"{name}.json", name, out["config"], out["records"])
+        path = results.write_results(RESULTS_DIR / f"{name}.json", name, out["config"], out["records"])
         print("wrote", path)
     return 0
 

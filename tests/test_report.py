@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
-from kernels import harness, report
+from kernels import harness, report, results
 
 ENV = {"device": "test", "date": "today", "torch": "x", "triton": "y", "fla": "z"}
 
@@ -98,7 +98,7 @@ def test_err_ratio_is_rms_relative():
 def test_stored_results_have_env_goals_and_fla(family):
     """Every family's benchmark of record is in the repository, with its device and versions, its
     goals, and fla side by side (a time or a recorded refusal for every fla record)."""
-    data = harness.load_results(family)
+    data = results.load_results(family)
     assert {"device", "date", "torch", "triton", "fla"} <= set(data["env"])
     assert data["config"]["goals"]
     fla = [r for r in data["records"] if r["impl"] == "fla"]
