@@ -10,7 +10,8 @@ with ``H_c``::
 
 plus ``Lambda P``. The forward solves with ``b = q``, the backward with ``b = dL/dx`` (the matrix is
 symmetric). CG starts from zero and runs at most ``ITERS`` iterations; a row stops (its steps
-become zero) once ``|r_t|^2 <= CG_FLOOR |b_t|^2``, or where its curvature is not positive. fla runs a
+become zero) once ``|r_t|^2 <= CG_FLOOR |b_t|^2``, or where its curvature is not positive, and the
+program stops once all its rows have (well-conditioned chunks finish in a few steps). fla runs a
 fixed count with ``1e-5`` added to each denominator; the relative stop does the same work without
 a scale of its own: after convergence the recursive residual keeps shrinking into float32's
 underflow while the 16-bit products leave the true one at roundoff, and the steps taken there
@@ -79,17 +80,19 @@ def _cg_kernel(rhs, kb, kk, g, lamb, hs, x, T, NT, ITERS,
     rr = tl.sum(r * r, axis=1)
     pp = rr                                   # |p|^2, carried by CG's own recurrence (no reduction)
     floor = rr * FLOOR                        # a row stops once |r|^2 <= FLOOR |b|^2
-    for _ in tl.range(0, ITERS):
-        live = rr > floor
+    act = rr > floor                          # rows still iterating (padded rows never start)
+    it = 0
+    n_act = tl.sum(act.to(tl.int32), axis=0)
+    while (it < ITERS) & (n_act > 0):         # the whole chunk stops once every row has
         npn = tl.sqrt(pp)
         inv = tl.where(npn > 0, 1.0 / tl.where(npn > 0, npn, 1.0), 0.0)
-        ph = round_operand(p * inv[:, None], DT, EMU)                 # unit rows: one operand for both products
-        A = tl.dot(ph, tl.trans(ka), input_precision=IP) * D                          # [BT, BT]
-        acc = tl.dot(ph, Hn, input_precision=IP) * (eb * sH)[:, None]                 # the state's part
-        acc = tl.dot(round_operand(A, DT, EMU), kv, acc, input_precision=IP)                   # + the chunk's own
+        ph = round_operand(p * inv[:, None], DT, EMU)            # unit rows: one operand for both products
+        A = tl.dot(ph, tl.trans(ka), input_precision=IP) * D                         # [BT, BT]
+        acc = tl.dot(ph, Hn, input_precision=IP) * (eb * sH)[:, None]                # the state's part
+        acc = tl.dot(round_operand(A, DT, EMU), kv, acc, input_precision=IP)         # + the chunk's own
         Ap = acc * npn[:, None] + lam[None, :] * p
         pAp = tl.sum(p * Ap, axis=1)
-        ok = live & (pAp > 0)
+        ok = act & (pAp > 0)
         alpha = tl.where(ok, rr / tl.where(ok, pAp, 1.0), 0.0)
         xs += alpha[:, None] * p
         r -= alpha[:, None] * Ap
@@ -98,6 +101,9 @@ def _cg_kernel(rhs, kb, kk, g, lamb, hs, x, T, NT, ITERS,
         p = tl.where(ok[:, None], r + step[:, None] * p, 0.0)
         pp = tl.where(ok, rr_new + step * step * pp, 0.0)
         rr = tl.where(ok, rr_new, rr)
+        act = ok & (rr_new > floor)
+        n_act = tl.sum(act.to(tl.int32), axis=0)
+        it += 1
     tl.store(x + offs, round_store(xs, x.dtype.element_ty, EMU), mask=mask_t[:, None])
 
 
