@@ -67,7 +67,7 @@ def check_conv_inputs(x, weight, bias, residual, initial_state, output_final_sta
     return B, T, D, W
 
 
-@documents_checks("``x`` ``[B, T, D]`` (non-empty) and ``weight`` ``[D, W]`` with ``1 <= W <= 8`` (both "
+@documents_checks(f"``x`` ``[B, T, D]`` (non-empty) and ``weight`` ``[D, W]`` with ``1 <= W <= {MAX_WIDTH}`` (both "
                   "required), ``bias`` ``None`` or ``[D]``, ``residual`` ``None`` or ``[B, T, D]``, "
                   "``initial_state`` ``None`` or ``[B, D, W]``: float32/float16/bfloat16 tensors on one "
                   "device; ``activation`` ``None``, ``'silu'`` or ``'swish'``; ``output_final_state`` a bool",
