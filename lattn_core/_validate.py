@@ -10,7 +10,8 @@ import numbers
 
 import numpy as np
 
-__all__ = ["as_array", "check_qkv", "check_gate", "check_chunk_size", "check_positive"]
+__all__ = ["as_array", "check_qkv", "check_gate", "check_chunk_size", "check_positive", "check_int",
+           "check_symbolic_finite"]
 
 
 def _fmt_shape(shape) -> str:
@@ -18,17 +19,26 @@ def _fmt_shape(shape) -> str:
     return f"({inner},)" if len(shape) == 1 else f"({inner})"
 
 
-def as_array(x, name: str, shape: tuple, *, finite: bool = True) -> np.ndarray:
+def as_array(x, name: str, shape: tuple | None, *, finite: bool = True) -> np.ndarray:
     """Convert ``x`` to a float64 array and check its shape.
 
     ``shape`` is a tuple whose entries are ints (that size is required), ``None`` (any size) or
-    strings (a symbolic name shown in the error message; any size). Returns a float64 ``ndarray``.
+    strings (a symbolic name shown in the error message; any size); ``shape=None`` takes any number
+    of axes. Complex input raises (even with a zero imaginary part: NumPy would drop it with only a
+    warning), so do NaN and inf unless ``finite=False``, and empty arrays. Returns a float64
+    ``ndarray``.
     """
+    spec = "any shape" if shape is None else f"shape {_fmt_shape(shape)}"
     try:
-        arr = np.asarray(x, dtype=np.float64)
+        raw = np.asarray(x)
+        arr = None if np.iscomplexobj(raw) else np.asarray(raw, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a real array of shape {_fmt_shape(shape)}; "
+        raise ValueError(f"{name} must be a real array of {spec}; "
                          f"could not convert it to float64 ({exc})") from None
+    if arr is None:
+        raise ValueError(f"{name} must be real: got a complex array of {spec} ({raw.dtype})")
+    if shape is None:
+        shape = arr.shape
     if arr.ndim != len(shape):
         raise ValueError(f"{name} must have shape {_fmt_shape(shape)} ({len(shape)}-D); "
                          f"got a {arr.ndim}-D array of shape {arr.shape}")
@@ -76,6 +86,27 @@ def check_gate(g, name: str, shape: tuple, *, low: float = 0.0, high: float = 1.
 def check_positive(x, name: str, shape: tuple) -> np.ndarray:
     """Validate a strictly positive array (a scalar if ``shape == ()``)."""
     return check_gate(x, name, shape, low=0.0, high=np.inf, high_inclusive=False)
+
+
+def check_int(x, name: str, low: int = 1) -> int:
+    """An integer ``>= low`` (``bool`` is not one); returns it as an ``int``."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < low:
+        raise ValueError(f"{name} must be an integer >= {low}; got {x!r}")
+    return int(x)
+
+
+def check_symbolic_finite(x, name: str):
+    """``x`` (a SymPy matrix, or anything SymPy can read as one, or a sequence of expressions) with
+    no NaN and no infinity among its entries; symbols pass, whatever they stand for. Returns the
+    entries as a list of SymPy expressions."""
+    import sympy as sp
+    entries = list(x) if isinstance(x, (list, tuple)) else list(sp.Matrix(x))
+    entries = [sp.sympify(e) for e in entries]
+    bad = (sp.nan, sp.oo, -sp.oo, sp.zoo)
+    for e in entries:
+        if e.has(*bad):
+            raise ValueError(f"{name} contains NaN or an infinity ({e}); numeric entries must be finite")
+    return entries
 
 
 def check_chunk_size(chunk_size) -> int:

@@ -9,6 +9,7 @@ so a broken equation stops the notebook, the book build and the tests alike.
 """
 from __future__ import annotations
 
+import numbers
 import textwrap
 from dataclasses import dataclass
 
@@ -87,7 +88,7 @@ def check_close(name: str, lhs, rhs, tol: float, *, relative: bool = False,
     a float32 kernel is ~1e-5; bf16 is ~1e-2). Raises ``AssertionError`` if the check fails (unless
     ``raise_on_fail=False``, used where a notebook *shows* a failing identity on purpose).
     """
-    if not (tol > 0):
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not tol > 0:
         raise ValueError(f"tol must be a positive number; got {tol!r}")
     err = max_rel_error(lhs, rhs) if relative else max_abs_error(lhs, rhs)
     measure = "max |lhs − rhs| / max |rhs|" if relative else "max |lhs − rhs|"

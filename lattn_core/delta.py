@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_array, check_chunk_size, check_gate, check_positive, check_qkv
+from ._validate import as_array, check_chunk_size, check_gate, check_int, check_positive, check_qkv
 
 __all__ = [
     "forward_substitution", "blockwise_unit_lower_inverse",
@@ -92,7 +92,7 @@ def forward_substitution(A, B) -> np.ndarray:
         raise ValueError(f"A must be square (n, n); got shape {A.shape}")
     if np.any(np.triu(A) != 0):
         raise ValueError("A must be strictly lower triangular (zeros on and above the diagonal)")
-    B = np.asarray(B, dtype=np.float64)
+    B = as_array(B, "B", None)
     vector = B.ndim == 1
     B = as_array(B[:, None] if vector else B, "B", (n, "d"))
     X = np.empty_like(B)
@@ -500,6 +500,8 @@ def overwrite_experiment(n_interfering: int, *, beta: float = 1.0, where: str = 
         raise ValueError(f"n_interfering must be a non-negative integer; got {n_interfering!r}")
     m = int(n_interfering)
     beta = float(check_gate(beta, "beta", (), low=0.0, high=2.0))
+    d_k, trials = check_int(d_k, "d_k", 1), check_int(trials, "trials", 1)
+    value_scale = float(as_array(value_scale, "value_scale", ()))
     rng = np.random.default_rng(seed)
     lin, dn = np.empty(trials), np.empty(trials)
     for r in range(trials):

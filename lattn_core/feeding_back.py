@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import as_array, check_chunk_size, check_gate, check_qkv
+from ._validate import as_array, check_chunk_size, check_gate, check_int, check_qkv, check_symbolic_finite
 from .delta import forward_substitution
 from .forget_gates import decay_attention_chunkwise, decay_mask, log_decay_mask
 from .masks import causal_mask, strict_causal_mask
@@ -60,12 +60,6 @@ __all__ = [
     "deltaformer_matrices", "delta_attention", "deltaformer_qk", "neumann_terms",
     "neumann_errors", "dependency_chain_length", "deltaformer_work",
 ]
-
-
-def _check_int(x, name: str, low: int) -> int:
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < low:
-        raise ValueError(f"{name} must be an integer >= {low}; got {x!r}")
-    return int(x)
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,8 +103,8 @@ def kv_cache_size(layers: int, kv_heads: int, head_dim: int, n: int, *, batch: i
     (``bytes_per_number = 2``: 16-bit). Grows linearly in ``n``."""
     for name, val in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim),
                       ("batch", batch), ("bytes_per_number", bytes_per_number)):
-        _check_int(val, name, 1)
-    _check_int(n, "n", 0)
+        check_int(val, name, 1)
+    check_int(n, "n", 0)
     return 2 * layers * kv_heads * head_dim * n * batch * bytes_per_number
 
 
@@ -120,7 +114,7 @@ def linear_state_size(layers: int, heads: int, d_k: int, d_v: int, *, batch: int
     state per head and layer, ``layers · heads · d_k · d_v · batch`` numbers, whatever ``n``."""
     for name, val in (("layers", layers), ("heads", heads), ("d_k", d_k), ("d_v", d_v),
                       ("batch", batch), ("bytes_per_number", bytes_per_number)):
-        _check_int(val, name, 1)
+        check_int(val, name, 1)
     return layers * heads * d_k * d_v * batch * bytes_per_number
 
 
@@ -219,7 +213,8 @@ def symbolic_recurrence(Q, K, V, gamma=None, *, delta: bool = False):
 
     ``gamma=None`` means no gate (``gamma_t = 1``): linear attention and DeltaNet; with ``gamma``
     (``n`` expressions) the gated forms. ``Q``, ``K``: ``(n, d_k)``; ``V``: ``(n, d_v)``.
-    Returns ``O`` as an ``(n, d_v)`` SymPy matrix, entries expanded.
+    Returns ``O`` as an ``(n, d_v)`` SymPy matrix, entries expanded. Symbols may stand for
+    anything; numeric NaN or infinities in any input raise.
     """
     import sympy as sp
     Q, K, V = sp.Matrix(Q), sp.Matrix(K), sp.Matrix(V)
@@ -227,8 +222,12 @@ def symbolic_recurrence(Q, K, V, gamma=None, *, delta: bool = False):
     if Q.shape != K.shape or V.shape[0] != n:
         raise ValueError(f"Q, K must be (n, d_k) and V (n, d_v) with one n; got {Q.shape}, "
                          f"{K.shape}, {V.shape}")
-    if gamma is not None and len(gamma) != n:
-        raise ValueError(f"gamma must hold n = {n} entries; got {len(gamma)}")
+    for M, name in ((Q, "Q"), (K, "K"), (V, "V")):
+        check_symbolic_finite(M, name)
+    if gamma is not None:
+        if len(gamma) != n:
+            raise ValueError(f"gamma must hold n = {n} entries; got {len(gamma)}")
+        gamma = check_symbolic_finite(list(gamma), "gamma")
     S = sp.zeros(V.shape[1], d_k)
     rows = []
     for t in range(n):
@@ -249,7 +248,7 @@ def taylor_feature_count(d: int, order: int, *, symmetric: bool = False) -> int:
     of degree ``s`` in every order of its factors): ``C(d + order, order)``, still ``~ d^order /
     order!`` for large ``d``.
     """
-    d, order = _check_int(d, "d", 1), _check_int(order, "order", 0)
+    d, order = check_int(d, "d", 1), check_int(order, "order", 0)
     if symmetric:
         return math.comb(d + order, order)
     return sum(d ** s for s in range(order + 1))
@@ -266,7 +265,7 @@ def taylor_feature_map(X, order: int) -> np.ndarray:
     features: this is the article's ``phi`` with ``exp(Q K^T) = phi(Q) phi(K)^T``.
     """
     X = as_array(X, "X", ("n", "d"))
-    order = _check_int(order, "order", 0)
+    order = check_int(order, "order", 0)
     n = X.shape[0]
     power = np.ones((n, 1))                      # x^{⊗0}
     blocks = [power]
@@ -279,9 +278,10 @@ def taylor_feature_map(X, order: int) -> np.ndarray:
 def taylor_remainder_bound(score_max: float, order: int) -> float:
     """An upper bound on ``|exp(s) - sum_{r <= order} s^r / r!|`` over ``|s| <= score_max``:
     Lagrange's remainder, ``score_max^{order+1} exp(score_max) / (order + 1)!``."""
-    if not (np.isfinite(score_max) and score_max >= 0):
+    score_max = float(as_array(score_max, "score_max", ()))
+    if not score_max >= 0:
         raise ValueError(f"score_max must be a finite number >= 0; got {score_max!r}")
-    order = _check_int(order, "order", 0)
+    order = check_int(order, "order", 0)
     return score_max ** (order + 1) * math.exp(score_max) / math.factorial(order + 1)
 
 
@@ -291,7 +291,7 @@ def taylor_feature_error(Q, K, orders) -> np.ndarray:
     :func:`lattn_core.random_feature_error`."""
     Q = as_array(Q, "Q", ("n", "d"))
     K = as_array(K, "K", ("n_k", Q.shape[1]))
-    orders = [_check_int(int(z) if isinstance(z, np.integer) else z, "orders entry", 0)
+    orders = [check_int(int(z) if isinstance(z, np.integer) else z, "orders entry", 0)
               for z in np.atleast_1d(orders).tolist()]
     exact = np.exp(Q @ K.T)
     return np.array([np.linalg.norm(taylor_feature_map(Q, z) @ taylor_feature_map(K, z).T - exact)
@@ -399,7 +399,7 @@ def alibi_slopes(n_heads: int) -> np.ndarray:
     geometric sequence ``2^(-8/H), 2^(-16/H), ..., 2^(-8)``; otherwise the slopes of the largest
     power of two below ``H``, then every other slope of the next power of two, as the paper's code
     does (in that order). Returns ``(n_heads,)``."""
-    H = _check_int(n_heads, "n_heads", 1)
+    H = check_int(n_heads, "n_heads", 1)
     geometric = lambda h: 2.0 ** (-8.0 * np.arange(1, h + 1) / h)
     base = 2 ** int(math.floor(math.log2(H)))
     if base == H:
@@ -417,13 +417,13 @@ def _check_slope(slope) -> float:
 def alibi_gates(n: int, slope: float) -> np.ndarray:
     """ALiBi as a forget gate: the constant ``gamma_t = exp(-slope)`` for ``n`` tokens, so that
     ``log Γ_ij = -slope (i - j)``, ALiBi's bias (:func:`alibi_bias`). ``slope >= 0`` (0: no bias)."""
-    return np.full(_check_int(n, "n", 1), math.exp(-_check_slope(slope)))
+    return np.full(check_int(n, "n", 1), math.exp(-_check_slope(slope)))
 
 
 def alibi_bias(n: int, slope: float) -> np.ndarray:
     """ALiBi's bias as its paper defines it: ``-slope · (i - j)`` for ``j <= i``, ``-inf`` above
     (the causal mask), ``(n, n)``. Added to ``Q K^T`` before the softmax."""
-    n, slope = _check_int(n, "n", 1), _check_slope(slope)
+    n, slope = check_int(n, "n", 1), _check_slope(slope)
     i, j = np.indices((n, n))
     return np.where(j <= i, -slope * (i - j), -np.inf)
 
@@ -510,10 +510,9 @@ def neumann_terms(A, B, V, terms: int, beta=None) -> np.ndarray:
     n = V.shape[0]
     A, B = as_array(A, "A", (n, n)), as_array(B, "B", (n, n))
     beta = np.ones(n) if beta is None else check_gate(beta, "beta", (n,), low=0.0, high=2.0)
-    if isinstance(terms, bool) or not isinstance(terms, numbers.Integral) or terms < 1:
-        raise ValueError(f"terms must be an integer >= 1; got {terms!r}")
+    terms = check_int(terms, "terms", 1)
     term, total = V.copy(), V.copy()
-    for _ in range(int(terms) - 1):
+    for _ in range(terms - 1):
         term = -beta[:, None] * (B @ term)
         total += term
     return A @ total
@@ -524,7 +523,7 @@ def neumann_errors(A, B, V, beta=None, max_terms=None) -> np.ndarray:
     against :func:`delta_attention` (default ``max_terms``: :func:`dependency_chain_length` of
     ``B``, where the series becomes exact). Returns an array of ``max_terms`` errors."""
     exact = delta_attention(A, B, V, beta)
-    L = dependency_chain_length(B) if max_terms is None else _check_int(max_terms, "max_terms", 1)
+    L = dependency_chain_length(B) if max_terms is None else check_int(max_terms, "max_terms", 1)
     return np.array([np.abs(neumann_terms(A, B, V, m, beta) - exact).max()
                      for m in range(1, L + 1)])
 
@@ -604,8 +603,8 @@ def deltaformer_work(n: int, d_k: int, d_v: int, n_heads: int, kv_heads: int) ->
     "shared", "unshared", "saved"}``: the work when ``n_heads`` query heads share ``kv_heads``
     key-value heads (MQA/GQA: the pseudo-values are computed once per key-value head), the work if
     every query head computed its own, and the fraction saved."""
-    n, d_k, d_v = _check_int(n, "n", 1), _check_int(d_k, "d_k", 1), _check_int(d_v, "d_v", 1)
-    H, H_kv = _check_int(n_heads, "n_heads", 1), _check_int(kv_heads, "kv_heads", 1)
+    n, d_k, d_v = check_int(n, "n", 1), check_int(d_k, "d_k", 1), check_int(d_v, "d_v", 1)
+    H, H_kv = check_int(n_heads, "n_heads", 1), check_int(kv_heads, "kv_heads", 1)
     if H % H_kv:
         raise ValueError(f"kv_heads must divide n_heads; got n_heads={H}, kv_heads={H_kv}")
     kv = n * (n - 1) // 2 * (d_k + d_v)

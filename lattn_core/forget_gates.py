@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_array, check_chunk_size, check_gate, check_qkv
+from ._validate import as_array, check_chunk_size, check_gate, check_int, check_qkv
 from .linear_attention import recall_experiment
 
 __all__ = [
@@ -144,7 +144,7 @@ def decay_attention_rescaled(Q, K, V, gamma) -> np.ndarray:
     """
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
-    g = np.asarray(gamma, dtype=np.float64)
+    g = as_array(gamma, "gamma", None)
     g = _check_scalar_gate(g, n)[:, None] if g.ndim == 1 else _check_vector_gate(g, n, d_k)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
         P = np.cumprod(g, axis=0) * np.ones((1, d_k))
@@ -420,7 +420,7 @@ def gated_attention_scan(Q, K, V, gamma=None) -> np.ndarray:
     if gamma is None:
         A, kind = np.ones(n), "scalar"
     else:
-        g = np.asarray(gamma, dtype=np.float64)
+        g = as_array(gamma, "gamma", None)
         if g.ndim == 1:
             A, kind = _check_scalar_gate(g, n), "scalar"
         elif g.ndim == 2:
@@ -583,6 +583,7 @@ def topic_recall(n: int, topic_len: int, d_k: int, *, gamma=None, seeds: int = 4
     if isinstance(topic_len, bool) or not isinstance(topic_len, (int, np.integer)) \
             or not 1 <= topic_len <= n:
         raise ValueError(f"topic_len must be an integer in [1, n = {n}]; got {topic_len!r}")
+    seeds = check_int(seeds, "seeds", 1)
     runs = [recall_experiment(n, d_k, d_k, gamma=gamma, seed=s)["cosine"][-topic_len:]
             for s in range(seeds)]
     return np.mean(runs, axis=0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_array, check_chunk_size, check_gate, check_positive, check_qkv
+from ._validate import as_array, check_chunk_size, check_gate, check_int, check_positive, check_qkv
 
 __all__ = [
     "linear_attention_recurrent", "linear_attention_parallel", "linear_attention_chunkwise",
@@ -140,6 +140,7 @@ def random_feature_error(Q, K, feature_counts, *, n_seeds: int = 8, seed: int = 
     counts = [int(m) for m in np.atleast_1d(feature_counts)]
     if any(m < 1 for m in counts):
         raise ValueError(f"feature_counts must be positive integers; got {feature_counts!r}")
+    n_seeds = check_int(n_seeds, "n_seeds", 1)
     exact = np.exp(Q @ K.T)
     out = []
     for m in counts:
@@ -242,6 +243,7 @@ def recall_vs_length(lengths, d_k: int = 64, d_v: int = 64, *, gamma=None, n_see
     """Mean recall ``rel_error`` and ``cosine`` over all stored pairs and ``n_seeds`` draws, for each
     ``n`` in ``lengths`` (see :func:`recall_experiment`). Returns ``{"n", "rel_error", "cosine"}``."""
     ns = [int(x) for x in np.atleast_1d(lengths)]
+    n_seeds = check_int(n_seeds, "n_seeds", 1)
     rel, cos = [], []
     for n in ns:
         runs = [recall_experiment(n, d_k, d_v, gamma=gamma, seed=seed + 1000 * s + n) for s in range(n_seeds)]

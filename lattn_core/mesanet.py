@@ -50,11 +50,9 @@ Rows are tokens, 0-based here as everywhere in the package (the book counts from
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
-from ._validate import as_array, check_chunk_size, check_gate, check_qkv
+from ._validate import as_array, check_chunk_size, check_gate, check_int, check_qkv
 from .delta import deltanet_recurrent
 from .forget_gates import decay_attention_chunkwise, decay_mask
 
@@ -91,16 +89,23 @@ def _gamma(gamma, n: int) -> np.ndarray:
     return check_gate(gamma, "gamma", (n,))
 
 
+#: The smallest ``lam`` the forms accept, relative to ``max lam + sum_j beta_j |k_j|^2`` (a bound on
+#: the largest eigenvalue of every ``H_t + Diag(lam)``): below it the systems' condition numbers pass
+#: 1e12 and a float64 solve is singular or meaningless, each form failing its own way.
+LAM_FLOOR = 1e-12
+
+
 def _inputs(Q, K, V, gamma, lam, beta):
+    """The checked inputs of every form (one message for every failure, ``lam`` too small included)."""
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
-    return Q, K, V, _gamma(gamma, n), _lam(lam, d_k), _beta(beta, n)
-
-
-def _count(x, name: str, *, low: int = 0) -> int:
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < low:
-        raise ValueError(f"{name} must be an integer >= {low}; got {x!r}")
-    return int(x)
+    g, lam, beta = _gamma(gamma, n), _lam(lam, d_k), _beta(beta, n)
+    floor = LAM_FLOOR * (lam.max() + float(beta @ np.einsum("ij,ij->i", K, K)))
+    if lam.min() < floor:
+        raise ValueError(f"lam must be > 0 and at least {LAM_FLOOR:g} × (max lam + sum_j beta_j |k_j|^2) = "
+                         f"{floor:.3g} elementwise, or H_t + Diag(lam) is singular in float64; found "
+                         f"{lam.min():.3g}")
+    return Q, K, V, g, lam, beta
 
 
 def _solve(A, B):
@@ -137,7 +142,7 @@ def regression_weights(gamma, t: int, beta=None) -> np.ndarray:
     g = as_array(gamma, "gamma", ("n",))
     n = g.shape[0]
     g = _gamma(g, n)
-    t = _count(t, "t")
+    t = check_int(t, "t", 0)
     if t >= n:
         raise ValueError(f"t must lie in [0, n - 1] = [0, {n - 1}]; got {t}")
     c = np.cumsum(np.log(g))
@@ -223,7 +228,7 @@ def _cg_loop(apply_A, b, x, iterations, on_iterate=None):
 
 
 def _check_spd_system(A, b):
-    A = np.asarray(A, dtype=np.float64) if not isinstance(A, np.ndarray) else A.astype(np.float64)
+    A = as_array(A, "A", None, finite=False).copy()
     if A.ndim < 2 or A.shape[-1] != A.shape[-2] or A.shape[-1] == 0:
         raise ValueError(f"A must have shape (..., d, d) (square in its last two axes); got {A.shape}")
     if not np.all(np.isfinite(A)):
@@ -244,7 +249,7 @@ def conjugate_gradient(A, b, iterations: int, x0=None, *, return_iterates: bool 
     has distinct eigenvalues); in floating point it is close after that.
     """
     A, b = _check_spd_system(A, b)
-    iterations = _count(iterations, "iterations")
+    iterations = check_int(iterations, "iterations", 0)
     x0 = np.zeros_like(b) if x0 is None else as_array(x0, "x0", b.shape)
     seen = []
     x = _cg_loop(lambda p: (A @ p[..., None])[..., 0], b, x0, iterations,
@@ -256,10 +261,10 @@ def cg_bound(kappa, iterations) -> np.ndarray:
     """The textbook bound on conjugate gradients after ``m`` steps:
     ``|x_m - x*|_A <= 2 ((sqrt(kappa) - 1)/(sqrt(kappa) + 1))^m |x_0 - x*|_A`` (``kappa >= 1`` the
     condition number of ``A``); ``iterations`` a count or an array of counts."""
-    kappa = np.asarray(kappa, dtype=np.float64)
+    kappa = as_array(kappa, "kappa", None, finite=False)
     if not np.all(np.isfinite(kappa)) or np.any(kappa < 1):
         raise ValueError(f"kappa must be a finite condition number >= 1; got {kappa!r}")
-    m = np.asarray(iterations, dtype=np.float64)
+    m = as_array(iterations, "iterations", None, finite=False)
     if np.any(m < 0) or not np.all(np.isfinite(m)):
         raise ValueError(f"iterations must be non-negative; got {iterations!r}")
     s = np.sqrt(kappa)
@@ -301,7 +306,7 @@ def mesanet_cg(Q, K, V, gamma, lam, iterations: int, *, beta=None, x0="zero", ch
     """
     Q, K, V, g, lam, beta = _inputs(Q, K, V, gamma, lam, beta)
     C = check_chunk_size(chunk_size)
-    iterations = _count(iterations, "iterations")
+    iterations = check_int(iterations, "iterations", 0)
     n, d_k = K.shape
     Kb, Vb = beta[:, None] * K, beta[:, None] * V
     if isinstance(x0, str):
@@ -333,7 +338,7 @@ def mesanet_loss(S, K, V, gamma, lam, t: int, beta=None) -> float:
     V = as_array(V, "V", (n, "d_v"))
     S = as_array(S, "S", (V.shape[1], d_k))
     lam = _lam(lam, d_k)
-    w = regression_weights(gamma, t, beta)
+    w = regression_weights(_gamma(gamma, n), t, beta)
     R = K[:t + 1] @ S.T - V[:t + 1]
     return float(0.5 * np.sum(w * np.sum(R * R, axis=1)) + 0.5 * np.sum(lam * np.sum(S * S, axis=0)))
 
@@ -417,7 +422,7 @@ def regression_race(n: int = 96, *, d_k: int = 16, d_v: int = 4, noise: float = 
     ``{"mesanet": e, "deltanet": e, "pairs": 1..n}``, ``e`` of shape ``(n,)``: the relative error
     ``mean |o_t - W q_t|^2 / mean |W q_t|^2`` after ``t`` pairs, averaged over ``trials``.
     """
-    n, d_k, d_v, trials = (_count(x, name, low=1) for x, name in
+    n, d_k, d_v, trials = (check_int(x, name, 1) for x, name in
                            ((n, "n"), (d_k, "d_k"), (d_v, "d_v"), (trials, "trials")))
     noise = float(check_gate(noise, "noise", (), low=0.0, high=np.inf, low_inclusive=True,
                              high_inclusive=False))
@@ -463,8 +468,8 @@ def reassignment_experiment(gammas, *, n_facts: int = 20, d_k: int = 32, lam: fl
     """
     gammas = np.atleast_1d(np.asarray(gammas, dtype=np.float64))
     gammas = check_gate(gammas, "gammas", (gammas.shape[0],))
-    m = _count(n_facts, "n_facts")
-    d_k, trials = _count(d_k, "d_k", low=1), _count(trials, "trials", low=1)
+    m = check_int(n_facts, "n_facts", 0)
+    d_k, trials = check_int(d_k, "d_k", 1), check_int(trials, "trials", 1)
     late_beta = float(check_gate(late_beta, "late_beta", (), high=np.inf, high_inclusive=False))
     rng = np.random.default_rng(seed)
     n = m + 2

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_array, check_chunk_size, check_gate
+from ._validate import as_array, check_chunk_size, check_gate, check_int
 from .delta import deltanet_parallel, forward_substitution
 from .softmax import row_softmax
 
@@ -47,14 +47,32 @@ __all__ = ["householder_product", "path_transition", "path_scores_recurrent", "p
            "path_absolute_scores", "reflection_rotation"]
 
 
+def _path_beta(beta, n: int) -> np.ndarray:
+    """``beta``: ``None`` (ones) or ``(n,)`` in ``[0, 2]`` (2 makes each factor a reflection for unit ``w``)."""
+    return np.ones(n) if beta is None else check_gate(beta, "beta", (n,), low=0.0, high=2.0, low_inclusive=True)
+
+
 def _path_inputs(Q, K, W, beta):
     """Validated ``Q, K, W`` (``(n, d)`` each) and ``beta`` (``(n,)``, default ones, in ``[0, 2]``)."""
     Q = as_array(Q, "Q", ("n", "d_k"))
     n, d = Q.shape
     K = as_array(K, "K", (n, d))
     W = as_array(W, "W", (n, d))
-    beta = np.ones(n) if beta is None else check_gate(beta, "beta", (n,), low=0.0, high=2.0, low_inclusive=True)
-    return Q, K, W, beta
+    return Q, K, W, _path_beta(beta, n)
+
+
+def _pair(i, j, n: int) -> tuple:
+    """The token pair ``(i, j)``: integers with ``0 <= j <= i < n``."""
+    i, j = check_int(i, "i", 0), check_int(j, "j", 0)
+    if not j <= i < n:
+        raise ValueError(f"need 0 <= j <= i < n = {n}; got i = {i}, j = {j}")
+    return i, j
+
+
+def _transition_inputs(W, beta, i, j):
+    W = as_array(W, "W", ("n", "d"))
+    n = W.shape[0]
+    return (W, _path_beta(beta, n), *_pair(i, j, n))
 
 
 def _factor(w, b):
@@ -63,13 +81,10 @@ def _factor(w, b):
 
 def householder_product(W, beta, i: int, j: int) -> np.ndarray:
     """``R_ij = H_i H_{i-1} ... H_{j+1}`` as a ``(d, d)`` matrix (``I`` when ``i == j``), multiplied
-    out factor by factor; ``0 <= j <= i < n``."""
-    W = as_array(W, "W", ("n", "d"))
-    n, d = W.shape
-    beta = np.ones(n) if beta is None else as_array(beta, "beta", (n,))
-    if not (0 <= j <= i < n):
-        raise ValueError(f"need 0 <= j <= i < n = {n}; got i = {i}, j = {j}")
-    R = np.eye(d)
+    out factor by factor; ``0 <= j <= i < n``, ``beta`` ``None`` (ones) or ``(n,)`` in ``[0, 2]``
+    as for :func:`path_attention`."""
+    W, beta, i, j = _transition_inputs(W, beta, i, j)
+    R = np.eye(W.shape[1])
     for t in range(j + 1, i + 1):
         R = _factor(W[t], beta[t]) @ R
     return R
@@ -78,12 +93,10 @@ def householder_product(W, beta, i: int, j: int) -> np.ndarray:
 def path_transition(W, beta, i: int, j: int) -> np.ndarray:
     """The closed form of :func:`householder_product`:
     ``R_ij = I - W_s^T (I + Diag(beta_s)(W_s W_s^T ⊙ M^-))^{-1} Diag(beta_s) W_s`` with
-    ``W_s = W_[j:i]`` the rows ``j+1 .. i`` (DeltaNet's inverse trick with the values set to zero)."""
-    W = as_array(W, "W", ("n", "d"))
-    n, d = W.shape
-    beta = np.ones(n) if beta is None else as_array(beta, "beta", (n,))
-    if not (0 <= j <= i < n):
-        raise ValueError(f"need 0 <= j <= i < n = {n}; got i = {i}, j = {j}")
+    ``W_s = W_[j:i]`` the rows ``j+1 .. i`` (DeltaNet's inverse trick with the values set to zero);
+    arguments as :func:`householder_product`'s."""
+    W, beta, i, j = _transition_inputs(W, beta, i, j)
+    d = W.shape[1]
     Ws, bs = W[j + 1:i + 1], beta[j + 1:i + 1]
     if Ws.shape[0] == 0:
         return np.eye(d)
@@ -206,8 +219,7 @@ def path_score_terms(Q, K, W, beta, i: int, j: int) -> dict:
     formula). ``beta`` is folded in as ``Diag(β)`` next to ``T``."""
     Q, K, W, beta = _path_inputs(Q, K, W, beta)
     n = K.shape[0]
-    if not (0 <= j <= i < n):
-        raise ValueError(f"need 0 <= j <= i < n = {n}; got i = {i}, j = {j}")
+    i, j = _pair(i, j, n)
     qi, kj = Q[i], K[j]
     T = np.linalg.inv(np.eye(n) + np.tril(beta[:, None] * (W @ W.T), k=-1)) @ np.diag(beta)
     out = {"product": qi @ householder_product(W, beta, i, j) @ kj,

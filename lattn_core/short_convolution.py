@@ -94,8 +94,8 @@ def _check_state(state, w: int, d: int):
 # ---------------------------------------------------------------------------------------------
 def silu(x) -> np.ndarray:
     """``SiLU(x) = x · sigmoid(x)`` (also called swish) elementwise, float64, stable for large
-    ``|x|``."""
-    x = np.asarray(x, dtype=np.float64)
+    ``|x|``. ``x``: a real, finite, non-empty array of any shape."""
+    x = as_array(x, "x", None)
     return x * np.where(x >= 0, 1.0 / (1.0 + np.exp(-np.abs(x))),
                         np.exp(-np.abs(x)) / (1.0 + np.exp(-np.abs(x))))
 
@@ -384,10 +384,15 @@ def context_recall(width: int, *, n_phrases: int = 12, n_hubs: int = 3, d: int =
 
     Returns ``{"width", "accuracy", "latest": the accuracy of answering every hub with the
     successor of its most recent occurrence (what a key that sees only the hub can do at best)}``.
-    ``width >= 2``."""
+    ``2 <= width <= d + 1`` (the key's ``width - 1`` lags each need a channel group of the ``d``);
+    ``n_phrases``, ``n_hubs <= n_phrases`` and ``d`` positive integers."""
     width = _check_positive_int(width, "width")
     if width < 2:
         raise ValueError(f"width must be at least 2 (a key needs the previous token); got {width}")
+    d = _check_positive_int(d, "d")
+    if width > d + 1:
+        raise ValueError(f"width must be at most d + 1 = {d + 1} (each of the key's width - 1 lags needs "
+                         f"a group of channels); got {width}")
     n_phrases, n_hubs = _check_positive_int(n_phrases, "n_phrases"), _check_positive_int(n_hubs, "n_hubs")
     if n_hubs > n_phrases:
         raise ValueError(f"n_hubs must be <= n_phrases = {n_phrases}; got {n_hubs}")

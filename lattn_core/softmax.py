@@ -12,9 +12,10 @@ __all__ = ["softmax_attention", "softmax_attention_recurrent", "softmax_attentio
 
 
 def attention_scores(Q, K) -> np.ndarray:
-    """The causal score matrix ``Q K^T + log M``: entries above the diagonal are ``-inf``."""
-    Q = np.asarray(Q, dtype=np.float64)
-    K = np.asarray(K, dtype=np.float64)
+    """The causal score matrix ``Q K^T + log M``: entries above the diagonal are ``-inf``.
+    ``Q``, ``K``: ``(n, d_k)``, real and finite."""
+    K = as_array(K, "K", ("n", "d_k"))
+    Q = as_array(Q, "Q", K.shape)
     n = Q.shape[0]
     S = Q @ K.T
     S[np.triu_indices(n, k=1)] = -np.inf

@@ -36,7 +36,7 @@ import numbers
 
 import numpy as np
 
-from ._validate import as_array, check_gate, check_qkv
+from ._validate import as_array, check_gate, check_positive, check_qkv
 
 __all__ = ["TTT_LOSSES", "ttt_loss", "ttt_recurrent", "ttt_symbolic_step", "ttt_regression_curve",
            "ttt_mlp", "ttt_mlp_init", "ttt_mlp_step", "ttt_model_recurrent", "ttt_nonlinear_regression",
@@ -221,17 +221,30 @@ def ttt_regression_curve(loss="squared", eta=1.0, *, lam=0.0, momentum=0.0, batc
 
 # ------------------------------------------------------------------ a model that is not linear
 
+def _mlp_weights(S):
+    """``S = (S1, S2)`` as float64 arrays ``(d_h, d_k)`` and ``(d_v, d_h)``, real and finite."""
+    if isinstance(S, np.ndarray) or not isinstance(S, (tuple, list)) or len(S) != 2:
+        raise ValueError(f"S must be a pair (S1, S2) of weight matrices (d_h, d_k) and (d_v, d_h); "
+                         f"got {type(S).__name__}")
+    S1 = as_array(S[0], "S1", ("d_h", "d_k"))
+    return S1, as_array(S[1], "S2", ("d_v", S1.shape[0]))
+
+
 def ttt_mlp(S, X):
     """The two-layer model ``f(S; x) = S2 tanh(S1 x)`` with weights ``S = (S1, S2)``.
 
     ``S1``: ``(d_h, d_k)``, ``S2``: ``(d_v, d_h)``; ``X``: one input ``(d_k,)`` or rows ``(m, d_k)``.
-    Works on NumPy arrays and on PyTorch tensors (then it is differentiable).
+    Works on NumPy arrays (checked: real, finite, those shapes) and on PyTorch tensors (then it is
+    differentiable, and unchecked: :func:`ttt_model_recurrent` calls it inside its autodiff loop on
+    inputs it has checked).
     """
-    S1, S2 = S
     if type(X).__module__.startswith("torch"):
         import torch
+        S1, S2 = S
         return torch.tanh(X @ S1.T) @ S2.T
-    return np.tanh(np.asarray(X, dtype=np.float64) @ np.asarray(S1).T) @ np.asarray(S2).T
+    S1, S2 = _mlp_weights(S)
+    X = as_array(X, "X", (S1.shape[1],) if np.ndim(X) == 1 else ("m", S1.shape[1]))
+    return np.tanh(X @ S1.T) @ S2.T
 
 
 def ttt_mlp_init(d_k: int, d_v: int, d_h: int, *, scale: float = 1.0, seed: int = 0) -> tuple:
@@ -255,9 +268,11 @@ def ttt_mlp_step(S, k, v, eta: float) -> tuple:
         S1' = S1 + eta ((S2^T e) * (1 - a * a)) k^T      (* entrywise; S2 is the old one)
 
     Written independently of :func:`ttt_model_recurrent`, which asks autodiff for the same step.
+    ``k``: ``(d_k,)``, ``v``: ``(d_v,)``, real and finite; ``eta > 0``.
     """
-    S1, S2 = (np.asarray(x, dtype=np.float64) for x in S)
-    k, v = np.asarray(k, dtype=np.float64), np.asarray(v, dtype=np.float64)
+    S1, S2 = _mlp_weights(S)
+    k, v = as_array(k, "k", (S1.shape[1],)), as_array(v, "v", (S2.shape[0],))
+    eta = float(check_positive(eta, "eta", ()))
     a = np.tanh(S1 @ k)
     e = v - S2 @ a
     return S1 + eta * np.outer((S2.T @ e) * (1 - a * a), k), S2 + eta * np.outer(e, a)
@@ -355,13 +370,17 @@ def affine_defect(step, S_a, S_b, a: float = 2.0, b: float = -3.0) -> float:
     states and numbers ``a, b``; this returns the largest entry of the difference of the two sides
     (0 up to round-off for DeltaNet's update, not for a nonlinear model's). A state is an array or
     a tuple of arrays (the weights of a model with several matrices); ``step`` takes and returns
-    states of that kind.
+    states of that kind. States and ``a, b`` must be real and finite.
     """
     several = isinstance(S_a, (tuple, list))
-    A = [np.asarray(x, dtype=np.float64) for x in (S_a if several else (S_a,))]
-    B = [np.asarray(x, dtype=np.float64) for x in (S_b if several else (S_b,))]
+
+    def states(S, name):
+        parts = S if several else (S,)
+        return [as_array(x, f"{name}[{i}]" if several else name, None) for i, x in enumerate(parts)]
+    A, B = states(S_a, "S_a"), states(S_b, "S_b")
     if len(A) != len(B) or any(x.shape != y.shape for x, y in zip(A, B)):
         raise ValueError("S_a and S_b must be states of the same shapes")
+    a, b = float(as_array(a, "a", ())), float(as_array(b, "b", ()))
 
     def g(Ws):
         out = step(tuple(Ws) if several else Ws[0])

@@ -200,3 +200,9 @@ def test_the_chapters_source_excerpts_exist():
     assert any("tl.exp(b_c)" in line for line in update)
     gate = source_lines(tiles._gate_mm, "if GT == tl.float32", "return acc")
     assert sum("tl.dot(m" in line for line in gate) == 3           # one product per piece
+
+
+def test_topic_recall_checks_seeds():
+    for bad in (0, 2.5):
+        with pytest.raises(ValueError, match=r"^seeds must be an integer >= 1"):
+            lc.topic_recall(8, 4, 4, seeds=bad)

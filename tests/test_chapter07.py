@@ -364,3 +364,44 @@ def test_bad_inputs_raise_value_errors_naming_the_argument():
         lc.row_softmax(np.array([[0.0, np.inf]]))
     with pytest.raises(ValueError, match=r"gamma must lie in \(0, 1\]"):
         lc.log_decay_mask([0.5, 1.5])
+
+
+def test_attention_scores_validates_its_inputs():
+    """attention_scores checks Q and K like every other reference (it used to check nothing: a
+    length mismatch raised IndexError, NaN passed)."""
+    rng = np.random.default_rng(0)
+    Q, K = rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
+    with pytest.raises(ValueError, match=r"Q must have shape \(4, 3\)"):
+        lc.attention_scores(Q[:3], K)
+    with pytest.raises(ValueError, match=r"Q must have shape \(3, 3\)"):     # n is K's, as in check_qkv
+        lc.attention_scores(Q, K[:3])
+    with pytest.raises(ValueError, match=r"K must have shape \(n, d_k\) \(2-D\)"):
+        lc.attention_scores(Q, K[0])
+    with pytest.raises(ValueError, match="Q contains NaN"):
+        lc.attention_scores(np.where(Q > 1, np.nan, Q), K)
+    with pytest.raises(ValueError, match="K contains inf"):
+        lc.attention_scores(Q, np.where(K > 1, np.inf, K))
+    with pytest.raises(ValueError, match="Q must be real"):
+        lc.attention_scores(Q + 1j, K)
+
+
+def test_symbolic_recurrence_rejects_numeric_nan_and_inf():
+    """Symbols pass (they may stand for anything); numeric NaN or infinity in any input raises."""
+    a, b = sp.symbols("a b")
+    ok = lc.symbolic_recurrence(sp.Matrix([[a]]), sp.Matrix([[1]]), sp.Matrix([[b]]), [a])
+    assert ok == sp.Matrix([[a * b]])
+    for bad, name in ((sp.Matrix([[sp.nan]]), "Q"), (sp.Matrix([[float("nan")]]), "Q"),
+                      (sp.Matrix([[sp.oo]]), "Q"), (sp.Matrix([[a + sp.zoo]]), "Q")):
+        with pytest.raises(ValueError, match=rf"^{name} contains NaN or an infinity"):
+            lc.symbolic_recurrence(bad, sp.Matrix([[1]]), sp.Matrix([[b]]))
+    with pytest.raises(ValueError, match=r"^K contains NaN or an infinity"):
+        lc.symbolic_recurrence(sp.Matrix([[a]]), sp.Matrix([[-sp.oo]]), sp.Matrix([[b]]))
+    with pytest.raises(ValueError, match=r"^V contains NaN or an infinity"):
+        lc.symbolic_recurrence(sp.Matrix([[a]]), sp.Matrix([[1]]), np.array([[np.inf]]))
+    with pytest.raises(ValueError, match=r"^gamma contains NaN or an infinity"):
+        lc.symbolic_recurrence(sp.Matrix([[a]]), sp.Matrix([[1]]), sp.Matrix([[b]]), [float("nan")])
+
+
+def test_numeric_helpers_reject_complex_and_bad_counts():
+    with pytest.raises(ValueError, match="score_max must be real"):
+        lc.taylor_remainder_bound(1 + 1j, 2)

@@ -100,3 +100,37 @@ def test_gpu_dtype_matches_the_device():
         assert gpu_dtype() is torch.bfloat16
     else:  # no GPU, or one without bf16 tensor cores (a Colab T4)
         assert gpu_dtype() is torch.float16
+
+
+def test_complex_input_is_rejected():
+    """Complex input raises (it used to lose its imaginary part with only a warning), also when the
+    imaginary part is zero: the references are real, and a complex dtype is a caller's mistake."""
+    rng = np.random.default_rng(2)
+    Q, K, V = rng.normal(size=(4, 3)), rng.normal(size=(4, 3)), rng.normal(size=(4, 2))
+    with pytest.raises(ValueError, match=r"^x must be real: got a complex array"):
+        lc.as_array(np.array([1.0 + 2.0j]), "x", (1,))
+    with pytest.raises(ValueError, match=r"^Q must be real: got a complex array"):
+        lc.softmax_attention(Q + 0j, K, V)
+    with pytest.raises(ValueError, match=r"^gamma must be real"):
+        lc.decay_attention_recurrent(Q, K, V, np.full(4, 0.5 + 0.1j))
+    with pytest.raises(ValueError, match=r"^lam must be real"):
+        lc.check_positive(1 + 1j, "lam", ())
+    assert lc.as_array([1, 2], "x", (2,)).dtype == np.float64      # integers still convert
+
+
+def test_as_array_of_any_shape_and_check_int():
+    assert lc.as_array(np.ones((2, 3, 4)), "S", None).shape == (2, 3, 4)
+    with pytest.raises(ValueError, match="S contains NaN"):
+        lc.as_array(np.full((2, 2), np.nan), "S", None)
+    with pytest.raises(ValueError, match="S must be non-empty"):
+        lc.as_array(np.ones((0, 2)), "S", None)
+    assert lc.check_int(3, "n") == 3 and lc.check_int(np.int64(0), "t", 0) == 0
+    for bad in (0, 1.5, True, "2", None):
+        with pytest.raises(ValueError, match=r"^n must be an integer >= 1; got"):
+            lc.check_int(bad, "n")
+
+
+def test_check_close_tolerance_must_be_a_positive_real():
+    for tol in (0.0, -1e-3, 1e-3j, "1e-3", True):
+        with pytest.raises(ValueError, match=r"^tol must be a positive number"):
+            lc.check_close("x", [1.0], [1.0], tol)

@@ -119,6 +119,8 @@ def test_forward_substitution_rejects_non_strictly_lower():
         lc.forward_substitution(np.zeros((3, 2)), np.ones((3, 1)))
     with pytest.raises(ValueError, match="B must"):
         lc.forward_substitution(np.zeros((3, 3)), np.ones((4, 1)))
+    with pytest.raises(ValueError, match="B must be real"):
+        lc.forward_substitution(np.zeros((3, 3)), np.ones(3) * 1j)
 
 
 def test_pseudo_values_solve_the_unrolled_recurrence():
@@ -464,3 +466,11 @@ def test_overwrite_experiment():
         lc.overwrite_experiment(-1)
     with pytest.raises(ValueError, match="beta must lie in"):
         lc.overwrite_experiment(2, beta=3.0)
+    # sizes and scales are checked before NumPy sees them (they used to fail inside NumPy)
+    for kw, match in ((dict(d_k=0), "d_k must be an integer >= 1"), (dict(d_k=-3), "d_k must be an integer >= 1"),
+                      (dict(trials=0), "trials must be an integer >= 1"),
+                      (dict(trials=2.5), "trials must be an integer >= 1"),
+                      (dict(value_scale=np.nan), "value_scale contains NaN"),
+                      (dict(value_scale=1j), "value_scale must be real")):
+        with pytest.raises(ValueError, match=match):
+            lc.overwrite_experiment(2, **kw)

@@ -351,3 +351,13 @@ def test_kernels_torch_paths_match_numpy():
             # the final state, fla orientation: S_fla = S^T with S = sum_j Γ_{n j} v_j k_j^T
             w = lc.decay_mask(gs[b, :, h])[-1]
             lc.check_close("final state", S_s64[b, h].numpy().T, (v[b, :, h] * w[:, None]).T @ k[b, :, h], TOL)
+
+
+def test_gates_of_any_rank_reject_complex():
+    """The forms that take a gate of several ranks convert it with the shared helper: complex raises
+    (it used to lose its imaginary part with a warning)."""
+    rng = np.random.default_rng(0)
+    Q, K, V = rng.normal(size=(4, 3)), rng.normal(size=(4, 3)), rng.normal(size=(4, 2))
+    for fn in (lc.decay_attention_rescaled, lc.gated_attention_scan):
+        with pytest.raises(ValueError, match="gamma must be real"):
+            fn(Q, K, V, np.full(4, 0.5 + 0.5j))

@@ -199,3 +199,14 @@ def test_kernels_torch_path_matches_numpy():
             lc.check_close("final state (fla S = our S^T)", S64[b, h].numpy().T,
                            lc.linear_attention_state(k[b, :, h], v[b, :, h]), TOL)
             lc.check_close("kernels.chunk_linear_attn float32", o32[b, :, h].numpy(), ref, 1e-5, relative=True)
+
+
+def test_experiment_counts_are_checked():
+    """n_seeds is a positive integer (0 used to give NaN means, 1.5 a TypeError)."""
+    rng = np.random.default_rng(0)
+    Q, K = rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match=r"^n_seeds must be an integer >= 1"):
+            lc.random_feature_error(Q, K, [4], n_seeds=bad)
+        with pytest.raises(ValueError, match=r"^n_seeds must be an integer >= 1"):
+            lc.recall_vs_length([8], 4, 4, n_seeds=bad)

@@ -394,6 +394,10 @@ def test_bad_input_of_the_helpers():
         lc.conjugate_gradient(np.eye(3), np.ones(2), 2)
     with pytest.raises(ValueError, match="kappa"):
         lc.cg_bound(0.5, 3)
+    with pytest.raises(ValueError, match="kappa must be real"):
+        lc.cg_bound(2 + 1j, 3)
+    with pytest.raises(ValueError, match="A must be real"):
+        lc.conjugate_gradient(np.eye(3) * (1 + 1j), np.ones(3), 2)
     with pytest.raises(ValueError, match=r"t must lie in \[0, n - 1\]"):
         lc.regression_weights(g, 5)
     with pytest.raises(ValueError, match="weights must lie"):
@@ -402,3 +406,27 @@ def test_bad_input_of_the_helpers():
         lc.reassignment_experiment([1.2])
     with pytest.raises(ValueError, match="noise must lie"):
         lc.regression_race(noise=-1.0)
+
+
+@pytest.mark.parametrize("lam", [0.0, 1e-300, 1e-20, np.array([1.0, 1.0, 1e-30, 1.0])])
+def test_lam_near_zero_raises_the_same_error_in_every_form(lam):
+    """As lam -> 0 the forms used to disagree (one LinAlgError, one output, one error about an
+    internal argument); now every form raises one ValueError naming lam. The floor: every entry at
+    least 1e-12 of ``max lam + sum_j beta_j |k_j|^2`` (a bound on the largest eigenvalue of
+    ``H_t + Diag(lam)``), so the systems' condition numbers stay below 1e12."""
+    rng = np.random.default_rng(0)
+    Q, K, V = rng.normal(size=(6, 4)), rng.normal(size=(6, 4)), rng.normal(size=(6, 2))
+    g = np.full(6, 0.9)
+    messages = set()
+    for fn in (lc.mesanet_recurrent, lc.mesanet_parallel, lc.mesanet_rls, lc.mesanet_chunkwise):
+        with pytest.raises(ValueError, match=r"^lam must ") as e:
+            fn(Q, K, V, g, lam)
+        messages.add(str(e.value))
+    assert len(messages) == 1, messages
+
+
+def test_mesanet_loss_checks_gamma_against_k():
+    rng = np.random.default_rng(0)
+    K, V = rng.normal(size=(6, 4)), rng.normal(size=(6, 2))
+    with pytest.raises(ValueError, match=r"gamma must have shape \(6,\)"):
+        lc.mesanet_loss(np.zeros((2, 4)), K, V, np.full(5, 0.9), 0.1, 3)

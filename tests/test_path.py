@@ -234,6 +234,18 @@ def test_bad_inputs_raise():
         lc.path_scores_chunkwise(Q, K, W, beta, chunk_size=0)
     with pytest.raises(ValueError, match="need 0 <= j <= i"):
         lc.householder_product(W, beta, 2, 3)
+    # the transition helpers take the range path_attention takes: beta in [0, 2]
+    for fn in (lc.householder_product, lc.path_transition):
+        for bad in (2.5, -0.1):
+            with pytest.raises(ValueError, match=r"beta must lie in \[0, 2\]"):
+                fn(W, np.full(6, bad), 4, 1)
+        assert np.isfinite(fn(W, np.full(6, 2.0), 4, 1)).all()           # the ends are allowed
+        assert np.isfinite(fn(W, np.zeros(6), 4, 1)).all()
+        for i, j in ((4.0, 1), (4, 1.5), (True, 0)):
+            with pytest.raises(ValueError, match=r"^[ij] must be an integer >= 0"):
+                fn(W, beta, i, j)
+    with pytest.raises(ValueError, match=r"^i must be an integer >= 0"):
+        lc.path_score_terms(Q, K, W, beta, 4.5, 1)
     with pytest.raises(ValueError, match="non-zero"):
         lc.reflection_rotation([0.0, 0.0], [1.0, 0.0])
 

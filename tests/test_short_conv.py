@@ -152,6 +152,18 @@ def test_bad_input_raises():
         lc.lag_weights(3, 8, shift=2)
     with pytest.raises(ValueError, match=r"dY must have shape \(5, 3\)"):
         lc.short_conv_grads(X, W, np.ones((4, 3)))
+    # SiLU rejects what every other reference rejects (NaN used to pass through)
+    for bad, what in ((np.array([1.0, np.nan]), "NaN"), (np.array([np.inf]), "inf")):
+        with pytest.raises(ValueError, match=f"x contains {what}"):
+            lc.silu(bad)
+    with pytest.raises(ValueError, match="x must be real"):
+        lc.silu(np.ones(2) * 1j)
+    # context_recall: sizes checked before NumPy sees them
+    for kw, match in ((dict(d=0), "d must be a positive integer"), (dict(d=2.5), "d must be a positive integer"),
+                      (dict(d=2), r"width must be at most d \+ 1 = 3"),
+                      (dict(n_phrases=0), "n_phrases must be a positive integer")):
+        with pytest.raises(ValueError, match=match):
+            lc.context_recall(4, **kw)
 
 
 # ------------------------------------------------------------------ keys equal to values

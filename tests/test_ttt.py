@@ -332,3 +332,40 @@ def test_nonlinear_bad_inputs():
         lc.ttt_mlp_init(4, 3, 0)
     with pytest.raises(ValueError, match="n must"):
         lc.ttt_nonlinear_regression(n=0)
+
+
+def test_mlp_helpers_reject_bad_input():
+    """ttt_mlp, ttt_mlp_step and affine_defect check their NumPy inputs (NaN used to pass)."""
+    S1, S2 = lc.ttt_mlp_init(3, 2, 4, seed=0)
+    S2 = np.ones_like(S2)
+    k, v = np.ones(3), np.ones(2)
+    with pytest.raises(ValueError, match="X contains NaN"):
+        lc.ttt_mlp((S1, S2), np.array([1.0, np.nan, 0.0]))
+    with pytest.raises(ValueError, match="S1 contains inf"):
+        lc.ttt_mlp((np.where(S1 > 0, np.inf, S1), S2), k)
+    with pytest.raises(ValueError, match=r"X must have shape \(m, 3\)"):
+        lc.ttt_mlp((S1, S2), np.ones((5, 4)))
+    with pytest.raises(ValueError, match=r"S2 must have shape \(d_v, 4\)"):
+        lc.ttt_mlp((S1, np.ones((2, 3))), k)
+    with pytest.raises(ValueError, match=r"S must be a pair \(S1, S2\)"):
+        lc.ttt_mlp(S1, k)
+    with pytest.raises(ValueError, match="k contains NaN"):
+        lc.ttt_mlp_step((S1, S2), np.full(3, np.nan), v, 0.1)
+    with pytest.raises(ValueError, match="v contains inf"):
+        lc.ttt_mlp_step((S1, S2), k, np.array([np.inf, 0.0]), 0.1)
+    with pytest.raises(ValueError, match=r"v must have shape \(2,\)"):
+        lc.ttt_mlp_step((S1, S2), k, np.ones(3), 0.1)
+    for eta, match in ((np.nan, "eta contains NaN"), (-0.1, r"eta must lie in \(0, inf\)"),
+                       (0.0, r"eta must lie in \(0, inf\)"), (1j, "eta must be real")):
+        with pytest.raises(ValueError, match=match):
+            lc.ttt_mlp_step((S1, S2), k, v, eta)
+    step = lambda S: 2 * S                                                # noqa: E731
+    with pytest.raises(ValueError, match="S_a contains NaN"):
+        lc.affine_defect(step, np.full((2, 2), np.nan), np.ones((2, 2)))
+    with pytest.raises(ValueError, match=r"S_b\[1\] contains inf"):
+        lc.affine_defect(step, (np.ones(2), np.ones(2)), (np.ones(2), np.full(2, np.inf)))
+    with pytest.raises(ValueError, match="a contains NaN"):
+        lc.affine_defect(step, np.ones(2), np.ones(2), a=np.nan)
+    # the torch path (what ttt_model_recurrent differentiates) is unchanged
+    t = torch.ones(3, dtype=torch.float64)
+    assert lc.ttt_mlp((torch.as_tensor(S1), torch.as_tensor(S2)), t).shape == (2,)

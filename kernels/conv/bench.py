@@ -61,7 +61,8 @@ def make_inputs(case):
 
 def impls(case):
     from kernels.conv import causal_conv1d
-    out = {"ours": lambda x, weight: causal_conv1d(x, weight, activation="silu")[0]}
+    # check_values=False: fla checks no values (our value checks cost a host sync), so the times compare like for like
+    out = {"ours": lambda x, weight: causal_conv1d(x, weight, activation="silu", check_values=False)[0]}
     try:
         from fla.modules.causal_conv1d import causal_conv1d as fla_conv
         out["fla"] = lambda x, weight: fla_conv(x, weight, activation="silu", backend="triton")[0]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import check_dtypes, device_caps, resolve_backend
-from ..validate import _shape
+from ..validate import _got, _shape, check_flag, check_tensor, documents_checks
 from .backward import conv_backward, state_grad
 from .forward import ACTIVATION_CODES, conv_forward, final_state
 from ..reference import causal_conv1d_ref
@@ -34,17 +34,6 @@ __all__ = ["causal_conv1d", "causal_conv1d_triton", "check_conv_inputs"]
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _check_tensor(t, name: str, shape: tuple, like: torch.Tensor, names: str):
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor of shape {names} = {_shape(shape)}; got {type(t).__name__}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {names} = {_shape(shape)}; got {_shape(t.shape)}")
-    if t.dtype not in _FLOAT:
-        raise ValueError(f"{name} must be float32, float16 or bfloat16; got {t.dtype}")
-    if t.device != like.device:
-        raise ValueError(f"{name} must be on {like.device} like x; got {t.device}")
-
-
 def check_conv_inputs(x, weight, bias, residual, initial_state, output_final_state, activation):
     """``ValueError`` naming the argument unless: ``x`` ``[B, T, D]`` (non-empty), ``weight``
     ``[D, W]`` with ``1 <= W <= MAX_WIDTH``, ``bias`` ``[D]``, ``residual`` ``[B, T, D]``,
@@ -52,35 +41,39 @@ def check_conv_inputs(x, weight, bias, residual, initial_state, output_final_sta
     on one device; ``activation`` ``None``, ``"silu"`` or ``"swish"``; ``output_final_state`` a bool.
     Returns ``(B, T, D, W)``."""
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"x must be a torch.Tensor of shape [B, T, D]; got {type(x).__name__}")
+        raise ValueError(f"x must be a torch.Tensor of shape [B, T, D]; got {_got(x)}")
     if x.dim() != 3 or x.numel() == 0:
         raise ValueError(f"x must have shape [B, T, D] (3-D, non-empty); got {_shape(x.shape)}")
     if x.dtype not in _FLOAT:
         raise ValueError(f"x must be float32, float16 or bfloat16; got {x.dtype}")
     B, T, D = x.shape
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] != D:
-        got = _shape(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        got = _shape(weight.shape) if isinstance(weight, torch.Tensor) else _got(weight)
         raise ValueError(f"weight must have shape [D, W] = [{D}, W] (fla's layout: weight[:, -1] multiplies the "
                          f"current token); got {got}")
     W = weight.shape[1]
     if not 1 <= W <= MAX_WIDTH:
         raise ValueError(f"weight's width W (its last axis) must be in [1, {MAX_WIDTH}]; got {W}")
-    _check_tensor(weight, "weight", (D, W), x, "[D, W]")
+    check_tensor(weight, "weight", (D, W), x, names="[D, W]", like_name="x")
     if bias is not None:
-        _check_tensor(bias, "bias", (D,), x, "[D]")
+        check_tensor(bias, "bias", (D,), x, names="[D]", like_name="x")
     if residual is not None:
-        _check_tensor(residual, "residual", (B, T, D), x, "[B, T, D]")
+        check_tensor(residual, "residual", (B, T, D), x, names="[B, T, D]", like_name="x")
     if initial_state is not None:
-        _check_tensor(initial_state, "initial_state", (B, D, W), x, "[B, D, W]")
-    if activation not in ACTIVATION_CODES:
+        check_tensor(initial_state, "initial_state", (B, D, W), x, names="[B, D, W]", like_name="x")
+    if not (activation is None or isinstance(activation, str)) or activation not in ACTIVATION_CODES:
         raise ValueError(f"activation must be None, 'silu' or 'swish'; got {activation!r}")
-    if not isinstance(output_final_state, bool):
-        raise ValueError(f"output_final_state must be a bool; got {output_final_state!r}")
+    check_flag(output_final_state, "output_final_state")
     return B, T, D, W
 
 
+@documents_checks(f"``x`` ``[B, T, D]`` (non-empty) and ``weight`` ``[D, W]`` with ``1 <= W <= {MAX_WIDTH}`` (both "
+                  "required), ``bias`` ``None`` or ``[D]``, ``residual`` ``None`` or ``[B, T, D]``, "
+                  "``initial_state`` ``None`` or ``[B, D, W]``: float32/float16/bfloat16 tensors on one "
+                  "device; ``activation`` ``None``, ``'silu'`` or ``'swish'``; ``output_final_state`` a bool",
+                  None)
 def causal_conv1d(x, weight, bias=None, residual=None, initial_state=None, output_final_state=False,
-                  activation=None, backend=None):
+                  activation=None, backend=None, *, check_values=True):
     """The causal depthwise convolution of fla's ``causal_conv1d`` (Canon form with ``residual``):
 
         y_t = act(sum_{j<W} weight[:, W-1-j] ⊙ x_{t-j} + bias) + residual_t,
@@ -96,6 +89,7 @@ def causal_conv1d(x, weight, bias=None, residual=None, initial_state=None, outpu
     Differentiable in ``x``, ``weight``, ``bias``, ``residual`` and ``initial_state``.
     """
     check_conv_inputs(x, weight, bias, residual, initial_state, output_final_state, activation)
+    check_flag(check_values, "check_values")     # no values to check (no argument has a restricted range)
     if resolve_backend(backend, x) == "torch":
         return causal_conv1d_ref(x, weight, bias, residual, initial_state, output_final_state, activation)
     return causal_conv1d_triton(x, weight, bias, residual, initial_state, output_final_state, activation)

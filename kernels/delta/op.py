@@ -29,7 +29,7 @@ from triton.runtime.errors import OutOfResources
 from .. import reference
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..common import head_tile, pad_axis
-from ..validate import check_linear
+from ..validate import QKV_CHECKED, _got, check_linear, check_tensor, documents_checks
 from .backward import chunk_grads, chunk_grads_torch, state_grads
 from .comba import COMBA_MIN_LOG_GATE, comba_map, comba_map_torch
 from .march import inference_forward, state_forward
@@ -119,28 +119,45 @@ def delta_rule_triton(q, k, v, g, beta, scale, initial_state=None, output_final_
     return ChunkDeltaFunction.apply(q, k, v, g, beta, float(scale), h0, bool(output_final_state), train, plan)
 
 
-def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False, backend=None):
+_LINEAR_CHECKED = (QKV_CHECKED + "; ``initial_state`` ``None`` or ``[B, H, K, V]`` on their device; ``scale`` "
+                   "``None`` or a positive finite number; ``output_final_state`` a bool")
+_BETA = "``beta`` (required) a ``[B, T, H]`` float32/float16/bfloat16 tensor on ``q``'s device"
+_G = "``g`` (required) a ``[B, T, H]`` float32/float16/bfloat16 tensor on ``q``'s device"
+
+
+@documents_checks(f"{_LINEAR_CHECKED}; {_BETA}", "``beta`` finite and in ``[0, 2]``")
+def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False, backend=None, *,
+                     check_values=True):
     """DeltaNet ``S_t = S_{t-1} + β_t k_t (v_t − S_{t-1}ᵀ k_t)ᵀ`` (``beta``: ``[B, T, H]``).
 
     As in fla, ``k`` is used as given: L2-normalise it first for a contractive update.
     """
-    scale = check_linear(q, k, v, scale, initial_state, beta=beta)
+    scale = check_linear(q, k, v, scale, initial_state, output_final_state, beta=beta, with_beta=True,
+                         check_values=check_values)
     if resolve_backend(backend, q) == "torch":
         return reference.chunk_scalar_ref(q, k, v, None, beta, scale, initial_state, output_final_state)
     return delta_rule_triton(q, k, v, None, beta, scale, initial_state, output_final_state)
 
 
+@documents_checks(f"{_LINEAR_CHECKED}; {_G}; {_BETA}", "``g`` finite and ``<= 0``, ``beta`` finite and in ``[0, 2]``")
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           backend=None):
+                           backend=None, *, check_values=True):
     """Gated DeltaNet ``S_t = exp(g_t) S_{t-1}``, then the delta update with ``β_t`` (``g, beta``: ``[B, T, H]``)."""
-    scale = check_linear(q, k, v, scale, initial_state, g, "scalar", beta=beta)
+    scale = check_linear(q, k, v, scale, initial_state, output_final_state, g=g, g_shape="scalar", beta=beta,
+                         with_beta=True, check_values=check_values)
     if resolve_backend(backend, q) == "torch":
         return reference.chunk_scalar_ref(q, k, v, g, beta, scale, initial_state, output_final_state)
     return delta_rule_triton(q, k, v, g, beta, scale, initial_state, output_final_state)
 
 
+@documents_checks("``num_householder`` an integer ``n >= 1``; ``q`` ``[B, T, H, K]``, ``k`` ``[B, T·n, H, K]``, "
+                  "``v`` ``[B, T·n, H, V]`` (tensors, non-empty, of one dtype among float32/float16/bfloat16, on "
+                  "one device); ``g`` ``None`` or ``[B, T, H]`` and ``beta`` (required) ``[B, T·n, H]``, "
+                  "float32/float16/bfloat16 tensors on ``q``'s device; ``initial_state`` ``None`` or "
+                  "``[B, H, K, V]``; ``scale`` ``None`` or a positive finite number; ``output_final_state`` "
+                  "a bool", "``g`` finite and ``<= 0``, ``beta`` finite and in ``[0, 2]``")
 def chunk_gated_delta_product(q, k, v, g, beta, num_householder, scale=None, initial_state=None,
-                              output_final_state=False, backend=None):
+                              output_final_state=False, backend=None, *, check_values=True):
     """(Gated) DeltaProduct (fla's ``chunk_gated_delta_product``): ``n = num_householder`` delta-rule
     steps per token, the gate once per token, then the read::
 
@@ -159,26 +176,27 @@ def chunk_gated_delta_product(q, k, v, g, beta, num_householder, scale=None, ini
         raise ValueError(f"num_householder must be an integer >= 1; got {num_householder!r}")
     n = num_householder
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
-        raise ValueError(f"q must be a tensor of shape [B, T, H, K]; got {getattr(q, 'shape', type(q).__name__)}")
+        got = list(q.shape) if isinstance(q, torch.Tensor) else _got(q)
+        raise ValueError(f"q must be a torch.Tensor of shape [B, T, H, K]; got {got}")
     B, T, H, K = q.shape
-    if not isinstance(k, torch.Tensor) or tuple(k.shape) != (B, T * n, H, K):
-        raise ValueError(f"k must have shape [B, T·num_householder, H, K] = [{B}, {T * n}, {H}, {K}]; "
-                         f"got {list(getattr(k, 'shape', []))}")
+    check_tensor(k, "k", (B, T * n, H, K), q, names="[B, T·num_householder, H, K]")
+    check_tensor(beta, "beta", (B, T * n, H), q, names="[B, T·num_householder, H]")
     if g is not None:
-        if not isinstance(g, torch.Tensor) or tuple(g.shape) != (B, T, H):
-            raise ValueError(f"g must have shape [B, T, H] = [{B}, {T}, {H}] (one gate per token); "
-                             f"got {list(getattr(g, 'shape', []))}")
+        check_tensor(g, "g", (B, T, H), q, names="[B, T, H]")   # one gate per token
         g = torch.stack([g] + [torch.zeros_like(g)] * (n - 1), dim=2).reshape(B, T * n, H)
     q_steps = torch.stack([torch.zeros_like(q)] * (n - 1) + [q], dim=2).reshape(B, T * n, H, K)
     if g is None:
-        o, state = chunk_delta_rule(q_steps, k, v, beta, scale, initial_state, output_final_state, backend)
+        o, state = chunk_delta_rule(q_steps, k, v, beta, scale, initial_state, output_final_state, backend,
+                                    check_values=check_values)
     else:
         o, state = chunk_gated_delta_rule(q_steps, k, v, g, beta, scale, initial_state, output_final_state,
-                                          backend)
+                                          backend, check_values=check_values)
     return o[:, n - 1::n], state
 
 
-def chunk_comba(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, backend=None):
+@documents_checks(f"{_LINEAR_CHECKED}; {_G}; {_BETA}", "``g`` finite and ``<= 0``, ``beta`` finite and in ``[0, 2]``")
+def chunk_comba(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, backend=None, *,
+                check_values=True):
     """Comba in the book's form (Chapter 6, ``lattn_core.comba_recurrent``) in fla's orientation::
 
         S_t = γ_t S_{t-1} + η_t k_t (v_t − S_{t-1}ᵀ k_t)ᵀ;   o_t = scale · S_tᵀ q_t
@@ -198,7 +216,8 @@ def chunk_comba(q, k, v, g, beta, scale=None, initial_state=None, output_final_s
     DeltaNet itself."""
     if g is None or beta is None:
         raise ValueError("g (log gates, γ = exp(g)) and beta (η) must be tensors of shape [B, T, H]; got None")
-    scale = check_linear(q, k, v, scale, initial_state, g, "scalar", beta=beta)
+    scale = check_linear(q, k, v, scale, initial_state, output_final_state, g=g, g_shape="scalar", beta=beta,
+                         with_beta=True, check_values=check_values)
     if resolve_backend(backend, q) == "torch":
         k2, v2, gf, beta2 = comba_map_torch(k, v, g, beta)
         return reference.chunk_scalar_ref(q, k2, v2, gf, beta2, scale, initial_state, output_final_state)

@@ -84,7 +84,8 @@ def impls(case):
     import torch.nn.functional as F
     import kernels
     s = D ** -0.5
-    out = {"ours": lambda q, k, v, beta: kernels.deltaformer_attn(q, k, v, beta, scale=s)}
+    # check_values=False: fla checks no values (our value checks cost a host sync), so the times compare like for like
+    out = {"ours": lambda q, k, v, beta: kernels.deltaformer_attn(q, k, v, beta, scale=s, check_values=False)}
     try:
         fn = fla_pseudo_values()
 

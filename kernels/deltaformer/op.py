@@ -27,7 +27,7 @@ from ..flash.plan import backward_plan_for
 from ..flash.plan import plan_for as flash_plan_for
 from ..reference import deltaformer_ref
 from ..common import head_tile, pad_axis
-from ..validate import check_gate_tensor, check_qkv, default_scale
+from ..validate import QKV_CHECKED, ValueChecks, check_gate_tensor, check_qkv, default_scale, documents_checks
 from .plan import plan_for
 from .pseudo import adjoint_values, pseudo_values
 
@@ -96,7 +96,9 @@ def deltaformer_attn_triton(q, k, v, beta, scale: float, *, caps=None):
     return DeltaFormerFunction.apply(q, k, v, beta, float(scale), plan, flash_plan, bwd_plan)
 
 
-def deltaformer_attn(q, k, v, beta=None, scale=None, backend=None):
+@documents_checks(f"{QKV_CHECKED}; ``beta`` ``None`` or a ``[B, T, H]`` float32/float16/bfloat16 tensor on "
+                  "``q``'s device; ``scale`` ``None`` or a positive finite number", "``beta`` finite")
+def deltaformer_attn(q, k, v, beta=None, scale=None, backend=None, *, check_values=True):
     """DeltaFormer's attention: ``softmax(scale · q kᵀ + log M) u`` with the pseudo-values
     ``u = (I + Diag(β) P)^{-1} v``, ``P = softmax(scale · k kᵀ + log M⁻)`` (strictly causal; its
     first row is empty, so ``u_1 = v_1``). Returns ``o`` ``[B, T, H, V]``.
@@ -108,8 +110,10 @@ def deltaformer_attn(q, k, v, beta=None, scale=None, backend=None):
     """
     B, T, H, K, V = check_qkv(q, k, v)
     scale = default_scale(scale, K)
+    checks = ValueChecks(check_values)
     if beta is not None:
-        check_gate_tensor(beta, "beta", (B, T, H), q)
+        check_gate_tensor(beta, "beta", (B, T, H), q, checks=checks)
+    checks.run()
     if resolve_backend(backend, q) == "torch":
         return deltaformer_ref(q, k, v, beta, scale)
     return deltaformer_attn_triton(q, k, v, beta, scale)

@@ -64,15 +64,16 @@ def impls(case):
     import torch.nn.functional as F
     import kernels
     s = D ** -0.5
+    # check_values=False: fla checks no values (our value checks cost a host sync), so the times compare like for like
     if case["op"] == "forgetting":
-        out = {"ours": lambda q, k, v, g: kernels.parallel_forgetting_attn(q, k, v, g, scale=s)}
+        out = {"ours": lambda q, k, v, g: kernels.parallel_forgetting_attn(q, k, v, g, scale=s, check_values=False)}
         try:
             from fla.ops.forgetting_attn import parallel_forgetting_attn
             out["fla"] = lambda q, k, v, g: parallel_forgetting_attn(q, k, v, g, scale=s)
         except Exception as e:   # recorded as fla's note
             out["fla"] = e
         return out
-    out = {"ours": lambda q, k, v: kernels.flash_attention(q, k, v, scale=s),
+    out = {"ours": lambda q, k, v: kernels.flash_attention(q, k, v, scale=s, check_values=False),
            "sdpa": lambda q, k, v: F.scaled_dot_product_attention(
                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=s).transpose(1, 2)}
     try:

@@ -14,7 +14,8 @@ import torch
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..reference import attention_ref
 from ..common import head_tile, pad_axis
-from ..validate import check_gate_tensor, check_qkv, default_scale
+from ..validate import (QKV_CHECKED, ValueChecks, check_flag, check_gate_tensor, check_qkv, default_scale,
+                        documents_checks)
 from .backward import flash_backward
 from ..common.gates import cumulative_gates
 from .forward import flash_forward
@@ -68,12 +69,11 @@ def flash_attention_triton(q, k, v, scale: float, causal: bool, g=None, *, caps=
     return FlashAttentionFunction.apply(q, k, v, g, float(scale), causal, plan, bwd_plan)
 
 
-def _check_causal(causal):
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be True or False; got {causal!r}")
+_SCALE = "``scale`` ``None`` or a positive finite number"
 
 
-def flash_attention(q, k, v, scale=None, causal: bool = True, backend=None):
+@documents_checks(f"{QKV_CHECKED} (``K`` and ``V`` may differ); {_SCALE}; ``causal`` a bool", None)
+def flash_attention(q, k, v, scale=None, causal: bool = True, backend=None, *, check_values=True):
     """Softmax attention ``softmax(scale · q kᵀ + log M) v``; returns ``o`` (``[B, T, H, V]``).
 
     ``q, k``: ``[B, T, H, K]``; ``v``: ``[B, T, H, V]`` (any ``K, V`` up to 256; they may differ). ``scale`` defaults to ``K ** -0.5``. ``causal=False``: every query
@@ -81,13 +81,16 @@ def flash_attention(q, k, v, scale=None, causal: bool = True, backend=None):
     """
     B, T, H, K, V = check_qkv(q, k, v)
     scale = default_scale(scale, K)
-    _check_causal(causal)
+    check_flag(causal, "causal")
+    check_flag(check_values, "check_values")     # no values to check (no argument has a restricted range)
     if resolve_backend(backend, q) == "torch":
         return attention_ref(q, k, v, scale, causal)
     return flash_attention_triton(q, k, v, scale, causal)
 
 
-def parallel_forgetting_attn(q, k, v, g, scale=None, backend=None):
+@documents_checks(f"{QKV_CHECKED}; ``g`` (required) a ``[B, T, H]`` float32/float16/bfloat16 tensor on "
+                  f"``q``'s device; {_SCALE}", "``g`` finite and ``<= 0``")
+def parallel_forgetting_attn(q, k, v, g, scale=None, backend=None, *, check_values=True):
     """The Forgetting Transformer's attention (FoX): causal softmax attention with the bias
     ``G_i − G_j``, ``G = cumsum(g)`` over ``T``; returns ``o`` (``[B, T, H, V]``).
 
@@ -97,7 +100,9 @@ def parallel_forgetting_attn(q, k, v, g, scale=None, backend=None):
     """
     B, T, H, K, V = check_qkv(q, k, v)
     scale = default_scale(scale, K)
-    check_gate_tensor(g, "g", (B, T, H), q, nonpositive=True)
+    checks = ValueChecks(check_values)
+    check_gate_tensor(g, "g", (B, T, H), q, nonpositive=True, checks=checks)
+    checks.run()
     if resolve_backend(backend, q) == "torch":
         return attention_ref(q, k, v, scale, True, g=g)
     return flash_attention_triton(q, k, v, scale, True, g)

@@ -15,7 +15,7 @@ import torch
 from .. import reference
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..common import head_tile, pad_axis
-from ..validate import check_linear
+from ..validate import QKV_CHECKED, check_linear, documents_checks
 from .backward import chunk_grads, gate_grads, state_grads
 from .march import chunk_states, march_forward
 from .plan import gate_code, plan_for
@@ -100,28 +100,42 @@ def chunk_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=F
     return o, (ht if output_final_state else None)
 
 
-def chunk_linear_attn(q, k, v, scale=None, initial_state=None, output_final_state=False, backend=None):
+_LINEAR_CHECKED = (QKV_CHECKED + "; ``initial_state`` ``None`` or ``[B, H, K, V]`` on their device; ``scale`` "
+                   "``None`` or a positive finite number; ``output_final_state`` a bool")
+
+
+@documents_checks(_LINEAR_CHECKED, None)
+def chunk_linear_attn(q, k, v, scale=None, initial_state=None, output_final_state=False, backend=None, *,
+                      check_values=True):
     """Causal linear attention ``S_t = S_{t-1} + k_t v_tᵀ``, ``o_t = scale · S_tᵀ q_t``.
 
     As ``fla.ops.linear_attn.chunk_linear_attn(..., normalize=False)``. Returns ``(o, final_state)``.
     """
-    scale = check_linear(q, k, v, scale, initial_state)
+    scale = check_linear(q, k, v, scale, initial_state, output_final_state, check_values=check_values)
     if resolve_backend(backend, q) == "torch":
         return reference.chunk_scalar_ref(q, k, v, None, None, scale, initial_state, output_final_state)
     return chunk_gla_triton(q, k, v, None, scale, initial_state, output_final_state)
 
 
-def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, backend=None):
+@documents_checks(_LINEAR_CHECKED + "; ``g`` (required) a ``[B, T, H]`` float32/float16/bfloat16 tensor on "
+                  "``q``'s device", "``g`` finite and ``<= 0``")
+def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, backend=None, *,
+                     check_values=True):
     """Scalar-gated linear attention ``S_t = exp(g_t) S_{t-1} + k_t v_tᵀ`` (``g``: ``[B, T, H]``, ≤ 0)."""
-    scale = check_linear(q, k, v, scale, initial_state, g, "scalar")
+    scale = check_linear(q, k, v, scale, initial_state, output_final_state, g=g, g_shape="scalar",
+                         check_values=check_values)
     if resolve_backend(backend, q) == "torch":
         return reference.chunk_scalar_ref(q, k, v, g, None, scale, initial_state, output_final_state)
     return chunk_gla_triton(q, k, v, g, scale, initial_state, output_final_state)
 
 
-def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, backend=None):
+@documents_checks(_LINEAR_CHECKED + "; ``g`` (required) a ``[B, T, H, K]`` float32/float16/bfloat16 tensor "
+                  "on ``q``'s device", "``g`` finite and ``<= 0``")
+def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, backend=None, *,
+              check_values=True):
     """Gated linear attention ``S_t = Diag(exp(g_t)) S_{t-1} + k_t v_tᵀ`` (``g``: ``[B, T, H, K]``, ≤ 0)."""
-    scale = check_linear(q, k, v, scale, initial_state, g, "vector")
+    scale = check_linear(q, k, v, scale, initial_state, output_final_state, g=g, g_shape="vector",
+                         check_values=check_values)
     if resolve_backend(backend, q) == "torch":
         return reference.chunk_gla_ref(q, k, v, g, scale, initial_state, output_final_state)
     return chunk_gla_triton(q, k, v, g, scale, initial_state, output_final_state)

@@ -27,7 +27,8 @@ from ..backend import check_dtypes, device_caps, resolve_backend
 from ..gla.backward import chunk_grads, gate_grads, state_grads
 from ..gla.op import HEAD_SIZES as GLA_HEAD_SIZES, chunk_gla_triton
 from ..common import head_tile, pad_axis
-from ..validate import check_gate_tensor, check_qkv
+from ..validate import (QKV_CHECKED, ValueChecks, check_flag, check_gate_tensor, check_qkv, check_tensor,
+                        documents_checks)
 from ..reference import chunk_mesa_net_ref
 from .plan import KEY_SIZES, plan_for
 from .prep import prep_keys
@@ -39,42 +40,42 @@ __all__ = ["chunk_mesa_net", "chunk_mesa_net_triton", "KEY_SIZES", "VALUE_SIZES"
 VALUE_SIZES = GLA_HEAD_SIZES      #: V: stage 3 is gla's
 
 
-def _check_state(x, name: str, shape: tuple, like):
-    if x is None:
-        return
-    if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape:
-        got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"{name} must have shape [B, H, {'K, K' if name == 'h_kk_init' else 'K, V'}] = "
-                         f"{list(shape)}; got {got}")
-    if x.device != like.device:
-        raise ValueError(f"{name} must be on {like.device} like q; got {x.device}")
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-        raise ValueError(f"{name} must be a floating tensor; got {x.dtype}")
+_STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def _check_mesa_inputs(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init, h_kv_init) -> int:
+def _check_mesa_inputs(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init, h_kv_init, output_final_state,
+                       check_values) -> int:
     B, T, H, K, V = check_qkv(q, k, v)
-    check_gate_tensor(g, "g", (B, T, H), q, nonpositive=True)
-    check_gate_tensor(beta, "beta", (B, T, H), q)
-    check_gate_tensor(lamb, "lamb", (H, K), q)
-    if not beta.is_cuda and (beta < 0).any():
-        raise ValueError("beta must be >= 0 elementwise (H_t + Diag(lamb) must stay positive definite for CG)")
-    if not lamb.is_cuda and not (lamb > 0).all():
-        raise ValueError(f"lamb must be > 0 elementwise (shape [H, K] = [{H}, {K}]); found min "
-                         f"{lamb.min().item():g}")
+    checks = ValueChecks(check_values)
+    check_gate_tensor(g, "g", (B, T, H), q, nonpositive=True, checks=checks)
+    check_gate_tensor(beta, "beta", (B, T, H), q, checks=checks)
+    check_gate_tensor(lamb, "lamb", (H, K), q, checks=checks)
+    checks.bounds(beta, "beta must be >= 0 elementwise (H_t + Diag(lamb) must stay positive definite for CG)",
+                  lo=0.0)
+    checks.bounds(lamb, f"lamb must be > 0 elementwise (shape [H, K] = [{H}, {K}])", lo=0.0, lo_open=True)
     if isinstance(max_CG_iteration, bool) or not isinstance(max_CG_iteration, numbers.Integral) \
             or max_CG_iteration < 0:
         raise ValueError(f"max_CG_iteration must be an integer >= 0; got {max_CG_iteration!r}")
-    _check_state(h_kk_init, "h_kk_init", (B, H, K, K), q)
-    _check_state(h_kv_init, "h_kv_init", (B, H, K, V), q)
-    if h_kk_init is not None and not h_kk_init.is_cuda and not torch.allclose(
-            h_kk_init, h_kk_init.transpose(-1, -2), rtol=1e-5, atol=1e-6 * max(1.0, h_kk_init.abs().max().item())):
-        raise ValueError("h_kk_init must be symmetric in its last two axes (a state of H_t = e^g H + beta k k^T)")
+    if h_kk_init is not None:
+        check_tensor(h_kk_init, "h_kk_init", (B, H, K, K), q, names="[B, H, K, K]", dtypes=_STATE_DTYPES)
+        checks.finite(h_kk_init, "h_kk_init")
+        checks.symmetric(h_kk_init, "h_kk_init", rtol=1e-5, atol=1e-6)
+    if h_kv_init is not None:
+        check_tensor(h_kv_init, "h_kv_init", (B, H, K, V), q, names="[B, H, K, V]", dtypes=_STATE_DTYPES)
+    check_flag(output_final_state, "output_final_state")
+    checks.run()
     return int(max_CG_iteration)
 
 
+@documents_checks(f"{QKV_CHECKED}; ``g``, ``beta`` ``[B, T, H]`` and ``lamb`` ``[H, K]`` (all three required): "
+                  "float32/float16/bfloat16 tensors on ``q``'s device; ``max_CG_iteration`` an integer "
+                  "``>= 0``; ``h_kk_init`` ``None`` or ``[B, H, K, K]`` and ``h_kv_init`` ``None`` or "
+                  "``[B, H, K, V]`` (float64 allowed too) on ``q``'s device; ``output_final_state`` a bool",
+                  "``g`` finite and ``<= 0``, ``beta`` finite and ``>= 0``, ``lamb`` finite and ``> 0``, "
+                  "``h_kk_init`` finite and symmetric (to ``1e-5`` relative, ``1e-6`` of its largest entry "
+                  "absolute)")
 def chunk_mesa_net(q, k, v, g, beta, lamb, max_CG_iteration=30, h_kk_init=None, h_kv_init=None,
-                   output_final_state=False, backend=None):
+                   output_final_state=False, backend=None, *, check_values=True):
     """MesaNet (fla's ``chunk_mesa_net``; API.md): per batch and head
     ``H_t = e^{g_t} H_{t-1} + beta_t k_t k_tᵀ``, ``G_t = e^{g_t} G_{t-1} + beta_t k_t v_tᵀ`` and
     ``o_t = G_tᵀ (H_t + Diag(lamb_h))^{-1} q_t``, the solve by ``max_CG_iteration`` conjugate-gradient
@@ -88,7 +89,8 @@ def chunk_mesa_net(q, k, v, g, beta, lamb, max_CG_iteration=30, h_kk_init=None, 
     normalise them). Gradients are those of the exact solve (implicit differentiation), the solve
     of the backward by as many CG steps.
     """
-    iters = _check_mesa_inputs(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init, h_kv_init)
+    iters = _check_mesa_inputs(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init, h_kv_init, output_final_state,
+                               check_values)
     if resolve_backend(backend, q) == "torch":
         return chunk_mesa_net_ref(q, k, v, g, beta, lamb, iters, h_kk_init, h_kv_init, output_final_state)
     return chunk_mesa_net_triton(q, k, v, g, beta, lamb, iters, h_kk_init, h_kv_init, output_final_state)

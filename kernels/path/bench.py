@@ -51,7 +51,9 @@ def make_inputs(case):
 def impls(case):
     import kernels
     s = D ** -0.5
-    out = {"ours": lambda q, k, v, w, beta: kernels.parallel_path_attn(q, k, v, w, beta, scale=s)[0]}
+    # check_values=False: fla checks no values (our value checks cost a host sync), so the times compare like for like
+    out = {"ours": lambda q, k, v, w, beta: kernels.parallel_path_attn(q, k, v, w, beta, scale=s,
+                                                                        check_values=False)[0]}
     try:
         from fla.ops.path_attn import parallel_path_attn as fla_path
         out["fla"] = lambda q, k, v, w, beta: fla_path(q, k, v, w, beta, scale=s)[0]

@@ -21,7 +21,8 @@ from ..backend import check_dtypes, device_caps, resolve_backend
 from ..common.gates import cumulative_gates
 from ..reference import path_attn_ref
 from ..common import head_tile, pad_axis
-from ..validate import check_gate_tensor, check_qkv, default_scale
+from ..validate import (QKV_CHECKED, ValueChecks, check_beta_range, check_gate_tensor, check_qkv, default_scale,
+                        documents_checks)
 from .backward import path_backward
 from .forward import path_forward
 from .local import local_backward, prepare_blocks
@@ -32,20 +33,24 @@ __all__ = ["parallel_path_attn", "HEAD_SIZES"]
 HEAD_SIZES = (16, 32, 64, 128)
 
 
-def _check_path_inputs(q, k, v, w, beta, g, scale):
+def _check_path_inputs(q, k, v, w, beta, g, scale, check_values):
     B, T, H, K, V = check_qkv(q, k, v)
     scale = default_scale(scale, K)
-    check_gate_tensor(w, "w", (B, T, H, K), q)
-    check_gate_tensor(beta, "beta", (B, T, H), q)
-    if not beta.is_cuda and ((beta < 0) | (beta > 2)).any():
-        raise ValueError("beta must lie in [0, 2] elementwise (the factors I - beta w w^T; 2 makes "
-                         "them reflections for unit w)")
+    checks = ValueChecks(check_values)
+    check_gate_tensor(w, "w", (B, T, H, K), q, checks=checks)
+    check_gate_tensor(beta, "beta", (B, T, H), q, checks=checks)
+    check_beta_range(beta, checks, "the factors I - beta w w^T; 2 makes them reflections for unit w")
     if g is not None:
-        check_gate_tensor(g, "g", (B, T, H), q, nonpositive=True)
+        check_gate_tensor(g, "g", (B, T, H), q, nonpositive=True, checks=checks)
+    checks.run()
     return scale
 
 
-def parallel_path_attn(q, k, v, w, beta, g=None, scale=None, backend=None):
+@documents_checks(f"{QKV_CHECKED}; ``w`` (required) ``[B, T, H, K]``, ``beta`` (required) ``[B, T, H]`` and "
+                  "``g`` ``None`` or ``[B, T, H]``: float32/float16/bfloat16 tensors on ``q``'s device; "
+                  "``scale`` ``None`` or a positive finite number",
+                  "``w`` finite, ``beta`` finite and in ``[0, 2]``, ``g`` finite and ``<= 0``")
+def parallel_path_attn(q, k, v, w, beta, g=None, scale=None, backend=None, *, check_values=True):
     """PaTH attention (fla's ``parallel_path_attn``): per batch and head, the causal softmax of
     ``scale · (A_ij + G_i − G_j)`` times ``v``, with ``A_ij = q_iᵀ H_i H_{i−1} ⋯ H_{j+1} k_j``,
     ``H_t = I − β_t w_t w_tᵀ`` (``lattn_core.path_attention_scores``) and, with ``g`` (log forget
@@ -60,7 +65,7 @@ def parallel_path_attn(q, k, v, w, beta, g=None, scale=None, backend=None):
     K, V, W, beta, gamma=exp(scale·g))``: the forget gates are ``γ_t = e^{scale·g_t}``. (fla's FoX,
     :func:`kernels.parallel_forgetting_attn`, adds its bias outside the scale.)
     """
-    scale = _check_path_inputs(q, k, v, w, beta, g, scale)
+    scale = _check_path_inputs(q, k, v, w, beta, g, scale, check_values)
     if resolve_backend(backend, q) == "torch":
         return path_attn_ref(q, k, v, w, beta, g, scale), None
     return parallel_path_attn_triton(q, k, v, w, beta, g, scale), None
