@@ -99,12 +99,12 @@ def bandwidth(case, rec, yardsticks):
     rec["copy_fraction"] = round(rec["gbps"] / yardsticks[0]["gbps"], 3)
 
 
-GRAPH_LOG = "lab/logs/graph_timing.json"
+GRAPH_LOG = "graph_timing.json"   # beside results.json: Chapter 10 reads it, so it ships with the package
 
 
 def launched_vs_graphed(log=None, gbps=None) -> list:
     """The forward + backward as launched from Python and replayed from a CUDA graph
-    (``lab/graph_timing.py``'s log, default the stored one): per shape and way, the median ms and its
+    (``lab/graph_timing.py``'s log, default the stored one, ``graph_timing.json`` beside ``results.json``): per shape and way, the median ms and its
     fraction of the copy's bandwidth (``5·N·s`` bytes; ``gbps`` default the median copy of the
     benchmark of record). A graph replays the same kernels without the host, so where launched is
     slower than graphed the step waits for the host, not for memory."""
