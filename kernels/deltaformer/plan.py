@@ -7,8 +7,8 @@ contribution of all the earlier spans to a span's rows is folded in before that,
 one program per (row block, batch, head), fully parallel. A long span means few launches and much
 serial work; a short one the reverse. The backward walks the same spans in reverse.
 
-Measured on the H200 (``NOTES.md``, rounds 1 and 2; ``lab/logs/sweep_plan_round1.json``,
-``lab/logs/sweep_fold_round2.json``), bf16, H = 16, D = 128:
+Measured on the H200 (``NOTES.md``, "Plan"; rounds 1 and 2 of ``HISTORY.md``;
+``lab/logs/sweep_plan_round1.json``, ``lab/logs/sweep_fold_round2.json``), bf16, H = 16, D = 128:
 
 - the span: 256 to 1024 tokens were the best measured at every benchmark shape (the whole sequence
   as one serial pass was 1.1x slower at B·H = 512 and 8x slower at B·H = 16). :func:`plan_for`
