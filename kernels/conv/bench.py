@@ -35,7 +35,7 @@ W, TOKENS, ERR_T = 4, 65536, 2048
 DIMS = (2048, 4096)
 SHAPES_FULL = [(32, 2048), (8, 8192)]     # (B, T)
 SHAPES_QUICK = [(32, 2048)]
-# our time over the peer's (issue 23's targets), and the fraction of the copy's bandwidth to reach
+# the targets: our time over the peer's, and the fraction of the copy's bandwidth to reach
 GOALS = {"by_peer": {"fla": {"conv": {"fwd": 0.8, "fwdbwd": 1.0}}}}
 COPY_FRACTION_GOAL = 0.7
 CONFIG = dict(W=W, dtype="bfloat16", activation="silu", bias=False, goals=GOALS,
