@@ -4,7 +4,9 @@ One folder per kernel family: ``flash/`` (softmax attention, and FoX's forget-ga
 scalar or vector gates), ``delta/`` (the plain and gated delta rule, DeltaProduct and Comba), ``deltaformer/`` (the delta rule inside softmax
 attention), ``path/`` (PaTH: Householder products as position encoding), ``mesa/`` (MesaNet's
 regression solved by conjugate gradients), ``conv/`` (the short causal convolution of Chapter 10). Each holds its op, its stages,
-its launch plan, its benchmark of record with the results, its ``NOTES.md`` and a ``lab/``.
+its launch plan, its benchmark of record with the results, its ``NOTES.md`` (today), ``HISTORY.md``
+(the rounds) and a ``lab/`` (scripts; their logs in ``lab/logs/``). ``common/`` holds the stages
+two families share.
 Shared here: ``backend`` (which backend an op takes, Triton's interpreter, first-fit launches),
 ``validate`` (input checks), ``reference`` (the differentiable PyTorch implementations: the CPU
 path and the kernels' oracle), ``harness`` (the benchmark runner), ``report`` (showing a benchmark

@@ -190,7 +190,7 @@ def test_rms_norm_bad_input():
         lc.causal_block_mask(0, 4)
 
 
-# ------------------------------------------------- chapters 0 and 1: the experiments' claims (issue 18)
+# ------------------------------------------------- chapters 0 and 1: the experiments' claims
 
 def test_token_one_term_and_the_remembering_experiment():
     """Chapter 0's experiment, as the notebook runs it (seed 42): token 1's term in h_n is

@@ -1,4 +1,4 @@
-"""Chapter 2's identities added for issue 18: the chunkwise form line by line, and the recall
+"""Chapter 2's identities checked: the chunkwise form line by line, and the recall
 experiment exactly as the chapter runs it (the rest of the chapter is in test_linear_attention.py)."""
 import numpy as np
 import pytest

@@ -515,13 +515,13 @@ def test_the_wheel_carries_every_file_the_book_reads(wheel):
                                           if not line.lstrip().startswith(("!", "%"))))
                     for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     names = named_files(sources)
-    assert "lab/logs/graph_timing.json" in names and "experiments/results/short_conv.json" in names
+    assert "graph_timing.json" in names and "experiments/results/short_conv.json" in names
     shipped = set(zipfile.ZipFile(wheel).namelist())
     assert not missing_from_wheel(names, files, shipped), missing_from_wheel(names, files, shipped)
     # the same check on a wheel without Chapter 10's log fails
-    without = missing_from_wheel(names, files, shipped - {"kernels/conv/lab/logs/graph_timing.json"})
-    assert "kernels/conv/lab/logs/graph_timing.json (named 'lab/logs/graph_timing.json' in kernels/conv/bench.py)" \
-        in without and all(m.startswith("kernels/conv/lab/logs/graph_timing.json ") for m in without), without
+    without = missing_from_wheel(names, files, shipped - {"kernels/conv/graph_timing.json"})
+    assert "kernels/conv/graph_timing.json (named 'graph_timing.json' in kernels/conv/bench.py)" \
+        in without and all(m.startswith("kernels/conv/graph_timing.json ") for m in without), without
 
 
 EXECUTE = """\

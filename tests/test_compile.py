@@ -1,5 +1,6 @@
-"""Every kernel launch of the four families compiles for every GPU class the book's readers use, on
-a CPU: T4 (sm_75, Colab's free GPU), A100 (sm_80), L4 (sm_89) and H100/H200 (sm_90a).
+"""Every kernel launch of the families in ``FAMILIES`` (six of the seven; PaTH's launches are checked
+by running ``python -m kernels.compile path`` by hand) compiles for every GPU class the book's
+readers use, on a CPU: T4 (sm_75, Colab's free GPU), A100 (sm_80), L4 (sm_89) and H100/H200 (sm_90a).
 
 ``python -m kernels.compile <family> --quick --arch <A>`` (in a fresh process: the interpreter must
 be off to compile) runs each family's Triton path with that class's launch plan and the launches
@@ -114,7 +115,7 @@ def test_flash_compiles(runs, arch):
         assert plan_tiles(HOPPER_BWD_SHORT, HOPPER_BWD_LONG, SMALL_BWD) == bwd_tiles, bwd_tiles
         assert all(r["wgmma"] for r in bwd if r["dtype"] == "bf16")
         # the dk/dv pass at D = 128 keeps two [BN, 128] float32 accumulators and spills a little
-        # (NOTES.md, "The backward"): bounded here so that a change that spills more is seen
+        # (kernels/flash/NOTES.md, "Plans"): bounded here so that a change that spills more is seen
         assert all(r["spill_bytes"] <= 1024 for r in bwd), [(r["constexprs"], r["spill_bytes"]) for r in bwd]
     elif arch in (80, 89):      # one fixed 16-bit tiling, float32 as on Hopper, nothing autotuned
         assert AMPERE in tiles and (32, 16, 8, 2) in tiles and len(tiles) == 2, tiles

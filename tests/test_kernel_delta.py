@@ -293,7 +293,7 @@ def test_gpu_large_shapes(dtype, gated, T, K, V):
     ((ro * do).sum() + (rht * dht).sum()).backward()
     # float32: RMS ratio 1e-4 (ieee float32 throughout; 2049 steps of error growth). The harsh-gate
     # case (T = 777) measures 0.5–1.1e-4 for o depending only on how the cumulative log gate b is
-    # rounded (|b| reaches 1e4, so b_i − b_j cancels; kernels/NOTES_delta.md, round 6);
+    # rounded (|b| reaches 1e4, so b_i − b_j cancels; kernels/delta/HISTORY.md, round 6);
     # bf16: 2e-2, twice the small-shape bound: K = 128 sums and 2049 steps add more roundings.
     tol_o, tol_g = (1e-4, 1e-4) if dtype == torch.float32 else (2e-2, 2e-2)
     assert _rms_ratio(o, ro) <= tol_o, _rms_ratio(o, ro)

@@ -123,9 +123,9 @@ def test_non_contiguous_inputs(device, causal):
 # - float32, max error over max(max |reference|, 1) <= 2e-5 (the 1: a lone query's dq is exactly 0): the backward sums up to T products of
 #   float32 terms twice over (p, then ds), each a few ulps (6e-8); 2e-5 is ~100x their size at
 #   these T while a wrong mask, a wrong row statistic or a TF32 product (1e-3) fails it.
-# - 16-bit, fla's RMS error ratio: outputs <= 5e-3 (issue 19's bound), dq/dk/dv <= 1e-2 (p and ds are
+# - 16-bit, fla's RMS error ratio: outputs <= 5e-3 (the accuracy target for outputs), dq/dk/dv <= 1e-2 (p and ds are
 #   rounded to the input dtype before their products: 2^-9 relative for bfloat16, and each gradient
-#   is a sum of such rounded terms), gate gradients dg <= 2e-2 (issue 19's bound; dg is a reverse
+#   is a sum of such rounded terms), gate gradients dg <= 2e-2 (the accuracy target for gate gradients; dg is a reverse
 #   cumulative sum of column sums, so it adds the float32 rounding of long sums).
 from kernels.common.gates import cumulative_gates  # noqa: E402  (tested in test_kernel_common)
 from kernels.harness import err_ratio  # noqa: E402

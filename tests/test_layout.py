@@ -1,6 +1,7 @@
 """The house rules of the repository, checked: the NumPy foundation stands on nothing above it,
-launch choices are data (no kernel module reads the environment to choose a launch), and
-``kernels/`` shows the library first (the lab apart)."""
+launch choices are data (no kernel module reads the environment to choose a launch),
+``kernels/`` shows the library first (the lab apart), each family's NOTES.md says today first (its
+rounds in HISTORY.md), and every lab keeps scripts and the logs its claims cite, in one layout."""
 import re
 import subprocess
 import sys
@@ -85,4 +86,99 @@ def test_no_family_imports_another_familys_private_name():
 def test_common_floor_imports_no_family():
     """kernels/common stands under every family: it imports none of them."""
     bad = [(str(f), ".".join(t)) for f, t, _ in _kernel_imports() if f.parts[0] == "common" and t and t[0] in FAMILIES]
+    assert not bad, bad
+
+
+# --- the notes and the lab -----------------------------------------------------------------------
+
+def _tracked(*paths):
+    res = subprocess.run(["git", "ls-files", "--", *paths], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    return [ROOT / f for f in res.stdout.split()]
+
+
+def _families():
+    return sorted(p for p in (ROOT / "kernels").iterdir() if (p / "op.py").exists())
+
+
+def test_every_lab_holds_scripts_and_their_logs_apart():
+    """One lab layout: ``lab/*.py`` are the scripts, ``lab/logs/`` holds what they (and the GPU runs
+    the notes cite) wrote; nothing else lies in a lab, and no script hides among the logs."""
+    bad = []
+    for d in _families():
+        for f in _tracked(str((d / "lab").relative_to(ROOT))):
+            rel = f.relative_to(d / "lab")
+            ok = (len(rel.parts) == 1 and f.suffix == ".py") or (rel.parts[0] == "logs" and f.suffix != ".py")
+            if not ok:
+                bad.append(str(f.relative_to(ROOT)))
+    assert not bad, bad
+
+
+def test_every_lab_log_is_cited():
+    """A log stays only while a claim cites it: its name appears in the family's NOTES.md or
+    HISTORY.md, or in code, a test or a notebook (a pattern such as ``bench_gla_round5_*.log``
+    counts for the files it matches)."""
+    import fnmatch
+    texts = [f.read_text() for f in _tracked("kernels", "tests", "tools", "lattn_core", "experiments",
+                                            "notebooks", "book")
+             if f.suffix in (".py", ".md", ".ipynb") and "/lab/logs/" not in str(f)]
+    patterns = {m for t in texts for m in re.findall(r"[\w.-]*\*[\w.*-]*\.(?:log|json|txt|jsonl)", t)}
+    uncited = []
+    for d in _families():
+        for log in _tracked(str((d / "lab" / "logs").relative_to(ROOT))):
+            if not any(log.name in t for t in texts) and not any(fnmatch.fnmatch(log.name, p) for p in patterns):
+                uncited.append(str(log.relative_to(ROOT)))
+    assert not uncited, f"logs no claim cites (delete them, or cite them): {uncited}"
+
+
+def test_notes_cite_only_logs_that_exist():
+    """Every ``lab/logs/<name>`` that a family's NOTES.md names is there (HISTORY.md may name logs
+    that git history holds; it says where)."""
+    missing = []
+    for d in _families():
+        for name in re.findall(r"(?<![\w/])lab/logs/([\w.*-]+\w)", (d / "NOTES.md").read_text()):
+            if not list((d / "lab" / "logs").glob(name)):
+                missing.append(f"{d.name}: lab/logs/{name}")
+    assert not missing, missing
+
+
+def test_notes_say_today_first_and_history_keeps_the_rounds():
+    """NOTES.md is today's state, short enough to read: the op(s), the design, the plan, the
+    measurements, how to reproduce them, what is open, in that order (a derivation may follow as an
+    appendix), at most 240 lines before the appendix. The rounds live in HISTORY.md beside it."""
+    order = ("op", "design", "plan", "measure", "reproduce", "open")
+    for d in _families():
+        text = (d / "NOTES.md").read_text()
+        body = text.split("\n## Appendix")[0]
+        assert len(body.splitlines()) <= 240, (d.name, len(body.splitlines()))
+        heads = [h.lower() for h in re.findall(r"^## (.+)$", body, re.M)]
+        at = [next((i for i, h in enumerate(heads) if word in h), None) for word in order]
+        assert None not in at and at == sorted(at), (d.name, heads)
+        assert not re.search(r"^#+ .*\bRound \d", body, re.M), f"{d.name}: a round's diary in NOTES.md"
+        assert (d / "HISTORY.md").exists(), d / "HISTORY.md"
+
+
+def test_no_package_code_or_chapter_reads_the_lab():
+    """What the book reads ships outside ``lab/``: no string a shipped module uses (docstrings and
+    comments aside) and no chapter's code names a path under a lab."""
+    import ast
+    import json
+    bad = []
+    for path in [*(ROOT / "kernels").rglob("*.py"), *(ROOT / "lattn_core").rglob("*.py"),
+                 *(ROOT / "experiments").rglob("*.py")]:
+        if "lab" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs \
+                    and re.search(r"(^|/)lab/", node.value):
+                bad.append(f"{path.relative_to(ROOT)}: {node.value!r}")
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            src = "".join(cell["source"])
+            if cell["cell_type"] == "code" and re.search(r"(^|[/'\"])lab/", src, re.M):
+                bad.append(f"{nb.name}: a code cell names lab/")
     assert not bad, bad

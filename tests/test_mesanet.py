@@ -5,7 +5,7 @@ input.
 
 Tolerances. Everything is float64. The forms regroup the same sums and solve the same well-posed
 systems (``Lambda >= 0.1`` here unless a test says otherwise, so ``cond(H_t + Lambda)`` stays below
-~1e3 for unit-scale keys): round-off ~1e-13, and 1e-9 (the issue's bound) fails on any wrong term,
+~1e3 for unit-scale keys): round-off ~1e-13, and 1e-9 fails on any wrong term,
 gate or mask. SymPy checks are exact.
 """
 import numpy as np

@@ -3,7 +3,7 @@ special cases, RoPE as two reflections, and bad input.
 
 Tolerances. The references are float64. With unit-norm ``w`` and ``β ∈ (0, 2]`` every factor
 ``H_t = I − β_t w_t w_tᵀ`` has norm at most 1, so scores stay O(|q||k|) and forms that regroup the
-same sums differ by round-off ~1e-14: 1e-9 (the issue's bound) leaves headroom and fails on any
+same sums differ by round-off ~1e-14: 1e-9 leaves headroom and fails on any
 wrong term or mask. With arbitrary ``|w|`` a factor may stretch by ``|1 − β|w|²|`` > 1, scores grow
 like a product of such factors, and the forms are compared relative to the largest score.
 """

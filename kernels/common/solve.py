@@ -66,7 +66,7 @@ def inv4_unit_lower16(At0, At1, At2, At3):
     row by row, from their transposes: row ``i`` of ``A`` is column ``i`` of ``Aᵀ``, a vector
     along the rows, which is what ``Σ_j a_j T[j, :]`` broadcasts, so no step of the loop moves
     data between layouts (read from ``A`` itself, row ``i`` lies along the columns, and the
-    round-5 loop converted two vectors per block and step; NOTES_delta.md, round 6). The four
+    round-5 loop converted two vectors per block and step; kernels/delta/HISTORY.md, round 6). The four
     independent solves share one loop so that their steps can overlap; a loop, not unrolled:
     far fewer live registers (ptxas, sm_90a)."""
     r = tl.arange(0, 16)

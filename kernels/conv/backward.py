@@ -19,7 +19,8 @@ Two ways to get ``dx``, as the forward has two:
 - **two passes** (any width): :func:`_dz_kernel` writes ``dz`` with the partial sums (``bwd_steps``
   tiles per program, summed element by element in a ``[BT, BD, W]`` register tile), and
   :func:`_dx_kernel` reads ``dz`` back on the forward's tiles. A tiled single pass would recompute
-  ``z`` on ``W`` shifted copies of its tile: slower (``lab/fused_backward.py``, ``lab/logs/sweep.json``).
+  ``z`` on ``W`` shifted copies of its tile: slower (``lab/fused_backward.py``, timed by ``lab/sweep.py``;
+  that log was not kept, ``NOTES.md`` records the result).
 
 (Here ``w_j`` is the tap of lag ``j``, ``weight[:, W - 1 - j]``.)
 """

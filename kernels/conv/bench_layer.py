@@ -1,4 +1,4 @@
-"""What the short convolution costs inside a DeltaNet layer (issue 23's "the whole point").
+"""What the short convolution costs inside a DeltaNet layer (the question that matters: Chapter 10).
 
     python -m kernels.conv.bench_layer [--B 8] [--T 4096] [--hidden 2048] [--heads 16] [--reps 1]
                                        [--graph] [--write]

@@ -4,8 +4,9 @@
 receive the plan and read nothing else. A field holding several :class:`~kernels.backend.Launch`
 entries is a first-fit list (:func:`kernels.backend.launch`): the measured default first, then
 fall-backs for GPUs or dtypes that need less shared memory. The sweeps behind every number are in
-``kernels/delta/NOTES.md`` (H200, rounds 3-8); :func:`plan_for` accepts overrides
-(``plan_for(..., fwd_bv=32)``), which is how the tests and the lab's sweeps try other values.
+``kernels/delta/NOTES.md`` ("Plan"; the H200 rounds 3-8 in ``HISTORY.md``); :func:`plan_for`
+accepts overrides (``plan_for(..., fwd_bv=32)``), which is how the tests and the lab's sweeps try
+other values.
 
 Other GPU classes (:data:`kernels.backend.GPU_CLASSES`), NOT measured on those GPUs: chosen to fit
 the class's shared memory, checked by ``python -m kernels.compile delta --arch 75|80|89`` (resources

@@ -7,8 +7,8 @@ contribution of all the earlier spans to a span's rows is folded in before that,
 one program per (row block, batch, head), fully parallel. A long span means few launches and much
 serial work; a short one the reverse. The backward walks the same spans in reverse.
 
-Measured on the H200 (``NOTES.md``, rounds 1 and 2; ``lab/sweep_plan_round1.json``,
-``lab/sweep_fold_round2.json``), bf16, H = 16, D = 128:
+Measured on the H200 (``NOTES.md``, "Plan"; rounds 1 and 2 of ``HISTORY.md``;
+``lab/logs/sweep_plan_round1.json``, ``lab/logs/sweep_fold_round2.json``), bf16, H = 16, D = 128:
 
 - the span: 256 to 1024 tokens were the best measured at every benchmark shape (the whole sequence
   as one serial pass was 1.1x slower at B·H = 512 and 8x slower at B·H = 16). :func:`plan_for`
@@ -17,7 +17,7 @@ Measured on the H200 (``NOTES.md``, rounds 1 and 2; ``lab/sweep_plan_round1.json
 - the forward fold: 64 x 64 tiles on 4 warps, 3 stages; the backward fold: 128 x 64 tiles on 8 warps,
   3 stages (each the best or within 2 % of it at all three shapes);
 - the serial pass: 4 warps (8 were 1.2-1.9x slower), 2 stages; its value columns split in 4 blocks
-  when there are fewer (batch, head) pairs than SMs (round 3, ``lab/sweep_split_round3.json``: at
+  when there are fewer (batch, head) pairs than SMs (round 3, ``lab/logs/sweep_split_round3.json``: at
   B·H = 16 the forward stage took 0.85x and the adjoint 0.85x the time of one block; at B·H = 128
   and 512 a split only added work).
 

@@ -30,7 +30,7 @@ H, D, TOKENS = 16, 128, 65536
 SHAPES_FULL = [(32, 2048), (8, 8192), (2, 32768), (1, 32768), (1, 65536)]     # (B, T)
 SHAPES_QUICK = [(32, 2048), (1, 32768)]
 OPS = ("attention", "forgetting")
-# our time over the peer's, per peer, op and pass (issue 19's targets)
+# the targets: our time over the peer's, per peer, op and pass
 GOALS = {"by_peer": {"sdpa": {"attention": {"fwd": 1.1, "fwdbwd": 1.3}},
                      "fla": {"attention": {"fwdbwd": 0.7}, "forgetting": {"fwd": 0.75, "fwdbwd": 0.6}}}}
 CONFIG = dict(H=H, D=D, dtype="bfloat16", causal=True, goals=GOALS,

@@ -2,7 +2,7 @@
 
 One function, :func:`plan_for`, decides how a call is launched; the op passes its answer down and
 nothing reads the environment. The numbers come from the H200 sweeps recorded in
-``kernels/flash/NOTES.md`` (round 2, ``lab/explore_flash.json``):
+``kernels/flash/NOTES.md`` ("Plans"; round 2 of ``HISTORY.md``, ``lab/logs/explore_flash.json``):
 
 - causal float16/bfloat16, ``D = 128``, on Hopper: ``T <= 2048`` takes 64 x 64 tiles on 4 warps
   with 3 stages (two programs per SM overlap one's softmax with the other's products); longer ``T``
@@ -129,7 +129,7 @@ class BackwardPlan:
     delta_m: int = 64
 
 
-#: Hopper, 16-bit inputs, the measured defaults (NOTES.md, "The backward"; ``lab/sweep_backward.json``,
+#: Hopper, 16-bit inputs, the measured defaults (NOTES.md, "Plans"; ``lab/logs/sweep_backward.json``,
 #: with and without the bias). The dq pass: 128 queries by 64 keys on 8 warps, 3 stages. The dk/dv
 #: pass keeps two ``[BN, D]`` float32 accumulators: up to ``T = SHORT_T_MAX`` 64 x 64 tiles on 4 warps
 #: (128 registers a thread for them at ``D = 128``), above it 128 keys a program on 8 warps, 3 stages

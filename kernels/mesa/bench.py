@@ -3,7 +3,7 @@
     python -m kernels.mesa.bench [--quick] [--write] [--ops mesa,mesa_cg] [--budget-s S]
 
 Shapes: bfloat16, H = 16, K = V = 128 (fla's kernel needs V = K), B·T = 65,536 tokens with T in
-{2048, 8192}, plus B = 1 at T = 32768; ``max_CG_iteration`` = 30 (op ``mesa``, issue 22's targets:
+{2048, 8192}, plus B = 1 at T = 32768; ``max_CG_iteration`` = 30 (op ``mesa``, the targets:
 forward at most 0.6x and forward + backward at most 0.8x fla's time). Op ``mesa_cg``: the
 trade-off of error and time against the iteration count (``cg`` in 5, 10, 20, 30) at B = 32,
 T = 2048, for both. Op ``mesa_cg_stiff``: the same sweep with ``lamb`` in [0.02, 0.05] (uniform per

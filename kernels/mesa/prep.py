@@ -10,7 +10,7 @@ backward reads ``dk̃``, ``d(βk)``, ``k`` and ``beta`` once and writes
     dk = dk̃ + beta · d(βk),   dbeta = Σ_K d(βk) ⊙ k
 
 (summed in float32 and rounded once; autograd of the PyTorch form rounds the two parts of ``dk``
-to ``k``'s dtype before adding them). Timed with the op, round 2 of ``NOTES.md``.
+to ``k``'s dtype before adding them). Timed with the op, round 2 of ``HISTORY.md``.
 """
 from __future__ import annotations
 

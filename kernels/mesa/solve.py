@@ -42,7 +42,8 @@ __all__ = ["cg_solve", "CG_FLOOR"]
 #: a row of the solve stops once ``|r|^2 <= CG_FLOOR |b|^2`` (float32's unit roundoff squared):
 #: past it the recursively updated residual keeps shrinking while the true one cannot, and with
 #: 16-bit products the steps taken there drift away from the solution (NaN or wrong by orders of
-#: magnitude at ``max_CG_iteration = K`` on well-conditioned rows: ``NOTES.md``, "robustness")
+#: magnitude at ``max_CG_iteration = K`` on well-conditioned rows: ``NOTES.md``, "Robustness past
+#: convergence")
 CG_FLOOR = float(torch.finfo(torch.float32).eps) ** 2
 
 

@@ -45,8 +45,8 @@ class PathPlan:
     path: str = "triton"
 
     def solve_plan(self, K: int, w_dtype) -> _SolvePlan:
-        """The delta family's solve on ``w``: one warp for 16-bit ``w``, four for float32 (the
-        delta family's measured choice)."""
+        """The common floor's solve (``kernels/common/solve.py``) on ``w``: one warp for 16-bit
+        ``w``, four for float32 (the delta family's measured choice)."""
         warps = 1 if w_dtype != torch.float32 else 4
         return _SolvePlan(solve=(Launch(warps, 1), Launch(4, 1)), solve_kc=K)
 

@@ -3,8 +3,9 @@
 One kernel for ``dx``, ``dw`` and ``db``: with SiLU, a tile of ``dx`` needs ``dz`` on its rows and the
 ``W - 1`` after them, so each program recomputes ``z`` (and the sigmoid) on ``W`` shifted copies of
 its tile instead of storing ``dz``: it reads ``x`` and ``dy`` once from memory and writes ``dx`` once.
-On the H200 (``logs/sweep.json``) its registers kept it at half the speed of the shipped two-pass
-backward at best, so :func:`kernels.conv.backward.conv_backward` does not use it.
+On the H200 (``lab/sweep.py``; its log was not kept, ``NOTES.md`` records the result) its
+registers kept it at half the speed of the shipped two-pass backward at best, so
+:func:`kernels.conv.backward.conv_backward` does not use it.
 """
 from __future__ import annotations
 

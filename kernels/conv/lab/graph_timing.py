@@ -10,7 +10,8 @@ step, so ``do_bench``'s events, which time the stream, catch the GPU waiting for
 graph replays the same kernels with one launch. If the graphed step is faster and repeats, the
 guess holds. Each setting: the benchmark's inputs and step (``causal_conv1d``, bf16, SiLU,
 W = 4), ``bench_ms`` as the benchmark of record uses it. ``--write`` keeps the table in
-``lab/logs/graph_timing.json``.
+``kernels/conv/graph_timing.json`` (``bench.GRAPH_LOG``, beside ``results.json``: Chapter 10 reads it
+through ``bench.launched_vs_graphed``, so it ships with the package, outside the lab).
 """
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def main(argv=None) -> int:
         del replay, out
     print(f"{time.time() - t0:.0f} s")
     if "--write" in argv:
-        write_log(rows, "graph_timing.json", environment())
+        from pathlib import Path
+        write_log(rows, bench.GRAPH_LOG, environment(), out=Path(bench.__file__).resolve().parent / bench.GRAPH_LOG)
     return 0
 
 

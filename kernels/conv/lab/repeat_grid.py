@@ -2,7 +2,7 @@
 
     python3 -m kernels.conv.lab.repeat_grid [--reps 5] [--write]
 
-Round 3's benchmark (``NOTES.md``) timed the same code at ``D = 2048`` at 0.436–0.765 ms forward +
+Round 3's benchmark (``HISTORY.md``) timed the same code at ``D = 2048`` at 0.436–0.765 ms forward +
 backward in two runs, while ``D = 4096`` repeated to 1 %. At ``D = 2048`` and B · T = 65,536 the
 default segment (512 tokens × 1024 channels) makes exactly 256 programs, about two per SM. This
 script times the op's forward + backward (``causal_conv1d``, bf16, SiLU, W = 4, the benchmark's
@@ -10,7 +10,7 @@ inputs and step) at the benchmark's shapes with the backward's segment at 512, 2
 the settings interleaved and repeated ``--reps`` times, and prints each setting's median, smallest
 and largest time. A segment that keeps the median and narrows the spread is the case for raising
 ``plan.MIN_PROGRAMS``. ``--write`` keeps the table in ``lab/logs/repeat_grid.json``; the H200
-run there did not make the case (``NOTES.md``).
+run there did not make the case (``NOTES.md``, "Plan").
 """
 from __future__ import annotations
 

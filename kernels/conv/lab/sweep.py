@@ -6,8 +6,9 @@ bfloat16, SiLU, W = 4, no bias (the benchmark's setting) at B = 32, T = 2048, D 
 forward (which is also the tile of the split backward's ``dx`` pass) and the backward alone, each
 configuration's median in ms (``triton.testing.do_bench``), with the copy of ``x`` as the yardstick.
 The best of each (and the backward's form: ``split`` = the shipped two passes, ``dz`` through
-memory; ``fused`` = ``lab/fused_backward.py``, ``dz`` recomputed) is printed; ``--write`` keeps the table in ``kernels/conv/lab/logs/sweep.json``, which
-``kernels/conv/NOTES.md`` cites for the plan's defaults.
+memory; ``fused`` = ``lab/fused_backward.py``, ``dz`` recomputed) is printed; ``--write`` keeps the
+table in ``lab/logs/sweep.json``. The H200 run behind the plan's tiled defaults was not kept:
+``kernels/conv/NOTES.md`` ("Plan") records its choices and margins.
 """
 from __future__ import annotations
 

@@ -101,9 +101,9 @@ def print_best(rows, B, T, D):
     print(f"best marching: {best['variant']} {best['ms']:.4f} ms, {best['copy_fraction']:.3f} of copy", flush=True)
 
 
-def write_log(rows, name, env):
-    """Keep the table in ``lab/logs/<name>`` with the environment and the width."""
-    out = Path(__file__).resolve().parent / "logs" / name
+def write_log(rows, name, env, out=None):
+    """Keep the table in ``lab/logs/<name>`` (or at ``out``) with the environment and the width."""
+    out = Path(out) if out is not None else Path(__file__).resolve().parent / "logs" / name
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"env": env, "W": W, "rows": rows}, indent=1) + "\n")
     print("wrote", out)

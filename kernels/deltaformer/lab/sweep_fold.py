@@ -2,6 +2,9 @@
 of a training step goes (per-kernel totals from torch.profiler) under the default plan.
 
     python kernels/deltaformer/lab/sweep_fold.py [--out FILE]
+
+Writes ``$OUT/sweep_fold.json`` (or /tmp); the H200 run the notes cite is kept as
+``lab/logs/sweep_fold_round2.json``.
 """
 import argparse
 import json

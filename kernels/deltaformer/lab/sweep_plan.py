@@ -2,6 +2,9 @@
 next to the flash forward alone and fla's pseudo-value stage, on the benchmark's shapes.
 
     python kernels/deltaformer/lab/sweep_plan.py [--out FILE]
+
+Writes ``$OUT/sweep_plan.json`` (or /tmp); the H200 run the notes cite is kept as
+``lab/logs/sweep_plan_round1.json``.
 """
 import argparse
 import itertools

@@ -2,6 +2,9 @@
 forward stage and adjoint solve, with the round-2 folds.
 
     python kernels/deltaformer/lab/sweep_split.py [--out FILE]
+
+Writes ``$OUT/sweep_split.json`` (or /tmp); the H200 run the notes cite is kept as
+``lab/logs/sweep_split_round3.json``.
 """
 import argparse
 import dataclasses

@@ -5,7 +5,7 @@
 First the dk/dv pass's candidates (with the dq pass at the default), then the dq pass's (with the
 best dk/dv); each timed as the whole backward (delta + dk/dv + dq) on saved forward results, at
 B·T = 65,536 with T = 2048 and 32768, with and without FoX's bias. SDPA's forward + backward is timed
-beside it as the yardstick. Prints a table and writes JSON (default ``lab/sweep_backward.json``).
+beside it as the yardstick. Prints a table and writes JSON (default ``lab/logs/sweep_backward.json``).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def time_backward(x, gs, plan):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(Path(__file__).with_name("sweep_backward.json")))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "logs" / "sweep_backward.json"))
     args = ap.parse_args()
     rows = []
     for B, T in SHAPES:

@@ -3,7 +3,7 @@
     python -m kernels.flash.lab.sweep_forward [--out FILE]
 
 Every candidate :class:`kernels.flash.plan.FlashPlan` at B·T = 65,536 with T in {2048, 8192, 32768},
-causal, beside torch SDPA's forward. Prints a table and writes JSON (default ``lab/sweep_forward.json``).
+causal, beside torch SDPA's forward. Prints a table and writes JSON (default ``lab/logs/sweep_forward.json``).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ PLANS = [FlashPlan("tiles", 64, 64, 4, 3), FlashPlan("tiles", 64, 64, 4, 2), Fla
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(Path(__file__).with_name("sweep_forward.json")))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "logs" / "sweep_forward.json"))
     args = ap.parse_args()
     rows = []
     for B, T in SHAPES:

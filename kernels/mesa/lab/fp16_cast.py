@@ -2,7 +2,7 @@
 
     python3 -m kernels.mesa.lab.fp16_cast [--write]
 
-fla's ``chunk_mesa_net`` casts q and k to float16 inside (issue 22 asks what that costs). This
+fla's ``chunk_mesa_net`` casts q and k to float16 inside; what does that cost by itself? This
 script isolates the cast from everything else: it runs the float64 *exact* solve
 (:func:`kernels.reference.chunk_mesa_net_ref`, ``exact=True``) twice on the same inputs, once with
 q and k as given and once with q and k rounded to float16 first, and reports the RMS error ratio
