@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["capture", "compile_launch", "family_launches", "main"]
+__all__ = ["capture", "compile_launch", "family_launches", "source_key", "main"]
 
 
 class _Capture:
@@ -339,6 +339,21 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
     else:
         raise SystemExit(f"unknown family {family!r}; choose flash, gla, delta, deltaformer, path, conv or mesa")
     return _dedup(launches)
+
+
+def source_key() -> str:
+    """A digest of everything a compile check's result depends on: the source of every shipped
+    module of ``kernels`` (the lab, the benchmarks and the survey apart) and Triton's version. The
+    check's cache (``tests/test_compile.py``) is valid while this stays the same."""
+    import triton
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256(f"triton {triton.__version__}".encode())
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if "lab" in rel.parts or rel.name.startswith("bench") or rel.name == "survey.py":
+            continue
+        h.update(str(rel).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def main(argv=None):

@@ -17,9 +17,15 @@ vector gate and the delta rule on a T4), no launch is captured for it, and the p
 The checks can fail: a class given too little shared memory (``--smem``) fails the run, and
 bfloat16 on a T4 stops it with the ops' ``ValueError`` before anything is compiled.
 
-The twelve runs (and the two failure runs) start together, as many at a time as there are CPUs.
-Wall time on 2 cores: 3 to 7.5 minutes with an empty Triton cache (2026-11-25 and 2026-11-28, two
-kinds of 2-core machine), under a minute with a warm one.
+The 28 runs (7 families × 4 classes, and the two failure runs) start together, as many at a time as
+there are CPUs. They take minutes on 2 cores with an empty Triton cache (PaTH's float32 kernels
+alone compile for 20-50 s each), so their reports are kept: ``tests/compile_cache.json`` holds
+every run's output together with :func:`kernels.compile.source_key`, a digest of the kernels'
+sources and Triton's version. While the key matches, the assertions below run on the kept
+reports (a fresh clone of an unchanged tree compiles nothing); any change to a shipped kernel
+module, or another Triton, changes the key, and the fixture compiles everything again and
+rewrites the file (commit it with the change). The kept reports are the compiler's own output
+for exactly these sources; the checks on them are the same either way.
 """
 import json
 import os
@@ -31,7 +37,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FAMILIES = ("flash", "gla", "delta", "deltaformer", "conv", "mesa")
+FAMILIES = ("flash", "gla", "delta", "deltaformer", "conv", "mesa", "path")
+CACHE = ROOT / "tests" / "compile_cache.json"
 # the short convolution's kernels: elementwise and reductions, no matrix products anywhere
 CONV_KERNELS = {"_conv_march_kernel", "_conv_fwd_kernel", "_final_state_kernel", "_march_bwd_kernel", "_dz_kernel",
                 "_dx_kernel", "_sum_rows_kernel", "_state_grad_kernel"}
@@ -54,18 +61,52 @@ def _run(args):
     return res.returncode, rows, res.stderr
 
 
+def _compile_all():
+    jobs = {(f, a): (f, "--arch", str(a)) for a in ARCHS for f in FAMILIES}
+    jobs.update(FAILING)
+    # the slowest first (PaTH, then GLA off Hopper), so that the pool ends together
+    order = sorted(jobs, key=lambda j: (j[0] != "path", j[0] != "gla", j[1] == 90) if isinstance(j, tuple)
+                   else (True, True, True))
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        futures = {j: pool.submit(_run, jobs[j]) for j in order}
+        return {j: f.result() for j, f in futures.items()}
+
+
+def _job_name(j) -> str:
+    return j if isinstance(j, str) else f"{j[0]} {j[1]}"
+
+
 @pytest.fixture(scope="module")
 def runs():
     triton = pytest.importorskip("triton")
     if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
         pytest.skip("this triton build has no NVIDIA backend tools (ptxas)")
-    jobs = {(f, a): (f, "--arch", str(a)) for a in ARCHS for f in FAMILIES}
-    jobs.update(FAILING)
-    # the slowest first (GLA off Hopper), so that the pool ends together
-    order = sorted(jobs, key=lambda j: (j[0] != "gla", j[1] == 90) if isinstance(j, tuple) else (True, True))
-    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        futures = {j: pool.submit(_run, jobs[j]) for j in order}
-        return {j: f.result() for j, f in futures.items()}
+    from kernels.compile import source_key
+    key = source_key()
+    jobs = [(f, a) for a in ARCHS for f in FAMILIES] + list(FAILING)
+    if CACHE.exists():
+        kept = json.loads(CACHE.read_text())
+        if kept.get("key") == key and set(kept["runs"]) == {_job_name(j) for j in jobs}:
+            return {j: tuple(kept["runs"][_job_name(j)]) for j in jobs}
+    out = _compile_all()
+    CACHE.write_text(json.dumps({"key": key, "note": "tests/test_compile.py's compile reports for this key",
+                                 "runs": {_job_name(j): [rc, rows, err[-3000:]] for j, (rc, rows, err) in out.items()}},
+                                indent=0) + "\n")
+    return out
+
+
+def test_cache_key_follows_the_sources(tmp_path):
+    """The key changes with any shipped kernel module (here: one byte of the common floor), so a
+    kept report never stands for other sources."""
+    import shutil
+    import subprocess as sp
+    copy = tmp_path / "kernels"
+    shutil.copytree(ROOT / "kernels", copy, ignore=shutil.ignore_patterns("lab", "__pycache__", "*.json"))
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from kernels.compile import source_key; print(source_key())"
+    a = sp.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path).stdout
+    (copy / "common" / "tiles.py").write_text((copy / "common" / "tiles.py").read_text() + "\n")
+    b = sp.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path).stdout
+    assert a and b and a != b
 
 
 def _launches(runs, family, arch):
@@ -207,3 +248,17 @@ def test_mesa_compiles(runs, arch):
     assert {"_cg_kernel", "_fwd_kernel"} <= names, names
     solve = [r for r in rows if r["kernel"] == "_cg_kernel"]
     assert all(r["wgmma" if arch == 90 else "mma_sync"] for r in solve), solve
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_path_compiles(runs, arch):
+    """PaTH's stages compile where its plan runs them (sm_80 and up; a T4 takes the PyTorch path):
+    the shared triangular solve, the per-block stage and its backward, the walk and its backward,
+    and the cumulative gates of PaTH-FoX; 16-bit products on the tensor cores."""
+    rows = _launches(runs, "path", arch)
+    if arch == 75:
+        assert rows == []
+        return
+    names = {r["kernel"] for r in rows}
+    assert {"_gate_cumsum_kernel", "_solve_kernel", "_prepare_kernel", "_path_fwd_kernel", "_path_bwd_kernel",
+            "_local_bwd_kernel", "_cumsum_kernel"} <= names, names
