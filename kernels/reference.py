@@ -374,8 +374,15 @@ def chunk_mesa_net_ref(q, k, v, g, beta, lamb, max_CG_iteration: int = 30, h_kk_
 
     The solve: ``max_CG_iteration`` conjugate-gradient steps from zero, every token in lockstep, each
     product ``H_t p_t`` from the chunk's entering state and the chunk's own keys (never forming
-    ``H_t``), with the kernel's guards (a row with a zero residual or curvature stays put); autograd
-    differentiates through the iterations. ``exact=True``: every ``H_t`` formed
+    ``H_t``), with the kernel's guards (a row stops at its dtype's roundoff or where its curvature is
+    not positive). Its gradient is the exact solve's, as the kernels' (implicit differentiation, not
+    autograd through the iterations, whose derivative in the directions that break ``H_t``'s symmetry
+    is not the solve's): ``x = x* + S(q − (H_t + Λ) x*)`` with ``x*`` the CG iterate (no graph) and
+    ``S`` a map whose value is zero (so ``x`` is the iterate itself, step for step the kernel's) and
+    whose backward is a CG solve of the output gradient (:class:`_ResidualSolve`): the residual
+    carries every input's gradient, ``(H_t + Λ)^{-1}`` applied to it, and ``h_kk_init`` gets fla's
+    ``−y xᵀ``.
+    ``exact=True``: every ``H_t`` formed
     (``[B, H, T, K, K]``) and solved by ``torch.linalg.solve``, whose gradient is the exact one (the
     float64 oracle of the tests). The outputs are :func:`kernels.reference.chunk_scalar_ref` (gated
     linear attention) with the queries ``x``, keys ``beta·k`` and values ``v``. Inputs are validated
@@ -405,15 +412,37 @@ def chunk_mesa_net_ref(q, k, v, g, beta, lamb, max_CG_iteration: int = 30, h_kk_
         Ht = eb[..., None] * Hs[:, :, :, None] + torch.einsum("bhnij,bhnjk,bhnjl->bhnikl", W, kc, kc)
         x = torch.linalg.solve(Ht + torch.diag_embed(lam.expand(Ht.shape[:-1])), qc[..., None])[..., 0]
     else:
-        def apply_A(P):
-            return (P * eb) @ Hs + ((P @ kc.transpose(-1, -2)) * W) @ kc + lam * P
-        x = _cg(apply_A, qc, int(max_CG_iteration))
+        def operator(eb, Hs, kc, W, lam):
+            def apply_A(P):   # (H_t + Λ) p_t on rows: p_tᵀ H_tᵀ, H_t as a column operator (its gradient -y xᵀ)
+                return (P * eb) @ Hs.transpose(-1, -2) + ((P @ kc.transpose(-1, -2)) * W) @ kc + lam * P
+            return apply_A
+        fixed = operator(*(t.detach() for t in (eb, Hs, kc, W, lam)))
+        iters = int(max_CG_iteration)
+        with torch.no_grad():
+            x0 = _cg(fixed, qc.detach(), iters)
+        x = x0 + _ResidualSolve.apply(qc - operator(eb, Hs, kc, W, lam)(x0), fixed, iters)
     x = x.movedim(1, 3).reshape(B, N * C, H, K)[:, :T]                     # back to [B, T, H, K]
     kb = k.to(acc) * beta.to(acc).unsqueeze(-1)
     o, Gc = chunk_scalar_ref(x, kb, v.to(acc), g.to(acc), None, 1.0, h_kv_init, output_final_state, C)
     if not output_final_state:
         return o.to(v.dtype), None, None
     return o.to(v.dtype), Hc, Gc
+
+
+class _ResidualSolve(torch.autograd.Function):
+    """``S(r)``: zero in the forward (the iterate ``x*`` stands as the solution); its backward is CG
+    on the output gradient with the fixed (symmetric) operator, ``d r = (H + Λ)^{-1} d x``: the
+    implicit derivative of the solve at ``x*``, as the kernels' backward."""
+
+    @staticmethod
+    def forward(ctx, r, apply_A, iterations):
+        ctx.apply_A, ctx.iterations = apply_A, iterations
+        return torch.zeros_like(r)
+
+    @staticmethod
+    def backward(ctx, dx):
+        with torch.no_grad():
+            return _cg(ctx.apply_A, dx, ctx.iterations), None, None
 
 
 def _cg(apply_A, rhs, iterations: int):

@@ -128,13 +128,15 @@ def test_any_head_size(device, op, K, V):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("op", ["flash_attention", "chunk_delta_rule", "chunk_mesa_net", "chunk_gla"])
-def test_over_the_largest_tile(device, op):
-    """Up to 256 every op runs: over its kernels' largest tile, the PyTorch path on the device
-    (GLA tiles 256, so its K = 200 is padded)."""
-    outs = _compare(op, 200, 24, device, T=20)
+@pytest.mark.parametrize("op,K", [("flash_attention", 200), ("chunk_delta_rule", 200), ("chunk_mesa_net", 200),
+                                  ("chunk_gla", 200), ("chunk_gla", 320), ("chunk_simple_gla", 512)])
+def test_over_the_largest_tile(device, op, K):
+    """Up to 256 every op runs, and the gla family's up to 1024 (fla's GLA tests pass 320 and 512):
+    over a family's largest tile, the PyTorch path on the device (GLA tiles 256, so its K = 200 is
+    padded)."""
+    outs = _compare(op, K, 24, device, T=20)
     for i, (a, b) in enumerate(zip(outs["triton"], outs["torch"])):
-        assert _rel(a, b) <= TOL, f"{op} K=200: result {i}: {_rel(a, b):.2e}"
+        assert _rel(a, b) <= TOL, f"{op} K={K}: result {i}: {_rel(a, b):.2e}"
 
 
 def test_padding_is_not_a_no_op():

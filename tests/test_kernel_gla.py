@@ -213,14 +213,15 @@ def test_public_op_dispatches_to_triton(device, op):
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("K,V", [(512, 16), (16, 300)])
+@pytest.mark.parametrize("K,V", [(1100, 16), (16, 2000)])
 def test_bad_head_sizes_raise(op, K, V):
-    """Over 256 (fla's largest) raises; every size up to 256 runs (tests/test_kernel_common.py)."""
+    """Over 1024 raises; every size up to it runs (fla's GLA tests pass 320 and 512; the kernels tile
+    up to 256, the PyTorch path on the device takes the rest: tests/test_kernel_common.py)."""
     q, k, v, g, _ = _inputs(op, 1, 4, 1, K, V, torch.float32, DEVICES[-1], h0=False)
     fn = {"linear_attn": kernels.chunk_linear_attn, "simple_gla": kernels.chunk_simple_gla,
           "gla": kernels.chunk_gla}[op]
     args = (q, k, v) if g is None else (q, k, v, g)
-    with pytest.raises(ValueError, match="between 1 and 256"):
+    with pytest.raises(ValueError, match="between 1 and 1024"):
         fn(*args, backend="triton")
 
 

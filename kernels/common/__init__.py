@@ -4,6 +4,6 @@ never from another family's private names.
 
 - :mod:`.heads`: any head size up to 256 on every op (zero padding to the kernels' tiles).
 """
-from .heads import MAX_HEAD, head_tile, pad_axis
+from .heads import GLA_MAX_HEAD, MAX_HEAD, head_tile, pad_axis
 
-__all__ = ["MAX_HEAD", "head_tile", "pad_axis"]
+__all__ = ["MAX_HEAD", "GLA_MAX_HEAD", "head_tile", "pad_axis"]

@@ -15,24 +15,27 @@ outputs. This is exact for everything the book's ops compute with a head axis:
 Gradients flow through the padding and the cut (autograd), so the padded entries' gradients are
 simply dropped. Above a family's largest tile (and up to :data:`MAX_HEAD`) the op runs its
 differentiable PyTorch implementation on the device instead (correct, not fast); a head size
-over :data:`MAX_HEAD` raises ``ValueError`` (no op of fla's takes one).
+over :data:`MAX_HEAD` raises ``ValueError`` (fla's largest), except for the gla family's ops, which
+take up to :data:`GLA_MAX_HEAD` as fla's do.
 """
 from __future__ import annotations
 
 import torch
 
-__all__ = ["MAX_HEAD", "head_tile", "pad_axis"]
+__all__ = ["MAX_HEAD", "GLA_MAX_HEAD", "head_tile", "pad_axis"]
 
-MAX_HEAD = 256   #: the largest head size any op takes (fla's largest)
+MAX_HEAD = 256   #: the largest head size every op takes (fla's largest for all but GLA)
+GLA_MAX_HEAD = 1024   #: the gla family's largest (fla's GLA tests pass 320 and 512)
 
 
-def head_tile(name: str, d: int, sizes) -> int | None:
+def head_tile(name: str, d: int, sizes, max_head: int = MAX_HEAD) -> int | None:
     """The size the kernels run a head axis of size ``d`` at: the smallest of ``sizes`` that holds
     it, or ``None`` when ``d`` is over the largest (the PyTorch path). ``ValueError`` naming the axis
-    (``name``) when ``d`` is outside ``1 .. MAX_HEAD``."""
+    (``name``) when ``d`` is outside ``1 .. max_head`` (:data:`MAX_HEAD`, except where a family's
+    peer takes more: fla's GLA tests pass 320 and 512)."""
     d = int(d)
-    if not 1 <= d <= MAX_HEAD:
-        raise ValueError(f"{name} must be between 1 and {MAX_HEAD}; got {d}")
+    if not 1 <= d <= max_head:
+        raise ValueError(f"{name} must be between 1 and {max_head}; got {d}")
     fits = [s for s in sorted(sizes) if s >= d]
     return fits[0] if fits else None
 

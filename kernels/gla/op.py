@@ -14,7 +14,7 @@ import torch
 
 from .. import reference
 from ..backend import check_dtypes, device_caps, resolve_backend
-from ..common import head_tile, pad_axis
+from ..common import GLA_MAX_HEAD, head_tile, pad_axis
 from ..validate import QKV_CHECKED, check_linear, documents_checks
 from .backward import chunk_grads, gate_grads, state_grads
 from .march import chunk_states, march_forward
@@ -71,8 +71,8 @@ def chunk_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=F
     anything is compiled."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    Kp = head_tile("K (head size of q and k)", K, HEAD_SIZES)
-    Vp = head_tile("V (head size of v)", V, HEAD_SIZES)
+    Kp = head_tile("K (head size of q and k)", K, HEAD_SIZES, GLA_MAX_HEAD)
+    Vp = head_tile("V (head size of v)", V, HEAD_SIZES, GLA_MAX_HEAD)
     caps = caps if caps is not None else device_caps(q.device)
     check_dtypes(caps, q.device, q=q, g=g)       # k and v share q's dtype (check_qkv)
     if Kp is None or Vp is None:      # over the largest tile: PyTorch on the device

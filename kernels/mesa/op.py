@@ -87,7 +87,10 @@ def chunk_mesa_net(q, k, v, g, beta, lamb, max_CG_iteration=30, h_kk_init=None, 
     (``g``, ``beta``, ``lamb`` in float32 or the inputs' dtype); ``h_kk_init`` (symmetric) and
     ``h_kv_init`` the states before the first token. q and k are used as given (MesaNet's layers
     normalise them). Gradients are those of the exact solve (implicit differentiation), the solve
-    of the backward by as many CG steps.
+    of the backward by as many CG steps. ``h_kk_init``'s gradient is the whole one of
+    ``(H_t + Diag(lamb)) x_t = q_t`` solved as written (``-y xᵀ`` from the solve, as fla's reference
+    gives it), not only its symmetric part; only the symmetric part reaches any input that builds a
+    symmetric state, so chained calls get the same gradients either way.
     """
     iters = _check_mesa_inputs(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init, h_kv_init, output_final_state,
                                check_values)
@@ -123,16 +126,19 @@ class MesaSolveFunction(torch.autograd.Function):
         dkb = dkk = dg = dh0 = None
         if need_kb or need_kk or need_g or need_h0:
             # dH_t = -y_t x_tᵀ pulled back by the backward stages of gla's "linear attention with the
-            # queries x, keys beta·k, values k" (its state is H), with the output gradient -y and the
-            # final state's gradient dht, on the chunk states the solve above already read
+            # queries -y, keys beta·k, values k" (its state is H; gla's o_t = S_tᵀ q_t, so its state
+            # gradient is q do^T) with the output gradient x and the final state's gradient dht, on
+            # the chunk states the solve above already read. The gradients of k, beta and g see only
+            # the symmetric part of dH; h_kk_init gets the whole of it, in the orientation of
+            # (H + Λ) x = q solved as written (-y xᵀ, as fla's), not its transpose
             gp = plan.states
-            do = (-y).to(kk.dtype)
+            qy = (-y).to(kk.dtype)
             dht = dht.contiguous().float() if dht is not None else None
-            dhs, d0 = state_grads(x, g, do, dht, dec, 1.0, gp, h0f is not None and need_h0)
-            _, dkb, dkk, terms = chunk_grads(x, kb, kk, g, do, hs, dhs, None, 1.0, gp)
+            dhs, d0 = state_grads(qy, g, x, dht, dec, 1.0, gp, h0f is not None and need_h0)
+            _, dkb, dkk, terms = chunk_grads(qy, kb, kk, g, x, hs, dhs, None, 1.0, gp)
             dg = gate_grads(g, terms, gp)
             if d0 is not None:
-                dh0 = (0.5 * (d0 + d0.transpose(-1, -2))).to(h0_dtype)     # h_kk_init is symmetric
+                dh0 = d0.to(h0_dtype)
         return dq, dkb, dkk, dg, dlamb, dh0, None, None, None
 
 
