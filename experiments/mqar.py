@@ -394,12 +394,14 @@ def cpu_config(**changes) -> RecallConfig:
 def gpu_config(**changes) -> RecallConfig:
     """The stored setting, for one GPU: the four update rules at ``d_k = d_v`` = 8, 16, 32, 64
     (states of 64 to 4096 numbers), width 128, 256 tokens, 511 possible keys, write-once ``N`` = 8,
-    16, 32, 64 and ``N = 8`` keys written 2, 4 and 8 times; 2000 steps of 128 sequences; the rate
-    chosen per model from ``(1e-3, 3e-3, 1e-2)`` on the held-out seed 1000, then seeds 0, 1, 2:
-    ``python -m experiments.mqar --gpu --jobs 16 --write`` (96 runs)."""
+    16, 32, 64 and ``N = 8`` keys written 2, 4 and 8 times; 1500 steps of 256 sequences; each
+    mixer's rate chosen at ``d_k = 16`` from ``(1e-3, 3e-3, 1e-2)`` on the held-out seed 1000, then
+    seeds 0, 1, 2 at every ``d_k``: ``python -m experiments.mqar --gpu --jobs 16 --write`` (12 grid
+    runs, 48 seed runs; about 7 minutes on one H200, estimated from a timing of this model's steps
+    there: sixteen processes share the GPU at about 300 steps a second in all)."""
     base = RecallConfig(head_dims=(8, 16, 32, 64), tune_head_dim=16, kv_pairs=(8, 16, 32, 64), rewrite_pairs=8,
-                        writes_per_key=(2, 4, 8), vocab_size=1024, seq_len=256, d_model=128, steps=2000,
-                        batch=128, lr=3e-3, lr_grid=(1e-3, 3e-3, 1e-2), eval_batch=1024, threads=1,
+                        writes_per_key=(2, 4, 8), vocab_size=1024, seq_len=256, d_model=128, steps=1500,
+                        batch=256, lr=3e-3, lr_grid=(1e-3, 3e-3, 1e-2), eval_batch=1024, threads=1,
                         device="cuda")
     return replace(base, **changes)
 
@@ -638,25 +640,27 @@ def _label(s: dict, m: str, h: int, with_state: bool) -> str:
     return MODEL_NAMES[m] + (f" (state {s['state_size'][f'{m}@{h}']})" if with_state else "")
 
 
-def _lines(s: dict, head_dim: int, idx: list, xs: list, ax, style: str, with_state: bool, band: bool):
+def _lines(s: dict, head_dim: int, idx: list, xs: list, ax, style: str, with_state: bool, band: bool,
+           labels: bool = True):
     for m in s["mixers"]:
         u = f"{m}@{head_dim}"
         ax.plot(xs, [s["mean"][u][i] for i in idx], style, marker="o", ms=4, color=MODEL_COLORS[m],
-                label=_label(s, m, head_dim, with_state))
+                label=_label(s, m, head_dim, with_state) if labels else None)
         if band:
             ax.fill_between(xs, [s["min"][u][i] for i in idx], [s["max"][u][i] for i in idx],
                             color=MODEL_COLORS[m], alpha=0.15)
 
 
 def plot_rewrites(s: dict, head_dim: int, ax, title: str | None = None, style: str = "-",
-                  with_state: bool = False, band: bool = True, guess: bool = True):
+                  with_state: bool = False, band: bool = True, guess: bool = True, labels: bool = True):
     """Accuracy on the latest value against the writes per key ``R`` (``R = 1``: written once, the
     control) at ``d_k = head_dim``, one line per rule in the book's colours (the mean over the
     seeds; with ``band``, the band from the smallest to the largest seed), and with ``guess``
-    ``1/R`` dotted: what a memory that holds a key's values but not their order reaches."""
+    ``1/R`` dotted: what a memory that holds a key's values but not their order reaches. Legend
+    entries (``labels``) name each rule, with its measured state size when ``with_state``."""
     N, Rs, _ = _rewrite_setting(s)
     xs = [1] + Rs
-    _lines(s, head_dim, [_at(s, (N, R)) for R in xs], xs, ax, style, with_state, band)
+    _lines(s, head_dim, [_at(s, (N, R)) for R in xs], xs, ax, style, with_state, band, labels)
     if guess:
         ax.plot(xs, [1 / R for R in xs], ":", color="gray", label="1/R")
     ax.set_xscale("log", base=2)
@@ -670,11 +674,12 @@ def plot_rewrites(s: dict, head_dim: int, ax, title: str | None = None, style: s
 
 
 def plot_write_once(s: dict, head_dim: int, ax, title: str | None = None, style: str = "-",
-                    with_state: bool = False, band: bool = True):
+                    with_state: bool = False, band: bool = True, labels: bool = True):
     """Write-once accuracy against the number of pairs ``N`` at ``d_k = head_dim``, one line per rule
-    (the mean over the seeds, with ``band`` the band from the smallest to the largest seed)."""
+    (the mean over the seeds, with ``band`` the band from the smallest to the largest seed), ``d_k``
+    dotted; ``with_state`` and ``labels`` as for :func:`plot_rewrites`."""
     _, _, once = _rewrite_setting(s)
-    _lines(s, head_dim, [_at(s, p) for p in once], [p[0] for p in once], ax, style, with_state, band)
+    _lines(s, head_dim, [_at(s, p) for p in once], [p[0] for p in once], ax, style, with_state, band, labels)
     ax.axvline(head_dim, color="gray", ls=":", lw=1)
     ax.set_xscale("log", base=2)
     ax.set_xticks([p[0] for p in once], [str(p[0]) for p in once])

@@ -178,7 +178,7 @@ def test_regression_claims_hold_and_fail_as_they_should():
 def test_stored_regression_loader(tmp_path, monkeypatch):
     import experiments.common
     monkeypatch.setattr(experiments.common, "RESULTS_DIR", tmp_path)
-    with pytest.raises(FileNotFoundError, match="python -m experiments.regression --gpu --jobs 16 --write"):
+    with pytest.raises(FileNotFoundError, match="python -m experiments.regression --gpu --jobs 18 --write"):
         reg.load_stored()
     for cfg, same in ((reg.gpu_config(), True), (reg.gpu_config(noises=(0.0,)), False)):
         stored = {**experiments.common.stored_config(cfg), "seeds": [0, 1, 2], "jobs": 16, "chosen_lr": {}}
