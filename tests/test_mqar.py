@@ -294,8 +294,10 @@ def _lower(acc, keys, idx, by):
 @pytest.mark.parametrize("change,broken", [
     # linear attention recalls the latest value at d_k = 16: DeltaNet's lead, 1/R and the control fail
     (lambda a: a[("linear", 16)].__setitem__(5, 0.7), [0, 2, 3]),
-    # decay as good as Gated DeltaNet with rewrites at d_k = 8
+    # decay as good as Gated DeltaNet with rewrites at the reference d_k (8: the run names none)
     (lambda a: a[("decay", 8)].__setitem__(5, 0.75), [1]),
+    # ... at another d_k: not claimed
+    (lambda a: a[("decay", 16)].__setitem__(5, 0.75), []),
     # the control: linear attention far behind DeltaNet with the same keys written once
     (lambda a: a[("linear", 8)].__setitem__(0, 0.25), [3]),
     # written once, decay far behind the others at every d_k
