@@ -17,9 +17,18 @@ import torch.nn as nn
 
 __all__ = ["RESULTS_DIR", "TrainConfig", "mlp_block", "residual_stack", "fit", "check_int", "check_seeds", "torch_threads", "derived_seeds", "window_means",
            "summarize_seeds", "train_each", "map_jobs", "run_each_seed", "load_stored_runs", "merge_stored",
-           "seeds_cli"]
+           "seeds_cli", "MODEL_COLORS", "MODEL_NAMES", "claim", "failed_claims", "claims_markdown", "loss_curves",
+           "TunedConfig", "stored_config", "tune_then_seeds", "seed_records", "grid_rows", "load_tuned",
+           "merge_tuned", "tuned_cli"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+#: One colour per model across the book's experiment figures (matplotlib's first five, colour-blind
+#: safe), and the name a figure or a sentence gives each model.
+MODEL_COLORS = {"linear": "#1f77b4", "decay": "#ff7f0e", "deltanet": "#2ca02c", "gated_deltanet": "#d62728",
+                "mesanet": "#9467bd"}
+MODEL_NAMES = {"linear": "linear attention", "decay": "decay", "deltanet": "DeltaNet",
+               "gated_deltanet": "Gated DeltaNet", "mesanet": "MesaNet"}
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,7 @@ def fit(model, cfg, batch_loss, *, progress=None, label: dict | None = None, log
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = (torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
              if cfg.steps >= 20 else None)
-    losses = []
+    kept = []                  # the losses stay on the device until the end: no wait for it per step
     t0 = time.perf_counter()
     for step in range(cfg.steps):
         loss = batch_loss(step)
@@ -76,11 +85,12 @@ def fit(model, cfg, batch_loss, *, progress=None, label: dict | None = None, log
         opt.step()
         if sched is not None:
             sched.step()
-        losses.append(float(loss.detach()))
+        kept.append(loss.detach())
         if progress is not None:
             progress.update(1)
             if log_every and step % log_every == 0:
-                progress.set_postfix(**(label or {}), loss=f"{losses[-1]:.3f}")
+                progress.set_postfix(**(label or {}), loss=f"{float(kept[-1]):.3f}")
+    losses = torch.stack(kept).float().cpu().tolist() if kept else []
     return losses, time.perf_counter() - t0
 
 
@@ -206,10 +216,12 @@ def run_each_seed(config, seeds, run_one, *, jobs: int = 1, split: str | None = 
     return {"config": cfg, "records": records, "seconds": seconds}
 
 
-def summarize_seeds(records: list[dict], model_key: str, x_key: str) -> dict:
+def summarize_seeds(records: list[dict], model_key: str, x_key: str, value_key: str = "accuracy",
+                    higher_is_better: bool = True) -> dict:
     """Per model (``record[model_key]``), over the seeds of ``records``: the mean, smallest and
-    largest ``accuracy`` at each point of ``record[x_key]``, and per point in how many seeds each
-    model came first (ties count for every model that shares the best accuracy). Returns
+    largest ``record[value_key]`` (default ``accuracy``) at each point of ``record[x_key]``, and per
+    point in how many seeds each model came first (the highest value, or the lowest with
+    ``higher_is_better=False``; ties count for every model that shares the best). Returns
     ``{x_key, "seeds", "mean", "min", "max", "first"}``, the last four keyed by model."""
     if not records:
         raise ValueError("records must hold at least one record")
@@ -220,7 +232,7 @@ def summarize_seeds(records: list[dict], model_key: str, x_key: str) -> dict:
     models = list(dict.fromkeys(r[model_key] for r in records))
     acc = {}
     for r in records:
-        acc.setdefault(r[model_key], {})[r.get("seed", 0)] = r["accuracy"]
+        acc.setdefault(r[model_key], {})[r.get("seed", 0)] = r[value_key]
     for m in models:
         if sorted(acc[m]) != seeds:
             raise ValueError(f"records must hold every seed for every {model_key}; {m!r} has seeds "
@@ -232,9 +244,10 @@ def summarize_seeds(records: list[dict], model_key: str, x_key: str) -> dict:
         out["mean"][m] = [sum(c) / len(c) for c in cols]
         out["min"][m] = [min(c) for c in cols]
         out["max"][m] = [max(c) for c in cols]
+    pick = max if higher_is_better else min
     for s in seeds:
         for i in range(len(xs)):
-            best = max(acc[m][s][i] for m in models)
+            best = pick(acc[m][s][i] for m in models)
             for m in models:
                 out["first"][m][i] += acc[m][s][i] == best
     return out
@@ -343,4 +356,283 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
             merged = merge_stored(old, dict(out, env=results.environment()), split, base_models)
             config, records = merged["config"], merged["records"]
         print("wrote", results.write_results(path, name, config, records))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# claims: what a chapter says of a run, as code
+# ---------------------------------------------------------------------------------------------
+def claim(text: str, holds, measured: str) -> dict:
+    """One claim a chapter makes about a run: the sentence ``text`` (fixed before the run), whether it
+    ``holds`` on this run, and what was ``measured`` (the numbers the verdict rests on, formatted
+    from the run). Every experiment's ``claims(run)`` returns a list of these."""
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"text must be a non-empty string; got {text!r}")
+    return {"claim": text, "holds": bool(holds), "measured": str(measured)}
+
+
+def failed_claims(claims: list[dict]) -> list[dict]:
+    """The claims of ``claims`` that do not hold (an assertion cell asserts this is empty)."""
+    return [c for c in claims if not c["holds"]]
+
+
+def claims_markdown(claims: list[dict]) -> str:
+    """``claims`` as a Markdown list: each sentence, whether it holds, and the measurement."""
+    return "\n".join(f"- {'**holds**' if c['holds'] else '**does not hold**'}: {c['claim']} "
+                     f"(measured: {c['measured']})" for c in claims)
+
+
+# ---------------------------------------------------------------------------------------------
+# loss curves labelled by what each step trained on
+# ---------------------------------------------------------------------------------------------
+def loss_curves(losses: list, labels: list, every: int) -> list[dict]:
+    """The training losses as one curve per task setting: ``labels[s]`` names what step ``s``
+    trained on (e.g. ``"N=8 R=2"``). For each label, in order of first appearance, its own steps
+    are cut into windows of ``every`` (the last may be shorter) and each window gives one point:
+    ``{"label", "every", "step": [last step of each window], "loss": [mean loss of the window]}``.
+    A point therefore never mixes settings, and its step says where in training it sits."""
+    check_int(every, "every", 1)
+    if len(losses) != len(labels):
+        raise ValueError(f"labels must name every step: {len(labels)} labels for {len(losses)} losses")
+    steps_of = {}
+    for s, lab in enumerate(labels):
+        steps_of.setdefault(lab, []).append(s)
+    out = []
+    for lab, steps in steps_of.items():
+        wins = [steps[i:i + every] for i in range(0, len(steps), every)]
+        out.append({"label": lab, "every": every, "step": [w[-1] for w in wins],
+                    "loss": [float(sum(losses[s] for s in w) / len(w)) for w in wins]})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# a learning-rate grid on a held-out seed, then the seeds at each model's chosen rate
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TunedConfig(TrainConfig):
+    """A training configuration whose learning rate is chosen per model: ``lr_grid`` (each model is
+    trained once per rate, with the seed ``grid_seed``, and scored on a validation stream), then
+    every seed at the model's chosen rate, scored on the test stream. ``eval_on`` is which stream a
+    run scores (``"validation"`` or ``"test"``); ``lr`` is the rate of a single run."""
+
+    lr_grid: tuple = (1e-3, 3e-3, 1e-2)
+    grid_seed: int = 1000
+    eval_on: str = "test"
+
+
+def _check_tuned(config) -> None:
+    grid = tuple(config.lr_grid)
+    if not grid or any(isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 for lr in grid) \
+            or len(set(grid)) != len(grid):
+        raise ValueError(f"lr_grid must be a non-empty tuple of distinct rates > 0; got {config.lr_grid!r}")
+    if config.eval_on not in ("validation", "test"):
+        raise ValueError(f"eval_on must be 'validation' or 'test'; got {config.eval_on!r}")
+    check_int(config.grid_seed, "grid_seed", 0)
+
+
+def stored_config(config) -> dict:
+    """``config`` as a tuned run stores it: its settings, without the single run's ``seed``, ``lr``
+    and ``eval_on`` (the run adds ``seeds``, ``jobs`` and ``chosen_lr``), as JSON reads it back."""
+    cfg = json.loads(json.dumps(config.as_dict()))
+    for k in ("seed", "lr", "eval_on"):
+        cfg.pop(k, None)
+    return cfg
+
+
+@contextlib.contextmanager
+def _runner(jobs: int):
+    """``run(fn, work) -> [fn(w) for w in work]``, ``jobs`` at a time in spawned processes (one pool
+    for every call inside the ``with``, so that each process compiles its kernels once)."""
+    check_int(jobs, "jobs", 1)
+    if jobs == 1:
+        yield lambda fn, work: [fn(w) for w in work]
+        return
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
+        yield lambda fn, work: list(ex.map(fn, work))
+
+
+def _mean_accuracy(record: dict) -> float:
+    acc = record["accuracy"]
+    return float(sum(acc) / len(acc))
+
+
+def tune_then_seeds(config, seeds, run_one, units: dict, *, jobs: int = 1, score=None, tuned_by: dict | None = None) -> dict:
+    """The protocol of every tuned experiment. ``units`` maps a model's label to the config fields
+    that make a run of that model alone (e.g. ``{"deltanet@16": {"mixers": ("deltanet",),
+    "head_dims": (16,)}}``); ``run_one(config)`` trains it and returns ``{"records": [one record],
+    "seconds"}``.
+
+    1. **The grid**: each tuned unit once per rate of ``config.lr_grid``, with the seed
+       ``config.grid_seed`` (not one of ``seeds``), scored on the validation stream
+       (``eval_on="validation"``) by ``score(record)`` (default: the mean of ``record["accuracy"]``;
+       higher is better, NaN counts as worst). A unit's chosen rate is its best (the first in the
+       grid's order on a tie). ``tuned_by`` maps each unit to the unit whose grid sets its rate
+       (default: itself), so that, e.g., a model's rate can be chosen at one size and used at
+       every size. A grid of one rate is not run: that rate is every unit's.
+    2. **The seeds**: every unit once per seed at its chosen rate, scored on the test stream.
+
+    ``jobs > 1`` runs that many pieces at once in their own processes (a GPU is shared by them, so
+    the times measured are those of concurrent runs). Returns ``{"config": stored_config(config) with
+    "seeds", "jobs" and "chosen_lr" ({unit: rate}), "records": the grid's (``phase="grid"``) then
+    the seeds' (``phase="seed"``), each with ``unit``, ``lr``, ``seed``, ``phase`` and ``score``,
+    "seconds": wall time}``."""
+    import math
+    import time
+    from dataclasses import replace
+    seeds = check_seeds(seeds)
+    check_int(jobs, "jobs", 1)
+    _check_tuned(config)
+    if not units:
+        raise ValueError("units must name at least one model")
+    tuned_by = dict(tuned_by or {u: u for u in units})
+    if set(tuned_by) != set(units) or not set(tuned_by.values()) <= set(units):
+        raise ValueError("tuned_by must map every unit to a unit")
+    if config.grid_seed in seeds:
+        raise ValueError(f"grid_seed ({config.grid_seed}) must not be one of the seeds {seeds}: the "
+                         "rates are chosen on a seed the results do not use")
+    score = score or _mean_accuracy
+    safe = lambda r: (lambda x: -math.inf if math.isnan(x) else x)(float(score(r)))
+    t0 = time.perf_counter()
+    tuned = [u for u in units if u in set(tuned_by.values())]
+    grid = [] if len(config.lr_grid) == 1 else \
+        [(lab, lr, replace(config, seed=config.grid_seed, lr=lr, eval_on="validation", **units[lab]))
+         for lab in tuned for lr in config.lr_grid]
+    records, best = [], {lab: config.lr_grid[0] for lab in tuned}
+    with _runner(jobs) as run:
+        for (lab, lr, _), out in zip(grid, run(run_one, [c for *_, c in grid])):
+            for r in out["records"]:
+                records.append(dict(r, unit=lab, lr=lr, seed=config.grid_seed, phase="grid", score=safe(r)))
+        for lab in tuned:
+            mine = [r for r in records if r["unit"] == lab]
+            if mine:
+                best[lab] = max(mine, key=lambda r: r["score"])["lr"]     # max keeps the first of ties
+        chosen = {u: best[tuned_by[u]] for u in units}
+        pieces = [(lab, s, replace(config, seed=s, lr=chosen[lab], eval_on="test", **ov))
+                  for s in seeds for lab, ov in units.items()]
+        for (lab, s, _), out in zip(pieces, run(run_one, [c for *_, c in pieces])):
+            for r in out["records"]:
+                records.append(dict(r, unit=lab, lr=chosen[lab], seed=s, phase="seed", score=safe(r)))
+    cfg = stored_config(config)
+    cfg.update(seeds=seeds, jobs=min(jobs, max(len(grid), len(pieces))), chosen_lr=chosen)
+    return {"config": cfg, "records": records, "seconds": time.perf_counter() - t0}
+
+
+def seed_records(run: dict) -> list[dict]:
+    """The records of a tuned run's seeds (the grid's left out)."""
+    return [r for r in run["records"] if r["phase"] == "seed"]
+
+
+def grid_rows(run: dict) -> list[dict]:
+    """The learning-rate grid of a tuned run, one row per unit: ``{"unit", "lrs", "scores",
+    "chosen"}`` (the rates in the grid's order, the validation score of each, the chosen rate)."""
+    rows = {}
+    for r in run["records"]:
+        if r["phase"] == "grid":
+            row = rows.setdefault(r["unit"], {"unit": r["unit"], "lrs": [], "scores": []})
+            row["lrs"].append(r["lr"])
+            row["scores"].append(r["score"])
+    for u, row in rows.items():
+        row["chosen"] = run["config"]["chosen_lr"][u]
+    return list(rows.values())
+
+
+_TUNED_IGNORE = ("seeds", "jobs", "chosen_lr")
+
+
+def load_tuned(name: str, gpu_config, command: str) -> dict:
+    """The stored tuned run ``experiments/results/<name>.json`` (``env``, ``config``, ``records``)
+    with ``same_as_gpu_config``: whether it was run with the settings ``gpu_config()`` has now (its
+    seeds, jobs and chosen rates aside). ``FileNotFoundError`` naming ``command`` when this copy of
+    the book has none."""
+    from kernels import results
+    path = RESULTS_DIR / f"{name}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no stored runs at {path}; run `{command}` on a GPU to create them")
+    data = results.load_results(path)
+    have = {k: v for k, v in data["config"].items() if k not in _TUNED_IGNORE}
+    data["same_as_gpu_config"] = have == stored_config(gpu_config())
+    return data
+
+
+def merge_tuned(old: dict | None, new: dict, field: str, base_models) -> dict:
+    """The tuned run ``new`` (``{"config", "records", "env"}``, run on some of the models of the
+    config field ``field``) merged into the stored file ``old`` (or ``None``): ``old``'s records
+    and chosen rates are kept for the units ``new`` did not run, provided both were run with the
+    same settings and seeds (else ``ValueError``: runs of different settings are never mixed).
+    Every record keeps the ``env`` of its own run; ``field`` lists the union of the models in
+    ``base_models``' order."""
+    env = new["env"]
+    recs = [dict(r, env=r.get("env", env)) for r in new["records"]]
+    cfg = json.loads(json.dumps(new["config"]))
+    chosen = dict(cfg["chosen_lr"])
+    if old is not None:
+        strip = lambda c: {k: v for k, v in c.items() if k not in ("jobs", "chosen_lr", field)}
+        if strip(old["config"]) != strip(cfg):
+            raise ValueError("the stored runs were made with other settings or seeds; move the file away "
+                             "to start anew")
+        done = {r["unit"] for r in recs}
+        recs = [dict(r, env=r.get("env", old["env"])) for r in old["records"] if r["unit"] not in done] + recs
+        chosen = {**{u: lr for u, lr in old["config"]["chosen_lr"].items() if u not in done}, **chosen}
+    models = {r.get("mixer") for r in recs}
+    cfg[field] = [m for m in base_models if m in models]
+    cfg["chosen_lr"] = chosen
+    return {"config": cfg, "records": recs}
+
+
+def tuned_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, run_seeds, describe,
+              gpu_seeds=(0, 1, 2), field: str = "mixers") -> int:
+    """The command line of a tuned experiment: ``[--gpu] [--seeds ...] [--jobs N] [--only M ...]
+    [--device D] [--steps N] [--write]``. ``--gpu`` takes ``gpu_config()`` (else ``cpu_config()``);
+    ``--device`` and ``--steps`` override it (``--gpu --device cpu --steps 2`` checks the GPU
+    setting's code path on a CPU); ``run_seeds(config, seeds, jobs=N)`` runs the grid and the
+    seeds (default ``gpu_seeds`` with ``--gpu``, ``[0]`` without), and one line per seed record is
+    printed by ``describe(record)``. ``--only`` runs some of the models of the config field
+    ``field``; ``--write`` stores the run in ``experiments/results/<stored>.json``
+    (``<stored>_cpu.json`` without ``--gpu``) with the device, date and versions, merged with what is
+    stored for the other models (:func:`merge_tuned`)."""
+    import argparse
+    import time
+    from dataclasses import replace
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--gpu", action="store_true", help="the larger setting (gpu_config), on CUDA")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help=f"the seeds run at the chosen rates (default: {list(gpu_seeds)} with --gpu, [0] without)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process")
+    p.add_argument("--only", nargs="+", default=None, help=f"run only these {field}")
+    p.add_argument("--device", default=None, help="run the chosen setting on this device instead")
+    p.add_argument("--steps", type=int, default=None, help="override the number of steps")
+    p.add_argument("--write", action="store_true",
+                   help=f"store the run in experiments/results/{stored}.json (--gpu) or {stored}_cpu.json")
+    args = p.parse_args(argv)
+    cfg = gpu_config() if args.gpu else cpu_config()
+    base_models = tuple(getattr(cfg, field))
+    if args.only:
+        if any(m not in base_models for m in args.only):
+            raise SystemExit(f"--only: choose from {base_models}; got {args.only}")
+        cfg = replace(cfg, **{field: tuple(m for m in base_models if m in args.only)})
+    if args.device is not None:
+        cfg = replace(cfg, device=args.device)
+    if args.steps is not None:
+        cfg = replace(cfg, steps=check_int(args.steps, "steps", 1))
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        print("--gpu needs a CUDA GPU")
+        return 2
+    seeds = args.seeds if args.seeds is not None else (list(gpu_seeds) if args.gpu else [0])
+    t0 = time.perf_counter()
+    out = run_seeds(cfg, seeds, jobs=args.jobs)
+    for row in grid_rows(out):
+        print(f"grid {row['unit']:>20}: " + "  ".join(f"{lr:g}: {s:.3f}" for lr, s in zip(row["lrs"], row["scores"]))
+              + f"  -> {row['chosen']:g}")
+    for r in seed_records(out):
+        print(describe(r) + f"  ({r['train_seconds']:.0f} s)")
+    print(f"{len(seeds)} seeds after a grid of {len(cfg.lr_grid)} rates: {time.perf_counter() - t0:.0f} s")
+    if args.write:
+        from kernels import results
+        name = stored if args.gpu else f"{stored}_cpu"
+        path = RESULTS_DIR / f"{name}.json"
+        old = results.load_results(path) if path.exists() else None
+        merged = merge_tuned(old, dict(out, env=results.environment()), field, base_models)
+        print("wrote", results.write_results(path, name, merged["config"], merged["records"]))
     return 0

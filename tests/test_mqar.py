@@ -1,41 +1,61 @@
-"""The MQAR experiment of Chapter 6: data generator, models, state sizes, a tiny training run."""
+"""Chapter 6's recall experiment (experiments.mqar): the rewrites generator, the models, their state
+sizes, training, the loss curves, the claims on constructed runs, and the stored GPU run."""
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kernels.reference import recurrent_ref
+import experiments.mqar as mq
+from experiments.common import failed_claims, loss_curves
 from experiments.mqar import (ALL_MIXERS, FILLER, GATE_TEMPERATURE, IGNORE, MIXERS, MQARModel, cpu_config,
-                             gpu_config, load_stored_large, make_mqar, run_mqar_seeds, run_mqar_sweep,
-                             seed_summary, state_size, sweep_records, train_mqar)
+                              gpu_config, make_mqar, points, state_size, train_recall)
 
 
 # ------------------------------------------------------------------ generator
-@pytest.mark.parametrize("vocab,N,L,nq", [(64, 4, 64, None), (64, 20, 64, None), (32, 8, 30, 5), (8, 1, 3, 1)])
-def test_every_target_is_the_value_paired_with_that_key(vocab, N, L, nq):
-    x, y, m = make_mqar(vocab, N, L, batch=16, seed=3, num_queries=nq)
+@pytest.mark.parametrize("vocab,N,R,L,nq", [(64, 4, 1, 64, None), (64, 16, 1, 64, None), (64, 4, 8, 72, None),
+                                            (32, 3, 2, 20, 2), (8, 1, 3, 7, 1), (1024, 8, 8, 256, None)])
+def test_every_target_is_the_latest_value_written_under_its_key(vocab, N, R, L, nq):
+    """The definition, position by position: each key written exactly R times with a value of its own
+    (all N R values distinct), and each query's target is the value of that key's last write."""
+    x, y, m = make_mqar(vocab, N, L, batch=16, seed=3, num_queries=nq, writes_per_key=R)
     assert x.shape == y.shape == m.shape == (16, L)
     nq = N if nq is None else nq
-    half = vocab // 2
+    half, W = vocab // 2, N * R
     for b in range(16):
-        keys, vals = x[b, 0:2 * N:2].tolist(), x[b, 1:2 * N:2].tolist()
-        assert len(set(keys)) == N and len(set(vals)) == N                 # one answer per key
+        keys, vals = x[b, 0:2 * W:2].tolist(), x[b, 1:2 * W:2].tolist()
+        assert len(set(keys)) == N and all(keys.count(k) == R for k in set(keys))      # N keys, R writes each
+        assert len(set(vals)) == W                                                    # a fresh value per write
         assert all(1 <= k < half for k in keys) and all(half <= v < vocab for v in vals)
-        paired = dict(zip(keys, vals))
+        latest = {}
+        for k, v in zip(keys, vals):                                                  # the last write wins
+            latest[k] = v
         scored = m[b].nonzero().flatten().tolist()
-        assert len(scored) == nq and all(t >= 2 * N for t in scored)       # queries follow the pairs
-        for t in scored:                                                    # the definition, position by position
-            assert y[b, t].item() == paired[x[b, t].item()]
-        # unscored positions: masked, target ignored; in the query region they hold the filler
+        assert len(scored) == nq and all(t >= 2 * W for t in scored)                  # queries follow the writes
+        for t in scored:
+            assert y[b, t].item() == latest[x[b, t].item()]
         assert (y[b][~m[b]] == IGNORE).all()
-        rest = [t for t in range(2 * N, L) if t not in scored]
+        rest = [t for t in range(2 * W, L) if t not in scored]
         assert all(x[b, t].item() == FILLER for t in rest)
-        assert len({x[b, t].item() for t in scored}) == nq                 # each key asked at most once
+        assert len({x[b, t].item() for t in scored}) == nq                            # each key asked once
+
+
+def test_rewrites_change_the_answer():
+    """With R >= 2 the answer is never a key's first value (every write has its own value), so a
+    memory that returns the first write scores 0 and one that returns the last scores 1."""
+    x, y, m = make_mqar(64, 4, 40, 32, seed=5, writes_per_key=2)
+    for b in range(32):
+        first = {}
+        for k, v in zip(x[b, 0:16:2].tolist(), x[b, 1:16:2].tolist()):
+            first.setdefault(k, v)
+        assert all(y[b, t].item() != first[x[b, t].item()] for t in m[b].nonzero().flatten().tolist())
 
 
 def test_generator_is_seeded():
-    a = make_mqar(64, 8, 64, 4, seed=11)
-    b = make_mqar(64, 8, 64, 4, seed=11)
-    c = make_mqar(64, 8, 64, 4, seed=12)
+    a = make_mqar(64, 4, 40, 4, seed=11, writes_per_key=3)
+    b = make_mqar(64, 4, 40, 4, seed=11, writes_per_key=3)
+    c = make_mqar(64, 4, 40, 4, seed=12, writes_per_key=3)
     assert all(torch.equal(u, v) for u, v in zip(a, b))
     assert not torch.equal(a[0], c[0])
 
@@ -43,10 +63,14 @@ def test_generator_is_seeded():
 def test_generator_rejects_bad_arguments():
     with pytest.raises(ValueError, match="num_kv_pairs must be <= 15"):
         make_mqar(32, 16, 64, 2, 0)
-    with pytest.raises(ValueError, match="seq_len must be >= 2 \\* num_kv_pairs \\+ num_queries = 24"):
-        make_mqar(64, 8, 20, 2, 0)
+    with pytest.raises(ValueError, match="num_kv_pairs \\* writes_per_key must be <= 16"):
+        make_mqar(32, 4, 64, 2, 0, writes_per_key=5)
+    with pytest.raises(ValueError, match="seq_len must be >= 2 \\* num_kv_pairs \\* writes_per_key \\+ num_queries = 36"):
+        make_mqar(64, 4, 30, 2, 0, writes_per_key=4)
     with pytest.raises(ValueError, match="num_queries must be <= num_kv_pairs"):
         make_mqar(64, 4, 64, 2, 0, num_queries=5)
+    with pytest.raises(ValueError, match="writes_per_key must be an integer >= 1"):
+        make_mqar(64, 4, 64, 2, 0, writes_per_key=0)
     with pytest.raises(ValueError, match="batch must be an integer >= 1"):
         make_mqar(64, 4, 64, 0, 0)
 
@@ -56,10 +80,11 @@ def test_generator_rejects_bad_arguments():
 def test_forward_runs_and_is_differentiable(mixer):
     torch.manual_seed(0)
     model = MQARModel(mixer, vocab_size=32, d_model=16, n_heads=2, head_dim=8, mlp=True)
-    x, y, m = make_mqar(32, 4, 20, 3, seed=0)
+    x, y, m = make_mqar(32, 3, 20, 3, seed=0, writes_per_key=2)
     logits = model(x)
     assert logits.shape == (3, 20, 32) and torch.isfinite(logits).all()
-    F.cross_entropy(logits[m], y[m]).backward()
+    torch.testing.assert_close(model(x, m), logits[m], atol=1e-5, rtol=0)   # the head at the queries only
+    F.cross_entropy(model(x, m), y[m]).backward()
     mix = model.mix
     params = [mix.q_proj.weight, mix.k_proj.weight, mix.v_proj.weight, model.embed.weight]
     params += [mix.g_proj.weight] if mixer in ("decay", "gated_deltanet", "mesanet") else []
@@ -104,18 +129,20 @@ def test_key_convolution_starts_from_the_previous_token():
         assert torch.equal(mix.convs[1](x2)[0, :4], y[0, :4])
 
 
-def test_mesanet_mixer_is_the_reference_with_an_exact_solve():
+@pytest.mark.parametrize("dims,dk,dv", [("d_k", 8, 8), ("state", 4, 12)])
+def test_mesanet_mixer_is_the_reference_with_an_exact_solve(dims, dk, dv):
     """The MesaNet mixer = kernels.reference.chunk_mesa_net_ref with an exact solve (float64) on the
-    mixer's own q, k, v, g, beta, Λ: its d_k CG steps are exact up to float32 round-off on O(1)
-    entries (~1e-6); 1e-4 leaves headroom and still catches a wrong gate, beta, Λ or head split."""
+    mixer's own q, k, v, g, beta, Λ, at equal key size (d_k = d_v = head_dim) and at equal state
+    (d_k = head_dim / 2, d_v = 3 head_dim / 2): its d_k CG steps are exact up to float32 round-off on
+    O(1) entries (~1e-6); 1e-4 leaves headroom and still catches a wrong gate, beta, Λ or head split."""
     from kernels.reference import chunk_mesa_net_ref
     torch.manual_seed(2)
-    model = MQARModel("mesanet", vocab_size=32, d_model=16, n_heads=2, head_dim=8)
+    model = MQARModel("mesanet", vocab_size=32, d_model=16, n_heads=2, head_dim=8, mesa_dims=dims)
     x = model.norm1(model.embed(make_mqar(32, 4, 70, 2, seed=1)[0]))
     mix = model.mix
     with torch.no_grad():
         q, k, v = mix.qkv(x)
-        assert q.shape[-1] == 4 and v.shape[-1] == 12          # d_k = head_dim / 2, d_v = 3 head_dim / 2
+        assert q.shape[-1] == dk and v.shape[-1] == dv
         g = F.logsigmoid(mix.g_proj(x)) / GATE_TEMPERATURE
         beta = torch.sigmoid(mix.b_proj(x))
         lamb = F.softplus(mix.lamb_raw)
@@ -124,153 +151,218 @@ def test_mesanet_mixer_is_the_reference_with_an_exact_solve():
     torch.testing.assert_close(o, mix.o_proj(o_ref.float().reshape(2, 70, -1)), atol=1e-4, rtol=0)
 
 
-def test_models_have_equal_state_size():
-    sizes = {mixer: state_size(MQARModel(mixer, 32, d_model=16, n_heads=2, head_dim=8)) for mixer in ALL_MIXERS}
-    assert set(sizes.values()) == {2 * 8 * 8}, sizes            # H * d_k * d_v, measured from the op
-    cfg = cpu_config()
-    sizes = {mixer: state_size(MQARModel(mixer, cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.head_dim))
-             for mixer in MIXERS}
-    assert len(set(sizes.values())) == 1 and sizes["linear"] == cfg.n_heads * cfg.head_dim ** 2
+def test_state_sizes_are_measured_from_the_ops():
+    """The four rules hold H d_k d_v numbers at any head size; MesaNet twice that at equal d_k and
+    the same at equal state (d_k² + d_k d_v = head_dim²)."""
+    for h in (8, 16):
+        sizes = {m: state_size(MQARModel(m, 32, d_model=16, n_heads=2, head_dim=h)) for m in MIXERS}
+        assert set(sizes.values()) == {2 * h * h}, sizes
+        assert state_size(MQARModel("mesanet", 32, d_model=16, n_heads=2, head_dim=h)) == 2 * 2 * h * h
+        assert state_size(MQARModel("mesanet", 32, d_model=16, n_heads=2, head_dim=h, mesa_dims="state")) == 2 * h * h
+    with pytest.raises(ValueError, match="mesa_dims must be"):
+        MQARModel("mesanet", 32, head_dim=8, mesa_dims="half")
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        MQARModel("mesanet", 32, head_dim=7, mesa_dims="state")
+    with pytest.raises(ValueError, match="mixer must be one of"):
+        MQARModel("mamba", 32)
 
 
 def test_configs_are_valid_for_the_generator():
     for cfg in (cpu_config(), gpu_config()):
-        for N in cfg.kv_pairs:   # every setting of the sweep can be generated
-            make_mqar(cfg.vocab_size, N, cfg.seq_len, 1, 0)
-        assert cfg.vocab_size // 2 - 1 > cfg.n_heads * cfg.head_dim   # more keys than key dimensions
+        for N, R in points(cfg):   # every setting of the run can be generated
+            make_mqar(cfg.vocab_size, N, cfg.seq_len, 1, 0, writes_per_key=R)
+        assert (cfg.rewrite_pairs, 1) in points(cfg)                # the control is scored
+        assert cfg.tune_head_dim in cfg.head_dims
+    g = gpu_config()
+    assert g.vocab_size // 2 - 1 > 127                              # more possible keys than the first version
+    assert min(g.head_dims) == 8 and max(g.head_dims) == 64
+    assert len(g.lr_grid) >= 3 and g.grid_seed not in (0, 1, 2)
+    assert max(g.head_dims) >= 2 * g.rewrite_pairs                  # some d_k leave the rewritten keys room
 
 
-# ------------------------------------------------------------------ training
+# ------------------------------------------------------------------ training and its records
+_TINY = dict(kv_pairs=(2, 3), rewrite_pairs=2, writes_per_key=(2,), vocab_size=16, seq_len=12, d_model=16,
+             steps=60, batch=16, eval_batch=32)
+
+
 def test_tiny_training_run_reduces_the_loss_and_is_deterministic():
-    cfg = cpu_config(mixers=("deltanet",), kv_pairs=(2, 3), vocab_size=16, seq_len=12, d_model=16,
-                     head_dim=8, steps=60, batch=16, eval_batch=64)
-    r1 = train_mqar("deltanet", cfg)
-    r2 = train_mqar("deltanet", cfg)
-    assert r1["losses"] == r2["losses"]                               # fixed seeds: bitwise repeatable
-    first, last = sum(r1["losses"][:10]) / 10, sum(r1["losses"][-10:]) / 10
-    assert last < 0.8 * first, (first, last)                          # it learns something
-    assert len(r1["accuracy"]) == 2 and all(0.0 <= a <= 1.0 for a in r1["accuracy"])
+    cfg = cpu_config(**_TINY)
+    r1 = train_recall("deltanet", 8, cfg)
+    r2 = train_recall("deltanet", 8, cfg)
+    c1 = {c["label"]: c for c in r1["loss_curves"]}
+    assert r1["loss_curves"] == r2["loss_curves"] and r1["accuracy"] == r2["accuracy"]   # bitwise repeatable
+    first = [c["loss"][0] for c in c1.values()]
+    last = [c["loss"][-1] for c in c1.values()]
+    assert sum(last) < 0.8 * sum(first), (first, last)                                     # it learns something
+    assert r1["points"] == [[2, 1], [3, 1], [2, 2]] and len(r1["accuracy"]) == 3
+    assert all(0.0 <= a <= 1.0 for a in r1["accuracy"])
+    assert r1["state_size"] == 64
 
 
-def test_sweep_returns_one_curve_per_mixer():
-    cfg = cpu_config(kv_pairs=(2, 4), vocab_size=16, seq_len=12, d_model=16, head_dim=8, steps=3,
-                     batch=4, eval_batch=8)
-    out = run_mqar_sweep(cfg, progress=False)
-    assert list(out["accuracy"]) == list(MIXERS)
-    assert all(len(a) == 2 for a in out["accuracy"].values())
-    assert len({r["state_size"] for r in out["results"]}) == 1
+def test_loss_curves_name_the_setting_and_step_of_every_point():
+    """The stored loss curves cannot mix settings: a run's curve for each setting holds exactly the
+    steps that trained on it (step s trains on points[s % len(points)]), windows of loss_every of
+    them, each point at the last step of its window."""
+    cfg = cpu_config(**{**_TINY, "steps": 23, "loss_every": 4})
+    r = train_recall("linear", 8, cfg)
+    pts = points(cfg)
+    assert [c["label"] for c in r["loss_curves"]] == [f"N={N} R={R}" for N, R in pts]
+    for i, c in enumerate(r["loss_curves"]):
+        own = [s for s in range(cfg.steps) if s % len(pts) == i]
+        assert c["step"] == [own[j:j + 4][-1] for j in range(0, len(own), 4)]
+        assert c["every"] == 4 and len(c["loss"]) == len(c["step"])
+
+
+def test_loss_curves_average_each_settings_own_steps():
+    """common.loss_curves on losses that encode their step and setting: every window's mean is the
+    mean of its own steps' losses, and no other setting's loss enters it."""
+    labels = [f"N={(8, 16, 32, 48, 64)[s % 5]}" for s in range(37)]
+    losses = [1000 * (s % 5) + s for s in range(37)]                # setting in the thousands, step below
+    curves = loss_curves(losses, labels, 3)
+    assert [c["label"] for c in curves] == ["N=8", "N=16", "N=32", "N=48", "N=64"]
+    for i, c in enumerate(curves):
+        own = list(range(i, 37, 5))
+        wins = [own[j:j + 3] for j in range(0, len(own), 3)]
+        assert c["step"] == [w[-1] for w in wins]
+        assert c["loss"] == [pytest.approx(1000 * i + sum(w) / len(w)) for w in wins]
+    with pytest.raises(ValueError, match="labels must name every step"):
+        loss_curves(losses, labels[:-1], 3)
+    with pytest.raises(ValueError, match="every must be an integer >= 1"):
+        loss_curves(losses, labels, 0)
+
+
+def test_run_seeds_tunes_then_runs_the_seeds():
+    """The grid runs each mixer at tune_head_dim once per rate on the grid seed; every model then runs
+    at its mixer's chosen rate, and the records say which phase, rate and seed each one is."""
+    cfg = cpu_config(**{**_TINY, "steps": 3, "mixers": ("linear", "deltanet"), "head_dims": (4, 8),
+                        "tune_head_dim": 8, "lr_grid": (1e-3, 1e-2), "grid_seed": 77})
+    run = mq.run_seeds(cfg, [0, 1])
+    grid = [r for r in run["records"] if r["phase"] == "grid"]
+    seeds = [r for r in run["records"] if r["phase"] == "seed"]
+    assert sorted((r["unit"], r["lr"]) for r in grid) == [("deltanet@8", 1e-3), ("deltanet@8", 1e-2),
+                                                          ("linear@8", 1e-3), ("linear@8", 1e-2)]
+    assert all(r["seed"] == 77 for r in grid)
+    assert [(r["seed"], r["unit"]) for r in seeds] == [(s, u) for s in (0, 1)
+                                                      for u in ("linear@4", "linear@8", "deltanet@4", "deltanet@8")]
+    chosen = run["config"]["chosen_lr"]
+    for m in ("linear", "deltanet"):
+        best = max((r for r in grid if r["mixer"] == m), key=lambda r: r["score"])["lr"]
+        assert chosen[f"{m}@4"] == chosen[f"{m}@8"] == best
+        assert all(r["lr"] == best for r in seeds if r["mixer"] == m)
+    assert run["config"]["seeds"] == [0, 1] and "seed" not in run["config"] and "lr" not in run["config"]
+    with pytest.raises(ValueError, match="tune_head_dim must be one of head_dims"):
+        mq.run_seeds(cpu_config(**{**_TINY, "head_dims": (4,), "tune_head_dim": 8}), [0])
     with pytest.raises(ValueError, match="mixers must be drawn from"):
-        run_mqar_sweep(cpu_config(mixers=("mamba",)), progress=False)
+        mq.run_seeds(cpu_config(mixers=("mamba",)), [0])
+    with pytest.raises(ValueError, match="rewrite_pairs must be one of kv_pairs"):
+        mq.run_seeds(cpu_config(**{**_TINY, "rewrite_pairs": 5}), [0])
 
 
-def test_short_runs_train_without_a_schedule_error():
-    """Fewer than 20 steps use a constant rate: PyTorch's one-cycle schedule divides by zero when its
-    warm-up ends at step 0 (steps = 10 at 10 %, or 2), which used to end such runs."""
-    for steps in (1, 2, 10):
-        cfg = cpu_config(mixers=("linear",), kv_pairs=(2,), vocab_size=16, seq_len=12, d_model=16,
-                         head_dim=8, steps=steps, batch=4, eval_batch=8)
-        r = train_mqar("linear", cfg)
-        assert len(r["losses"]) == steps
+# ------------------------------------------------------------------ claims on constructed runs
+def _run(acc: dict, head_dims=(8, 16), seeds=(0, 1, 2), N=4, Rs=(2, 4, 8), once=(4, 8, 16)):
+    """A constructed run: acc[(mixer, head_dim)] = accuracy per setting (write-once N, then rewrites)."""
+    pts = [[n, 1] for n in once] + [[N, R] for R in Rs]
+    recs = [{"unit": f"{m}@{h}", "mixer": m, "head_dim": h, "seed": s, "phase": "seed", "points": pts,
+             "accuracy": list(a), "state_size": h * h} for s in seeds for (m, h), a in acc.items()]
+    return {"config": {}, "records": recs}
 
 
-def test_sweep_records_are_json_and_subsample_the_loss():
-    import json
-    cfg = cpu_config(kv_pairs=(2, 4), vocab_size=16, seq_len=12, d_model=16, head_dim=8, steps=5,
-                     batch=4, eval_batch=8)
-    out = run_mqar_sweep(cfg, progress=False)
-    recs = json.loads(json.dumps(sweep_records(out, loss_every=2)))
-    assert [r["mixer"] for r in recs] == list(MIXERS)
-    for r, res in zip(recs, out["results"]):
-        L = res["losses"]                                   # 5 steps, N cycling 2, 4, 2, 4, 2
-        assert r["losses"] == pytest.approx([(L[0] + L[1]) / 2, (L[2] + L[3]) / 2, L[4]])
-        assert r["losses_by_n"] == {"2": pytest.approx([(L[0] + L[2]) / 2, L[4]]),
-                                    "4": pytest.approx([(L[1] + L[3]) / 2])}
-    with pytest.raises(ValueError, match="loss_every must be an integer >= 1"):
-        sweep_records(out, loss_every=0)
+def _good():
+    acc = {}
+    for h in (8, 16):
+        base = 0.5 if h == 8 else 0.9                          # write-once grows with d_k
+        acc["linear", h] = [base, base - 0.1, base - 0.2, 0.45, 0.25, 0.12]
+        acc["decay", h] = [base, base - 0.1, base - 0.2, 0.6, 0.5, 0.4]
+        acc["deltanet", h] = [base + 0.05, base - 0.05, base - 0.15, 0.9, 0.85, 0.8]
+        acc["gated_deltanet", h] = [base + 0.05, base - 0.05, base - 0.15, 0.9, 0.85, 0.8]
+    return acc
 
 
-def test_stored_large_run_matches_gpu_config():
-    """The GPU runs the chapter shows (experiments/results/mqar_large.json) were made with the settings
-    ``gpu_config()`` has now (else they must be re-run), record every mixer at every N for every
-    seed, with accuracies in [0, 1], equal state sizes, and the device and versions they ran with."""
-    data = load_stored_large()
-    assert data["same_as_gpu_config"]
-    want = gpu_config().as_dict()
-    seeds = data["config"]["seeds"]
-    assert len(seeds) >= 3, "the chapter compares update rules over several seeds"
-    assert [(r["seed"], r["mixer"]) for r in data["records"]] == [(s, m) for s in seeds for m in want["mixers"]]
-    assert set(data["config"]) == (set(want) - {"seed"}) | {"seeds", "jobs"}
-    for r in data["records"]:
-        assert r["kv_pairs"] == list(want["kv_pairs"]) and len(r["accuracy"]) == len(want["kv_pairs"])
-        assert all(0.0 <= a <= 1.0 for a in r["accuracy"])
-    assert len({r["state_size"] for r in data["records"]}) == 1
-    assert data["env"]["device"] and data["env"]["date"] and data["env"]["torch"]
+def test_chapter_6_claims_hold_on_a_run_that_shows_them():
+    cl = mq.claims(_run(_good()))
+    assert len(cl) == 6 and not failed_claims(cl), failed_claims(cl)
+    assert all(set(c) == {"claim", "holds", "measured"} for c in cl)
+    assert "linear attention by at least 0.2" in cl[0]["claim"] and "+0.680" in cl[0]["measured"]
 
 
-def test_stored_large_run_fails_the_check_when_gpu_config_changes(monkeypatch):
-    """``same_as_gpu_config`` is a real comparison: change one setting and it turns False."""
-    import experiments.mqar as mq
-    monkeypatch.setattr(mq, "gpu_config", lambda **ch: gpu_config(steps=gpu_config().steps + 1, **ch))
-    assert mq.load_stored_large()["same_as_gpu_config"] is False
+def _lower(acc, keys, idx, by):
+    for k in keys:
+        for i in idx:
+            acc[k][i] -= by
 
 
-def test_chapter_9s_stored_runs_are_found_by_their_own_config(tmp_path, monkeypatch):
-    """Chapter 9's GPU sweeps (MesaNet added) live in their own file, checked against gpu_config() with
-    Chapter 9's mixers: missing, the error names the command; stored with those settings, they match;
-    stored with Chapter 6's four mixers, they do not."""
-    import json
+@pytest.mark.parametrize("change,broken", [
+    # linear attention recalls the latest value at d_k = 16: DeltaNet's lead, 1/R and the control fail
+    (lambda a: a[("linear", 16)].__setitem__(5, 0.7), [0, 2, 3]),
+    # decay as good as Gated DeltaNet with rewrites at the reference d_k (8: the run names none)
+    (lambda a: a[("decay", 8)].__setitem__(5, 0.75), [1]),
+    # ... at another d_k: not claimed
+    (lambda a: a[("decay", 16)].__setitem__(5, 0.75), []),
+    # the control: linear attention far behind DeltaNet with the same keys written once
+    (lambda a: a[("linear", 8)].__setitem__(0, 0.25), [3]),
+    # written once, decay far behind the others at every d_k
+    (lambda a: _lower(a, [("decay", 8), ("decay", 16)], range(3), 0.3), [5]),
+    # written once, a larger state gains every rule too little
+    (lambda a: _lower(a, [(m, 16) for m in MIXERS], range(3), 0.3), [4]),
+])
+def test_chapter_6_claims_fail_on_runs_that_break_them(change, broken):
+    acc = _good()
+    change(acc)
+    cl = mq.claims(_run(acc))
+    assert [i for i, c in enumerate(cl) if not c["holds"]] == broken, [c["measured"] for c in cl]
+
+
+def test_claims_need_every_seed():
+    """'In every seed': one bad seed breaks the rewrites claim although the mean still clears it."""
+    run = _run(_good())
+    for r in run["records"]:
+        if r["seed"] == 2 and r["mixer"] == "deltanet" and r["head_dim"] == 8:
+            r["accuracy"][5] = 0.2                        # one seed: DeltaNet no better than linear
+    cl = mq.claims(run)
+    assert not cl[0]["holds"] and cl[1]["holds"]
+
+
+def test_capacity_claims_need_two_head_sizes():
+    acc = {k: v for k, v in _good().items() if k[1] == 8}
+    cl = mq.claims(_run(acc, head_dims=(8,)))
+    assert len(cl) == 4 and all("written once (N" not in c["claim"] for c in cl)
+
+
+# ------------------------------------------------------------------ the stored run
+def test_stored_run_loader_checks_the_settings(tmp_path, monkeypatch):
+    """Missing, the error names the command; stored with gpu_config()'s settings it matches; with one
+    setting changed it does not."""
     import experiments.common
-    import experiments.mqar as mq
     monkeypatch.setattr(experiments.common, "RESULTS_DIR", tmp_path)
-    with pytest.raises(FileNotFoundError, match="--large --mesanet"):
-        mq.load_stored_mesanet()
-    for mixers, same in ((mq.MESANET_MIXERS, True), (MIXERS, False)):
-        cfg = {**gpu_config(mixers=mixers).as_dict(), "seeds": [0], "jobs": 1}
-        cfg.pop("seed")
-        cfg = json.loads(json.dumps(cfg))
-        (tmp_path / f"{mq.STORED_MESANET}.json").write_text(json.dumps(
-            {"name": mq.STORED_MESANET, "env": {"device": "test"}, "config": cfg, "records": []}))
-        assert mq.load_stored_mesanet()["same_as_gpu_config"] is same
+    with pytest.raises(FileNotFoundError, match="python -m experiments.mqar --gpu --jobs 16 --write"):
+        mq.load_stored()
+    for cfg, same in ((gpu_config(), True), (gpu_config(steps=1), False)):
+        stored = {**experiments.common.stored_config(cfg), "seeds": [0, 1, 2], "jobs": 16, "chosen_lr": {}}
+        (tmp_path / f"{mq.STORED}.json").write_text(json.dumps(
+            {"name": mq.STORED, "env": {"device": "test"}, "config": stored, "records": []}))
+        assert mq.load_stored()["same_as_gpu_config"] is same
 
 
-_TINY = dict(kv_pairs=(2, 4), vocab_size=16, seq_len=12, d_model=16, head_dim=8, steps=4, batch=4, eval_batch=8)
-
-
-def test_seeds_in_processes_equal_seeds_in_turn():
-    """Two seeds in two spawned processes give the records of the same seeds run one after the
-    other (the seed, not the process, fixes a run), timings aside."""
-    cfg = cpu_config(mixers=("linear", "deltanet"), **_TINY)
-    a = run_mqar_seeds(cfg, [0, 3], jobs=1, loss_every=1)
-    b = run_mqar_seeds(cfg, [0, 3], jobs=2, loss_every=1)
-    strip = lambda recs: [{k: v for k, v in r.items() if k != "train_seconds"} for r in recs]
-    assert strip(a["records"]) == strip(b["records"])
-    assert [(r["seed"], r["mixer"]) for r in a["records"]] == [(0, "linear"), (0, "deltanet"), (3, "linear"), (3, "deltanet")]
-    assert a["config"]["seeds"] == [0, 3] and a["config"]["jobs"] == 1 and b["config"]["jobs"] == 2
-    assert "seed" not in a["config"]
-    # different seeds are different runs
-    assert a["records"][0]["losses"] != a["records"][2]["losses"]
-    for bad, match in (([], "seeds must be"), ([1, 1], "seeds must be"), ([0.5], "seeds must be")):
-        with pytest.raises(ValueError, match=match):
-            run_mqar_seeds(cfg, bad)
-    with pytest.raises(ValueError, match="jobs must be an integer >= 1"):
-        run_mqar_seeds(cfg, [0], jobs=0)
-    with pytest.raises(ValueError, match="loss_every must be an integer >= 1"):
-        run_mqar_seeds(cfg, [0], loss_every=0)
-
-
-def test_seed_summary_by_hand():
-    recs = [{"mixer": "a", "seed": 0, "kv_pairs": [1, 2], "accuracy": [1.0, 0.5]},
-            {"mixer": "b", "seed": 0, "kv_pairs": [1, 2], "accuracy": [1.0, 0.25]},
-            {"mixer": "a", "seed": 1, "kv_pairs": [1, 2], "accuracy": [0.5, 0.0]},
-            {"mixer": "b", "seed": 1, "kv_pairs": [1, 2], "accuracy": [0.75, 0.5]}]
-    s = seed_summary(recs)
-    assert s["seeds"] == [0, 1] and s["kv_pairs"] == [1, 2]
-    assert s["mean"] == {"a": [0.75, 0.25], "b": [0.875, 0.375]}
-    assert s["min"] == {"a": [0.5, 0.0], "b": [0.75, 0.25]} and s["max"] == {"a": [1.0, 0.5], "b": [1.0, 0.5]}
-    assert s["first"] == {"a": [1, 1], "b": [2, 1]}          # the tie at seed 0, N = 1 counts for both
-    with pytest.raises(ValueError, match="every seed for every mixer"):
-        seed_summary(recs[:3])
-    with pytest.raises(ValueError, match="same kv_pairs"):
-        seed_summary([recs[0], {**recs[1], "kv_pairs": [1, 3]}])
-    with pytest.raises(ValueError, match="at least one record"):
-        seed_summary([])
+def test_the_stored_gpu_run_is_complete_and_shows_the_claims():
+    """experiments/results/mqar_recall.json (written by the GPU command of gpu_config's docstring):
+    run with the settings gpu_config() has now, with the grid (every rate for every mixer at
+    tune_head_dim, on the grid seed), every model in at least three seeds at its mixer's chosen
+    rate, the device and versions recorded, and every claim of Chapter 6 holding."""
+    data = mq.load_stored()
+    assert data["same_as_gpu_config"]
+    cfg = gpu_config()
+    grid = [r for r in data["records"] if r["phase"] == "grid"]
+    seeds = [r for r in data["records"] if r["phase"] == "seed"]
+    assert sorted((r["mixer"], r["lr"]) for r in grid) == sorted((m, lr) for m in cfg.mixers for lr in cfg.lr_grid)
+    assert all(r["head_dim"] == cfg.tune_head_dim and r["seed"] == cfg.grid_seed for r in grid)
+    assert len(data["config"]["seeds"]) >= 3
+    assert sorted((r["seed"], r["unit"]) for r in seeds) == sorted(
+        (s, u) for s in data["config"]["seeds"] for u in mq.units(cfg))
+    for r in seeds:
+        assert r["lr"] == data["config"]["chosen_lr"][r["unit"]] == data["config"]["chosen_lr"][
+            f"{r['mixer']}@{cfg.tune_head_dim}"]
+        assert r["points"] == [list(p) for p in points(cfg)] and all(0 <= a <= 1 for a in r["accuracy"])
+        assert r["state_size"] == r["head_dim"] ** 2
+    assert data["env"]["device"] and data["env"]["date"] and data["env"]["torch"]
+    cl = mq.claims(data)
+    assert len(cl) == 6 and not failed_claims(cl), failed_claims(cl)
