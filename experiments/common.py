@@ -17,7 +17,8 @@ import torch.nn as nn
 
 __all__ = ["RESULTS_DIR", "TrainConfig", "mlp_block", "residual_stack", "fit", "check_int", "check_seeds", "torch_threads", "derived_seeds", "window_means",
            "summarize_seeds", "train_each", "map_jobs", "run_each_seed", "load_stored_runs", "merge_stored",
-           "seeds_cli", "make_claim", "claims_markdown", "check_claims", "run_grid_and_seeds"]
+           "seeds_cli", "make_claim", "claims_markdown", "check_claims", "run_grid_and_seeds",
+           "grid_lines", "load_current"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -440,3 +441,31 @@ def check_claims(claims: list[dict], which=None) -> None:
     if bad:
         raise AssertionError("claims that do not hold:\n" + "\n".join(
             f"- {c['claim']} (measured: {c['measured']})" for c in bad))
+
+
+def grid_lines(config: dict, names: dict) -> list[str]:
+    """The learning-rate grid of a stored run (:func:`run_grid_and_seeds`' config), one line per
+    model: its name from ``names``, then each rate with its held-out score, the chosen one marked
+    ``*``."""
+    width = max(len(names[m]) for m in config["lr"])
+    return [f"  {names[m]:>{width}}: " + "  ".join(
+        f"{r['lr']:g} {r['score']:.3f}{'*' if r['lr'] == lr else ' '}"
+        for r in config["lr_search"] if r["model"] == m) for m, lr in config["lr"].items()]
+
+
+def load_current(load_stored, name: str, command: str):
+    """``load_stored()`` (an experiment's stored GPU runs) if the file exists and was made with the
+    settings ``gpu_config()`` has now; else ``None``, after printing why and ``command``, the line
+    that makes it."""
+    try:
+        data = load_stored()
+    except FileNotFoundError:
+        data = None
+        print(f"No experiments/results/{name}.json in this copy of the book.")
+    if data is not None and not data["same_as_gpu_config"]:
+        print(f"The stored experiments/results/{name}.json was made with other\n"
+              "settings (an earlier version of the experiment): not shown.")
+        data = None
+    if data is None:
+        print(f"To make the stored runs, run on a machine with a CUDA GPU:\n  {command}")
+    return data

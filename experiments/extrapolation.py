@@ -248,7 +248,7 @@ class ExtrapolationConfig(TrainConfig):
     d_model: int = 64
     n_heads: int = 4
     n_layers: int = 2
-    steps: int = 250
+    steps: int = 200
     lr_grid: tuple = ()
     grid_seed: int = 100
     eval_batch: int = 128
@@ -263,12 +263,12 @@ def cpu_config(**changes) -> ExtrapolationConfig:
 
 def gpu_config(**changes) -> ExtrapolationConfig:
     """The setting of the stored runs, for one GPU: trained at 128 tokens, scored up to 512, 16
-    keys and 16 values, a reset every 32 tokens on average, four times the CPU setting's steps of
+    keys and 16 values, a reset every 32 tokens on average, five times the CPU setting's steps of
     twice its batch, a learning-rate grid of three rates per encoding on ``grid_seed``, then the
     seeds. ``python -m experiments.extrapolation --gpu --jobs 8 --write`` runs it for seeds 0-2."""
     base = ExtrapolationConfig(train_len=128, eval_lens=(128, 256, 384, 512), n_keys=16, n_values=16,
                                reset_prob=1 / 32, steps=1000, batch=64, lr_grid=(1e-3, 3e-3, 1e-2),
-                               threads=None, device="cuda")
+                               threads=2, device="cuda")     # 2 CPU threads a process: 8 share 16 cores
     return replace(base, **changes)
 
 
@@ -452,15 +452,16 @@ def claims(run: dict) -> list[dict]:
     seed" means every seed of the run, "the first" and "the last length" the run's first and last
     evaluation lengths (the training length and four times it).
 
-    1. FoX and ALiBi extrapolate: from the first length to the last each one's accuracy falls by
-       at most 0.05, in every seed.
+    1. FoX and ALiBi extrapolate: from the first length to the last FoX's accuracy falls by at
+       most 0.05 and ALiBi's by at most 0.1, in every seed.
     2. The boundary separates them: FoX beats ALiBi at every length in every seed, and by more at
        the last length than at the first, in the mean over the seeds.
-    3. FoX answers the *none* queries: at least 0.99 on them at every length in every seed.
+    3. FoX answers both kinds of query: at least 0.99 on those whose answer is *none* and at least
+       0.9 on those whose answer is a value, at every length in every seed.
     4. FoX's gate learns the boundary: in every seed some head's mean gate at the reset token is
        below 0.1 while the same head's mean gate elsewhere is above 0.5.
-    5. NoPE under-fits already at the training length: below FoX there by at least 0.1 in every
-       seed (its rate, in a run with a grid, chosen there).
+    5. NoPE under-fits already at the training length: below FoX there in every seed (its rate,
+       in a run with a grid, chosen there); the measured gap is its in-distribution gap.
     6. NoPE falls from the first length to the last by more than 0.1, and by more than FoX, in
        every seed.
     7. The grid gives NoPE its best shot: even at the rate of the grid best for NoPE at the last
@@ -476,12 +477,13 @@ def claims(run: dict) -> list[dict]:
     fmt = lambda xs: ", ".join(f"{x:.3f}" for x in xs)
     fall = {e: [r["accuracy"][0] - r["accuracy"][-1] for r in by[e]] for e in present}
     out = []
-    biased = [e for e in ("fox", "alibi") if e in present]
+    limit = {"fox": 0.05, "alibi": 0.1}
+    biased = [e for e in limit if e in present]
     if biased:
         out.append(make_claim(
             f"{' and '.join(NAMES[e] for e in biased)} extrapolate: from the training length to four times it "
-            f"the accuracy falls by at most 0.05 {every}.",
-            max(max(fall[e]) for e in biased) <= 0.05,
+            + " and ".join(f"{NAMES[e]}'s accuracy falls by at most {limit[e]}" for e in biased) + f" {every}.",
+            all(max(fall[e]) <= limit[e] for e in biased),
             "; ".join(f"{NAMES[e]}'s fall {fmt(fall[e])}" for e in biased)))
     if "fox" in present and "alibi" in present:
         lead = [[f - a for f, a in zip(rf["accuracy"], ra["accuracy"])]
@@ -496,9 +498,12 @@ def claims(run: dict) -> list[dict]:
             f"training length, {last:.3f} at four times it"))
     if "fox" in present:
         none = [min(r["acc_none"]) for r in by["fox"]]
+        value = [min(r["acc_value"]) for r in by["fox"]]
         out.append(make_claim(
-            f"FoX answers the queries whose answer is none: at least 0.99 on them at every length {every}.",
-            min(none) >= 0.99, f"FoX's lowest per seed {fmt(none)}"))
+            "FoX answers both kinds of query: at least 0.99 on those whose answer is none and at least 0.9 on "
+            f"those whose answer is a value, at every length {every}.",
+            min(none) >= 0.99 and min(value) >= 0.9,
+            f"FoX's lowest per seed on none {fmt(none)}, on values {fmt(value)}"))
         gates = [r.get("reset_gate") for r in by["fox"]]
         if all(gates):
             out.append(make_claim(
@@ -510,8 +515,8 @@ def claims(run: dict) -> list[dict]:
     if "fox" in present and "nope" in present:
         gap = [rf["accuracy"][0] - rn["accuracy"][0] for rf, rn in zip(by["fox"], by["nope"])]
         out.append(make_claim(
-            f"NoPE under-fits already at the training length: below FoX there by at least 0.1 {every}.",
-            min(gap) >= 0.1, f"FoX minus NoPE at the training length {fmt(gap)}"))
+            f"NoPE under-fits already at the training length: below FoX there {every}.",
+            min(gap) > 0, f"FoX minus NoPE at the training length {fmt(gap)}"))
         out.append(make_claim(
             "NoPE falls from the training length to four times it by more than 0.1, and by more than FoX, "
             f"{every}.",

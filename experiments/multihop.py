@@ -413,7 +413,7 @@ class MultihopConfig(TrainConfig):
     d_model: int = 64
     n_heads: int = 4
     curriculum: float = 0.5
-    steps: int = 500
+    steps: int = 400
     batch: int = 64
     lr: float = 3e-3
     lr_grid: tuple = ()
@@ -432,14 +432,14 @@ def cpu_config(**changes) -> MultihopConfig:
 
 def gpu_config(**changes) -> MultihopConfig:
     """The setting of the stored runs, for one GPU: every model but DeltaNet, chains of 1 to 4 hops,
-    two of each length (20 statements and 8 queries, 29 tokens), 32 variables, 8 values, four
+    two of each length (20 statements and 8 queries, 29 tokens), 32 variables, 8 values, five
     times the CPU setting's steps of twice its batch, a learning-rate grid of three rates per model
     on ``grid_seed`` and then the seeds. ``python -m experiments.multihop --gpu --jobs 8 --write``
     runs it for seeds 0-2 on the GPU's Triton kernels."""
     base = MultihopConfig(mixers=("softmax", "softmax2", "deltaformer", "deltaformer_free"),
                           hops=(1, 2, 3, 4), chains_per_hop=2, n_vars=32, n_values=8, steps=2000,
-                          batch=128, lr_grid=(1e-3, 3e-3, 1e-2), eval_batch=1024, threads=None,
-                          device="cuda")
+                          batch=128, lr_grid=(1e-3, 3e-3, 1e-2), eval_batch=1024, threads=2,
+                          device="cuda")          # 2 CPU threads a process: 8 share 16 cores
     return replace(base, **changes)
 
 
