@@ -17,9 +17,9 @@ import torch.nn as nn
 
 __all__ = ["RESULTS_DIR", "TrainConfig", "mlp_block", "residual_stack", "fit", "check_int", "check_seeds", "torch_threads", "derived_seeds", "window_means",
            "summarize_seeds", "train_each", "map_jobs", "run_each_seed", "load_stored_runs", "merge_stored",
-           "seeds_cli", "MODEL_COLORS", "MODEL_NAMES", "claim", "failed_claims", "claims_markdown", "loss_curves",
-           "TunedConfig", "stored_config", "tune_then_seeds", "seed_records", "grid_rows", "load_tuned",
-           "merge_tuned", "tuned_cli"]
+           "seeds_cli", "MODEL_COLORS", "MODEL_NAMES", "claim", "failed_claims", "assert_claims", "claims_markdown",
+           "loss_curves", "TunedConfig", "stored_config", "tune_then_seeds", "seed_records", "grid_rows", "load_tuned",
+           "merge_tuned", "tuned_cli", "run_grid_and_seeds", "grid_lines", "load_current"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -256,7 +256,8 @@ def summarize_seeds(records: list[dict], model_key: str, x_key: str, value_key: 
 def load_stored_runs(name: str, gpu_config, command: str, ignore=("seeds",)) -> dict:
     """The stored runs ``experiments/results/<name>.json`` (``env``, ``config``, ``records``) with
     ``same_as_gpu_config``: whether they were run with the settings ``gpu_config()`` has now (the
-    seed and the ``ignore`` fields aside). ``FileNotFoundError`` naming ``command`` (what writes
+    seed and the ``ignore`` fields aside, on both sides: a run with a learning-rate grid stores
+    the chosen ``lr`` per model in place of the one rate). ``FileNotFoundError`` naming ``command`` (what writes
     them) when this copy has none."""
     from kernels import results
     path = RESULTS_DIR / f"{name}.json"
@@ -265,6 +266,7 @@ def load_stored_runs(name: str, gpu_config, command: str, ignore=("seeds",)) -> 
     data = results.load_results(path)
     want = json.loads(json.dumps(gpu_config().as_dict()))
     want.pop("seed")
+    want = {k: v for k, v in want.items() if k not in ignore}
     have = {k: v for k, v in data["config"].items() if k not in ignore}
     data["same_as_gpu_config"] = have == want
     return data
@@ -297,7 +299,7 @@ def merge_stored(old: dict | None, new: dict, split: tuple[str, str], base_model
 
 
 def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, run_seeds, gpu_seeds: list,
-              describe, split: tuple[str, str] | None = None) -> int:
+              describe, split: tuple[str, str] | None = None, grid: bool = False) -> int:
     """The command line every experiment shares: ``[--gpu] [--seeds ...] [--device D] [--steps N]
     [--write]``. ``--gpu`` takes ``gpu_config()`` (else ``cpu_config()``); ``--device`` and
     ``--steps`` override the chosen setting (``--gpu --device cpu --steps 2`` checks the GPU
@@ -309,7 +311,11 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
     With ``split = (config field, record key)`` (an experiment that can run each model of a seed
     on its own, :func:`run_each_seed`), ``--jobs N`` runs that many pieces at once and ``--only
     M ...`` runs some of the models; ``--write`` then merges with the stored file
-    (:func:`merge_stored`), so that a long setting can be run a few pieces per call."""
+    (:func:`merge_stored`), so that a long setting can be run a few pieces per call.
+
+    With ``grid`` (an experiment whose ``run_seeds`` is :func:`run_grid_and_seeds`: a learning-rate
+    grid, then the seeds), ``--jobs N`` runs that many pieces at once and ``--write`` replaces the
+    stored file: the grid and the chosen rates are stored in its config."""
     import argparse
     import time
     from dataclasses import replace
@@ -321,9 +327,10 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
     p.add_argument("--steps", type=int, default=None, help="override the number of steps")
     p.add_argument("--write", action="store_true",
                    help=f"store the records in experiments/results/{stored}.json (--gpu) or {stored}_cpu.json")
-    if split:
+    if split or grid:
         p.add_argument("--jobs", type=int, default=1,
                        help="pieces (one model of one seed each) run at once, each in its own process")
+    if split:
         p.add_argument("--only", nargs="+", default=None,
                        help=f"run only these {split[0]}; --write keeps the stored records of the others")
     args = p.parse_args(argv)
@@ -342,7 +349,12 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
         return 2
     seeds = args.seeds if args.seeds is not None else (list(gpu_seeds) if args.gpu else [0])
     t0 = time.perf_counter()
-    out = run_seeds(cfg, seeds, jobs=args.jobs) if split else run_seeds(cfg, seeds)
+    out = run_seeds(cfg, seeds, jobs=args.jobs) if (split or grid) else run_seeds(cfg, seeds)
+    for row in out["config"].get("lr_search", []):
+        print(f"grid (seed {out['config']['grid_seed']}): {row['model']:>16} lr {row['lr']:g}: "
+              f"score {row['score']:.3f}")
+    if "lr_search" in out["config"]:
+        print("chosen rates:", ", ".join(f"{m} {lr:g}" for m, lr in out["config"]["lr"].items()))
     for r in out["records"]:
         print(describe(r) + f"  ({r['train_seconds']:.0f} s)")
     print(f"{len(seeds)} seeds: {time.perf_counter() - t0:.0f} s")
@@ -374,6 +386,16 @@ def claim(text: str, holds, measured: str) -> dict:
 def failed_claims(claims: list[dict]) -> list[dict]:
     """The claims of ``claims`` that do not hold (an assertion cell asserts this is empty)."""
     return [c for c in claims if not c["holds"]]
+
+
+def assert_claims(claims: list[dict], which=None) -> None:
+    """``AssertionError`` naming every claim of ``claims`` (all, or the indices ``which``) that does
+    not hold: the assertion cell of a chapter and the tests call it."""
+    idx = range(len(claims)) if which is None else which
+    bad = failed_claims([claims[i] for i in idx])
+    if bad:
+        raise AssertionError("claims that do not hold:\n" + "\n".join(
+            f"- {c['claim']} (measured: {c['measured']})" for c in bad))
 
 
 def claims_markdown(claims: list[dict]) -> str:
@@ -636,3 +658,89 @@ def tuned_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
         merged = merge_tuned(old, dict(out, env=results.environment()), field, base_models)
         print("wrote", results.write_results(path, name, merged["config"], merged["records"]))
     return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the grid-and-seeds runner of the multi-hop and extrapolation experiments (Chapter 7)
+# ---------------------------------------------------------------------------------------------
+def run_grid_and_seeds(config, seeds, run_one, *, split: str, score, jobs: int = 1) -> dict:
+    """The experiments' protocol: a learning-rate grid per model on one held-out seed, then every
+    seed at each model's chosen rate.
+
+    ``config`` has ``lr_grid`` (a tuple of rates; empty: no grid, every model at ``config.lr``) and
+    ``grid_seed`` (the seed of the grid runs; it must not be one of ``seeds``, so that the rates
+    are chosen on data, initialisations and evaluation batches that no reported run uses). ``split``
+    names the config's tuple of models; ``run_one(config)`` trains the one model of
+    ``config.<split>`` (module-level when ``jobs > 1``: :func:`map_jobs` runs the pieces in that
+    many processes) and returns ``{"records": [record], "seconds"}``. ``score(record)`` is the
+    held-out score the rate is chosen by (higher is better; a tie goes to the smaller rate).
+
+    Returns ``{"config", "records", "seconds": {seed: seconds}}``: every record gains ``lr``; the
+    config has ``seeds`` in place of ``seed``, ``lr`` as ``{model: chosen rate}`` and
+    ``lr_search``, one row ``{"model", "lr", "score", "accuracy"}`` per grid run (and ``jobs`` when
+    above 1)."""
+    from dataclasses import replace
+    seeds = check_seeds(seeds)
+    check_int(jobs, "jobs", 1)
+    models = tuple(getattr(config, split))
+    grid = tuple(config.lr_grid)
+    if any(isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 for lr in grid):
+        raise ValueError(f"lr_grid must hold positive learning rates; got {grid!r}")
+    search = []
+    if grid:
+        if config.grid_seed in seeds:
+            raise ValueError(f"grid_seed must not be one of the seeds {seeds}; got {config.grid_seed}")
+        work = [(m, lr) for m in models for lr in grid]
+        runs = map_jobs(run_one, [replace(config, seed=config.grid_seed, lr=lr, **{split: (m,)})
+                                  for m, lr in work], jobs)
+        for (m, lr), run in zip(work, runs):
+            rec = run["records"][0]
+            search.append({"model": m, "lr": lr, "score": float(score(rec)), "accuracy": rec["accuracy"]})
+        chosen = {}
+        for m in models:
+            rows = [r for r in search if r["model"] == m]
+            chosen[m] = max(rows, key=lambda r: (r["score"], -r["lr"]))["lr"]
+    else:
+        chosen = {m: config.lr for m in models}
+    pieces = [(s, m) for s in seeds for m in models]
+    runs = map_jobs(run_one, [replace(config, seed=s, lr=chosen[m], **{split: (m,)}) for s, m in pieces], jobs)
+    records, seconds = [], {}
+    for (s, m), run in zip(pieces, runs):
+        records += [dict(r, lr=chosen[m]) for r in run["records"]]
+        seconds[s] = seconds.get(s, 0.0) + run["seconds"]
+    cfg = config.as_dict()
+    cfg.pop("seed")
+    cfg["seeds"] = seeds
+    cfg["lr"] = chosen
+    cfg["lr_search"] = search
+    if jobs > 1:
+        cfg["jobs"] = min(jobs, len(pieces))
+    return {"config": cfg, "records": records, "seconds": seconds}
+
+
+def grid_lines(config: dict, names: dict) -> list[str]:
+    """The learning-rate grid of a stored run (:func:`run_grid_and_seeds`' config), one line per
+    model: its name from ``names``, then each rate with its held-out score, the chosen one marked
+    ``*``."""
+    width = max(len(names[m]) for m in config["lr"])
+    return [f"  {names[m]:>{width}}: " + "  ".join(
+        f"{r['lr']:g} {r['score']:.3f}{'*' if r['lr'] == lr else ' '}"
+        for r in config["lr_search"] if r["model"] == m) for m, lr in config["lr"].items()]
+
+
+def load_current(load_stored, name: str, command: str):
+    """``load_stored()`` (an experiment's stored GPU runs) if the file exists and was made with the
+    settings ``gpu_config()`` has now; else ``None``, after printing why and ``command``, the line
+    that makes it."""
+    try:
+        data = load_stored()
+    except FileNotFoundError:
+        data = None
+        print(f"No experiments/results/{name}.json in this copy of the book.")
+    if data is not None and not data["same_as_gpu_config"]:
+        print(f"The stored experiments/results/{name}.json was made with other\n"
+              "settings (an earlier version of the experiment): not shown.")
+        data = None
+    if data is None:
+        print(f"To make the stored runs, run on a machine with a CUDA GPU:\n  {command}")
+    return data
