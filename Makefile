@@ -53,16 +53,23 @@ $(CHROMIUM):
 
 check: test pagecheck
 
+# Tests and notebooks on every core (pytest-xdist): a test file, or a notebook's cells, stay in one worker.
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
+XDIST   := -n $(JOBS) --dist loadfile
+
 test: setup $(CHROMIUM)
-	$(PY) -m pytest -q tests $(NOTEBOOKS) --nbval-lax --nbval-current-env -p no:cacheprovider
+	$(PY) -m pytest -q $(XDIST) tests $(NOTEBOOKS) --nbval-lax --nbval-current-env -p no:cacheprovider
 
 test-py: setup $(CHROMIUM)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(XDIST) tests
 
 test-nb: $(STAMP)
-	$(PY) -m pytest -q $(NOTEBOOKS) --nbval-lax --nbval-current-env -p no:cacheprovider
+	$(PY) -m pytest -q $(XDIST) $(NOTEBOOKS) --nbval-lax --nbval-current-env -p no:cacheprovider
 
+# The notebooks are executed into the build's cache first, one process per core
+# (tools/execute_book.py); the build then finds every one of them executed.
 book: $(STAMP)
+	$(PY) tools/execute_book.py
 	$(VENV)/bin/jupyter-book build . --warningiserror --keep-going
 
 # The check reads the rendered page, not pictures of it: screenshots are for a reviewer (pageshots),
