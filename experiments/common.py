@@ -17,7 +17,7 @@ import torch.nn as nn
 
 __all__ = ["RESULTS_DIR", "TrainConfig", "mlp_block", "residual_stack", "fit", "check_int", "check_seeds", "torch_threads", "derived_seeds", "window_means",
            "summarize_seeds", "train_each", "map_jobs", "run_each_seed", "load_stored_runs", "merge_stored",
-           "seeds_cli"]
+           "seeds_cli", "claim", "assert_claims", "claims_markdown", "tune_and_run"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -284,7 +284,7 @@ def merge_stored(old: dict | None, new: dict, split: tuple[str, str], base_model
 
 
 def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, run_seeds, gpu_seeds: list,
-              describe, split: tuple[str, str] | None = None) -> int:
+              describe, split: tuple[str, str] | None = None, jobs: bool = False) -> int:
     """The command line every experiment shares: ``[--gpu] [--seeds ...] [--device D] [--steps N]
     [--write]``. ``--gpu`` takes ``gpu_config()`` (else ``cpu_config()``); ``--device`` and
     ``--steps`` override the chosen setting (``--gpu --device cpu --steps 2`` checks the GPU
@@ -296,7 +296,9 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
     With ``split = (config field, record key)`` (an experiment that can run each model of a seed
     on its own, :func:`run_each_seed`), ``--jobs N`` runs that many pieces at once and ``--only
     M ...`` runs some of the models; ``--write`` then merges with the stored file
-    (:func:`merge_stored`), so that a long setting can be run a few pieces per call."""
+    (:func:`merge_stored`), so that a long setting can be run a few pieces per call. With ``jobs``
+    (an experiment whose ``run_seeds`` takes ``jobs``, e.g. through :func:`tune_and_run`) and no
+    ``split``, ``--jobs N`` is passed on and ``--write`` writes the run as it is."""
     import argparse
     import time
     from dataclasses import replace
@@ -308,9 +310,10 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
     p.add_argument("--steps", type=int, default=None, help="override the number of steps")
     p.add_argument("--write", action="store_true",
                    help=f"store the records in experiments/results/{stored}.json (--gpu) or {stored}_cpu.json")
-    if split:
+    if split or jobs:
         p.add_argument("--jobs", type=int, default=1,
                        help="pieces (one model of one seed each) run at once, each in its own process")
+    if split:
         p.add_argument("--only", nargs="+", default=None,
                        help=f"run only these {split[0]}; --write keeps the stored records of the others")
     args = p.parse_args(argv)
@@ -329,7 +332,7 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
         return 2
     seeds = args.seeds if args.seeds is not None else (list(gpu_seeds) if args.gpu else [0])
     t0 = time.perf_counter()
-    out = run_seeds(cfg, seeds, jobs=args.jobs) if split else run_seeds(cfg, seeds)
+    out = run_seeds(cfg, seeds, jobs=args.jobs) if (split or jobs) else run_seeds(cfg, seeds)
     for r in out["records"]:
         print(describe(r) + f"  ({r['train_seconds']:.0f} s)")
     print(f"{len(seeds)} seeds: {time.perf_counter() - t0:.0f} s")
@@ -344,3 +347,97 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
             config, records = merged["config"], merged["records"]
         print("wrote", results.write_results(path, name, config, records))
     return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# claims and learning-rate grids
+# ---------------------------------------------------------------------------------------------
+def claim(text: str, holds, measured: str) -> dict:
+    """One claim a chapter makes about a run: ``{"claim": text, "holds": bool, "measured": str}``,
+    the form every experiment's ``claims(run)`` returns a list of. ``text`` is the sentence the
+    chapter states (what must be true), ``measured`` the numbers it was judged on."""
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"text must be a non-empty sentence; got {text!r}")
+    return {"claim": text, "holds": bool(holds), "measured": str(measured)}
+
+
+def assert_claims(claims: list) -> list:
+    """``claims`` unchanged when every one holds; else ``AssertionError`` listing those that do
+    not, each with what was measured (the chapters' assertion cells and the tests call this)."""
+    bad = [c for c in claims if not c["holds"]]
+    if bad:
+        raise AssertionError("claims that do not hold:\n" + "\n".join(
+            f"- {c['claim']} (measured: {c['measured']})" for c in bad))
+    return claims
+
+
+def claims_markdown(claims: list) -> str:
+    """The claims as a Markdown list for a chapter's computed prose: each sentence, what was
+    measured, and whether it holds."""
+    return "\n".join(f"- {c['claim']} ({c['measured']}; {'holds' if c['holds'] else 'does NOT hold'})"
+                     for c in claims)
+
+
+def tune_and_run(config, seeds, run_piece, *, split: tuple, score, jobs: int = 1, keep_models: bool = False) -> dict:
+    """A learning-rate grid on one held-out seed, then every seed at each model's chosen rate.
+
+    A *model* is one combination of values of the config's tuple fields named in ``split`` (e.g.
+    ``("cups", "models")``); a *piece* is ``run_piece(config)`` with each of those fields cut to one
+    value (module-level for ``jobs > 1``: :func:`map_jobs`), which returns ``{"records": [...]}``
+    with one record. Stage 1 runs every model at every rate of ``config.lr_grid`` with
+    ``seed = config.grid_seed`` (a seed outside ``seeds``, so its training stream and its evaluation
+    batches, the held-out set, are never the reported ones) and keeps, per model, the rate whose
+    record has the highest ``score(record)`` (any comparable value; ties go to the earlier rate of
+    the grid). With a one-rate grid, stage 1 is skipped. Stage 2 runs every model at its chosen rate
+    for every seed. Each stage's pieces run ``jobs`` at a time.
+
+    Returns ``{"config", "records" (stage 2's, one per model and seed, each with its "lr"),
+    "seconds": {seed: summed piece seconds}}``; the config is ``config.as_dict()`` with ``seeds``
+    in place of ``seed`` and ``lr_choice``: per model, its values of the ``split`` fields, the
+    grid's scores (``None`` without stage 1) and the chosen ``lr``. With ``keep_models``, stage 2's
+    pieces are called with ``keep_models=True`` and their ``"models"`` come back under
+    ``"models"``, ``{seed: {name: model}}``."""
+    from dataclasses import replace
+    seeds = check_seeds(seeds)
+    check_int(jobs, "jobs", 1)
+    grid = tuple(config.lr_grid)
+    if not grid or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 for x in grid):
+        raise ValueError(f"lr_grid must be a non-empty tuple of positive rates; got {grid!r}")
+    if config.grid_seed in seeds:
+        raise ValueError(f"grid_seed must not be one of seeds (it is the held-out seed); got {config.grid_seed}")
+    import itertools
+    models = list(itertools.product(*(tuple(getattr(config, f)) for f in split)))
+
+    def piece(values, **changes):
+        return replace(config, **{f: (v,) for f, v in zip(split, values)}, **changes)
+
+    lr_choice = []
+    if len(grid) > 1:
+        runs = map_jobs(run_piece, [piece(m, seed=config.grid_seed, lr=lr) for m in models for lr in grid], jobs)
+        for i, m in enumerate(models):
+            scores = [score(runs[i * len(grid) + j]["records"][0]) for j in range(len(grid))]
+            best = max(range(len(grid)), key=lambda j: (scores[j], -j))
+            lr_choice.append({**dict(zip(split, m)), "scores": scores, "lr": grid[best]})
+    else:
+        lr_choice = [{**dict(zip(split, m)), "scores": None, "lr": grid[0]} for m in models]
+    work = [(s, piece(m, seed=s, lr=c["lr"])) for s in seeds for m, c in zip(models, lr_choice)]
+    if keep_models:
+        from functools import partial
+        run_piece = partial(run_piece, keep_models=True)
+    runs = map_jobs(run_piece, [c for _, c in work], jobs)
+    records, seconds, kept = [], {}, {}
+    for (s, _), run in zip(work, runs):
+        records += run["records"]
+        seconds[s] = seconds.get(s, 0.0) + run["seconds"]
+        if keep_models:
+            kept.setdefault(s, {}).update(run["models"])
+    cfg = config.as_dict()
+    cfg.pop("seed")
+    cfg["seeds"] = seeds
+    cfg["lr_choice"] = lr_choice
+    if jobs > 1:
+        cfg["jobs"] = jobs
+    out = {"config": cfg, "records": records, "seconds": seconds}
+    if keep_models:
+        out["models"] = kept
+    return out
