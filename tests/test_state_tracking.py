@@ -538,7 +538,7 @@ def test_gpu_setting_runs_and_stores_through_main(tmp_path, monkeypatch, capsys)
         st.plot_interventions(data["records"], bx, n, data["config"]["train_len"], "t")
         assert len(bx.get_lines()) == len(st.INTERVENTIONS) + 2
         plt.close(fig)
-    assert len(st.claims(data)) == 2 * 9 + 1          # nine per number of cups, RoPE's best shot claimed at 5
+    assert len(st.claims(data)) == 2 * 10 + 1          # ten per number of cups, RoPE's best shot claimed at 5
     assert "RoPE's best shot with 3 cups" in st.best_shot_sentence(data["records"], 3)
     assert len(st.key_norm_lines(data["records"], 5)) == 1
     cfg = st.gpu_config().as_dict()
@@ -606,10 +606,10 @@ def _run(n=5, seeds=(0, 1, 2), path=PATH, soft=None, diag=None, T=32):
 
 
 def test_the_claims_hold_on_the_chapters_shape_and_each_fails_where_it_should():
-    """claims() on a constructed run of the shape the CPU pilots measured (five cups): all nine
+    """claims() on a constructed run of the shape the CPU pilots measured (five cups): all eleven
     hold; then one run per claim that breaks it and nothing else, found by the claim's text."""
     ok = st.claims(_run())
-    assert len(ok) == 10 and all(c["holds"] for c in ok), [c for c in ok if not c["holds"]]
+    assert len(ok) == 11 and all(c["holds"] for c in ok), [c for c in ok if not c["holds"]]
 
     def failing(**kw):
         return [c["claim"] for c in st.claims(_run(**kw)) if not c["holds"]]
@@ -620,18 +620,21 @@ def test_the_claims_hold_on_the_chapters_shape_and_each_fails_where_it_should():
     assert len(bad) == 3 and all("stays within 0.05 of chance" in c for c in bad)
     assert failing(path=PATH[:2] + [0.85] + PATH[3:]) == [
         "With 5 cups, PaTH holds past its training length: its mean accuracy over swaps 33-48 is at least 0.90."]
-    flat = [1.0] * 7 + [0.97]          # no fall: nothing for the interventions to restore either
+    flat = [1.0] * 7 + [0.99]          # no fall: nothing for the interventions to restore either
     assert [c.split(",")[1].strip()[:24] for c in failing(path=flat, diag=_diag(flat, [1.0] * 8, [1.0] * 8))] == [
-        "PaTH falls at the longes", "setting every β to exact", "scaling the queries past"]
+        "PaTH falls at the longes", "setting every β to exact", "scaling the queries past", "doing both raises PaTH's"]
     d = _diag(PATH, [1.0] * 6 + [0.9, 0.8], [1.0] * 7 + [0.95])
     d["interventions"]["float64"] = PATH[:-1] + [0.53]
     assert [c.split(",")[1].strip() for c in failing(diag=d)] == ["evaluating the trained PaTH models in float64 moves no window's accuracy by more than 0.01"]
-    assert ["setting every β" in c for c in failing(diag=_diag(PATH, PATH[:-1] + [0.58], [1.0] * 8))] == [True]
+    assert ["setting every β" in c for c in failing(diag=_diag(PATH, PATH[:-1] + [0.56], [1.0] * 8))] == [True]
     assert ["scaling the queries" in c for c in failing(diag=_diag(PATH, [1.0] * 8, PATH))] == [True]
+    weak = _diag(PATH, PATH[:-1] + [0.58], PATH[:-1] + [0.58])
+    weak["interventions"]["both"] = PATH[:-1] + [0.58]
+    assert ["doing both" in c for c in failing(diag=weak)] == [True]
     assert ["of the hand-set reflections" in c
             for c in failing(diag=_diag(PATH, [1.0] * 8, [1.0] * 8, gap=0.2))] == [True]
     three = st.claims(_run(n=3, soft=[0.6] + [1 / 3] * 7))
-    assert len(three) == 9 and all(c["holds"] for c in three)       # RoPE's best shot is not claimed at 3
+    assert len(three) == 10 and all(c["holds"] for c in three)       # RoPE's best shot is not claimed at 3
     no_diag = _run()
     for r in no_diag["records"]:
         r.pop("diagnostics", None)
@@ -674,5 +677,5 @@ def test_the_chapters_claims_on_the_stored_gpu_runs():
     assert {(r["n_cups"], r["model"]) for r in stored["records"]} == {(n, m) for n in (3, 5) for m in st.MODELS}
     assert all(len(c["scores"]) == len(stored["config"]["lr_grid"]) for c in stored["config"]["lr_choice"])
     claims = st.claims(stored)
-    assert len(claims) == 2 * 9 + 1
+    assert len(claims) == 2 * 10 + 1
     assert_claims(claims)
