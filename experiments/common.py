@@ -19,7 +19,7 @@ __all__ = ["RESULTS_DIR", "TrainConfig", "mlp_block", "residual_stack", "fit", "
            "summarize_seeds", "train_each", "map_jobs", "run_each_seed", "load_stored_runs", "merge_stored",
            "seeds_cli", "MODEL_COLORS", "MODEL_NAMES", "claim", "failed_claims", "assert_claims", "claims_markdown",
            "loss_curves", "TunedConfig", "stored_config", "tune_then_seeds", "seed_records", "grid_rows", "load_tuned",
-           "merge_tuned", "tuned_cli", "run_grid_and_seeds", "grid_lines", "load_current"]
+           "merge_tuned", "tuned_cli", "run_grid_and_seeds", "grid_lines", "load_current", "tune_and_run"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -299,7 +299,7 @@ def merge_stored(old: dict | None, new: dict, split: tuple[str, str], base_model
 
 
 def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, run_seeds, gpu_seeds: list,
-              describe, split: tuple[str, str] | None = None, grid: bool = False) -> int:
+              describe, split: tuple[str, str] | None = None, jobs: bool = False) -> int:
     """The command line every experiment shares: ``[--gpu] [--seeds ...] [--device D] [--steps N]
     [--write]``. ``--gpu`` takes ``gpu_config()`` (else ``cpu_config()``); ``--device`` and
     ``--steps`` override the chosen setting (``--gpu --device cpu --steps 2`` checks the GPU
@@ -313,9 +313,9 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
     M ...`` runs some of the models; ``--write`` then merges with the stored file
     (:func:`merge_stored`), so that a long setting can be run a few pieces per call.
 
-    With ``grid`` (an experiment whose ``run_seeds`` is :func:`run_grid_and_seeds`: a learning-rate
-    grid, then the seeds), ``--jobs N`` runs that many pieces at once and ``--write`` replaces the
-    stored file: the grid and the chosen rates are stored in its config."""
+    With ``jobs`` and no ``split`` (an experiment whose ``run_seeds`` takes ``jobs``: a
+    learning-rate grid, then the seeds), ``--jobs N`` is passed on and ``--write`` writes the run as
+    it is: the grid and the chosen rates are stored in its config."""
     import argparse
     import time
     from dataclasses import replace
@@ -327,7 +327,7 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
     p.add_argument("--steps", type=int, default=None, help="override the number of steps")
     p.add_argument("--write", action="store_true",
                    help=f"store the records in experiments/results/{stored}.json (--gpu) or {stored}_cpu.json")
-    if split or grid:
+    if split or jobs:
         p.add_argument("--jobs", type=int, default=1,
                        help="pieces (one model of one seed each) run at once, each in its own process")
     if split:
@@ -349,7 +349,7 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
         return 2
     seeds = args.seeds if args.seeds is not None else (list(gpu_seeds) if args.gpu else [0])
     t0 = time.perf_counter()
-    out = run_seeds(cfg, seeds, jobs=args.jobs) if (split or grid) else run_seeds(cfg, seeds)
+    out = run_seeds(cfg, seeds, jobs=args.jobs) if (split or jobs) else run_seeds(cfg, seeds)
     for row in out["config"].get("lr_search", []):
         print(f"grid (seed {out['config']['grid_seed']}): {row['model']:>16} lr {row['lr']:g}: "
               f"score {row['score']:.3f}")
@@ -388,14 +388,16 @@ def failed_claims(claims: list[dict]) -> list[dict]:
     return [c for c in claims if not c["holds"]]
 
 
-def assert_claims(claims: list[dict], which=None) -> None:
-    """``AssertionError`` naming every claim of ``claims`` (all, or the indices ``which``) that does
-    not hold: the assertion cell of a chapter and the tests call it."""
+def assert_claims(claims: list[dict], which=None) -> list[dict]:
+    """``claims`` unchanged when every one (or every one at the indices ``which``) holds; else
+    ``AssertionError`` naming those that do not, each with what was measured: the assertion cell of
+    a chapter and the tests call it."""
     idx = range(len(claims)) if which is None else which
     bad = failed_claims([claims[i] for i in idx])
     if bad:
         raise AssertionError("claims that do not hold:\n" + "\n".join(
             f"- {c['claim']} (measured: {c['measured']})" for c in bad))
+    return claims
 
 
 def claims_markdown(claims: list[dict]) -> str:
@@ -744,3 +746,68 @@ def load_current(load_stored, name: str, command: str):
     if data is None:
         print(f"To make the stored runs, run on a machine with a CUDA GPU:\n  {command}")
     return data
+
+
+def tune_and_run(config, seeds, run_piece, *, split: tuple, score, jobs: int = 1, keep_models: bool = False) -> dict:
+    """A learning-rate grid on one held-out seed, then every seed at each model's chosen rate.
+
+    A *model* is one combination of values of the config's tuple fields named in ``split`` (e.g.
+    ``("cups", "models")``); a *piece* is ``run_piece(config)`` with each of those fields cut to one
+    value (module-level for ``jobs > 1``: :func:`map_jobs`), which returns ``{"records": [...]}``
+    with one record. Stage 1 runs every model at every rate of ``config.lr_grid`` with
+    ``seed = config.grid_seed`` (a seed outside ``seeds``, so its training stream and its evaluation
+    batches, the held-out set, are never the reported ones) and keeps, per model, the rate whose
+    record has the highest ``score(record)`` (any comparable value; ties go to the earlier rate of
+    the grid). With a one-rate grid, stage 1 is skipped. Stage 2 runs every model at its chosen rate
+    for every seed. Each stage's pieces run ``jobs`` at a time.
+
+    Returns ``{"config", "records" (stage 2's, one per model and seed, each with its "lr"),
+    "seconds": {seed: summed piece seconds}}``; the config is ``config.as_dict()`` with ``seeds``
+    in place of ``seed`` and ``lr_choice``: per model, its values of the ``split`` fields, the
+    grid's scores (``None`` without stage 1) and the chosen ``lr``. With ``keep_models``, stage 2's
+    pieces are called with ``keep_models=True`` and their ``"models"`` come back under
+    ``"models"``, ``{seed: {name: model}}``."""
+    from dataclasses import replace
+    seeds = check_seeds(seeds)
+    check_int(jobs, "jobs", 1)
+    grid = tuple(config.lr_grid)
+    if not grid or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 for x in grid):
+        raise ValueError(f"lr_grid must be a non-empty tuple of positive rates; got {grid!r}")
+    if config.grid_seed in seeds:
+        raise ValueError(f"grid_seed must not be one of seeds (it is the held-out seed); got {config.grid_seed}")
+    import itertools
+    models = list(itertools.product(*(tuple(getattr(config, f)) for f in split)))
+
+    def piece(values, **changes):
+        return replace(config, **{f: (v,) for f, v in zip(split, values)}, **changes)
+
+    lr_choice = []
+    if len(grid) > 1:
+        runs = map_jobs(run_piece, [piece(m, seed=config.grid_seed, lr=lr) for m in models for lr in grid], jobs)
+        for i, m in enumerate(models):
+            scores = [score(runs[i * len(grid) + j]["records"][0]) for j in range(len(grid))]
+            best = max(range(len(grid)), key=lambda j: (scores[j], -j))
+            lr_choice.append({**dict(zip(split, m)), "scores": scores, "lr": grid[best]})
+    else:
+        lr_choice = [{**dict(zip(split, m)), "scores": None, "lr": grid[0]} for m in models]
+    work = [(s, piece(m, seed=s, lr=c["lr"])) for s in seeds for m, c in zip(models, lr_choice)]
+    if keep_models:
+        from functools import partial
+        run_piece = partial(run_piece, keep_models=True)
+    runs = map_jobs(run_piece, [c for _, c in work], jobs)
+    records, seconds, kept = [], {}, {}
+    for (s, _), run in zip(work, runs):
+        records += run["records"]
+        seconds[s] = seconds.get(s, 0.0) + run["seconds"]
+        if keep_models:
+            kept.setdefault(s, {}).update(run["models"])
+    cfg = config.as_dict()
+    cfg.pop("seed")
+    cfg["seeds"] = seeds
+    cfg["lr_choice"] = lr_choice
+    if jobs > 1:
+        cfg["jobs"] = jobs
+    out = {"config": cfg, "records": records, "seconds": seconds}
+    if keep_models:
+        out["models"] = kept
+    return out

@@ -548,7 +548,7 @@ def main(argv=None) -> int:
     [--write]`` (:func:`experiments.common.seeds_cli`): the learning-rate grid, then the seeds."""
     return seeds_cli(argv, description="train short, test long, with segment boundaries (NoPE, ALiBi, FoX)",
                      stored=STORED, cpu_config=cpu_config, gpu_config=gpu_config, run_seeds=run_seeds,
-                     gpu_seeds=[0, 1, 2], grid=True,
+                     gpu_seeds=[0, 1, 2], jobs=True,
                      describe=lambda r: f"seed {r['seed']} {r['encoding']:>5} lr {r['lr']:g}: " + "  ".join(
                          f"n={L}: {a:.3f}" for L, a in zip(r["eval_lens"], r["accuracy"])))
 

@@ -747,7 +747,7 @@ def main(argv=None) -> int:
     return seeds_cli(argv, description="multi-hop retrieval: softmax attention with one and two layers, "
                                        "DeltaFormer with beta in (0, 1) and free",
                      stored=STORED, cpu_config=cpu_config, gpu_config=gpu_config, run_seeds=run_seeds,
-                     gpu_seeds=[0, 1, 2], grid=True,
+                     gpu_seeds=[0, 1, 2], jobs=True,
                      describe=lambda r: f"seed {r['seed']} {r['mixer']:>16} lr {r['lr']:g}: " + "  ".join(
                          f"h={h}: {a:.3f}" for h, a in zip(r["hops"], r["accuracy"])))
 
