@@ -47,7 +47,7 @@ from typing import Callable
 
 from .results import environment, load_results, results_path, write_results
 
-__all__ = ["bench_ms", "err_ratio", "run_benchmark", "bench_main", "short_error", "Op", "Surveyed", "CompileCases",
+__all__ = ["bench_ms", "err_ratio", "run_benchmark", "bench_main", "bench_impls", "short_error", "Op", "Surveyed", "CompileCases",
            "benched", "op_named", "resolve", "our_fn", "peer_fn", "op_impls", "causal_sdpa", "randn", "unit_rows",
            "log_gates", "sigmoid_of_normal", "in_dtype", "scale_of"]
 
@@ -371,11 +371,13 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
 def bench_main(argv, module):
     """The command line of a family's ``bench.py`` (``module``): ``--quick``, ``--write``, ``--budget-s``
     and, when the family has several ops (``RUN["ops"]``), ``--ops`` (a run of some ops keeps the
-    others' records in the results file). ``module`` provides ``cases(ops, quick)`` (or
-    ``cases(quick)``), ``make_inputs``, ``impls``, ``reference``, ``grad_names``, ``CONFIG`` (recorded
-    with the results) and ``RUN`` (``ops``, ``budget_s`` and keywords of :func:`run_benchmark`); and
-    optionally ``flops(case)`` (see :func:`run_benchmark`) and ``measure_config()``, measurements of
-    the device recorded in the config (flash: the bf16 matrix-multiply rate)."""
+    others' records in the results file). ``module`` provides ``OPS`` (its :class:`Op` records: the
+    implementations and the differentiated inputs of every case), ``cases(ops, quick)`` (or
+    ``cases(quick)``), ``make_inputs``, ``reference``, ``CONFIG`` (recorded with the results) and
+    ``RUN`` (``ops``, ``budget_s`` and keywords of :func:`run_benchmark`); and optionally
+    ``impls(case)`` (other implementations beside ours and the peer: flash's SDPA), ``flops(case)``
+    (see :func:`run_benchmark`) and ``measure_config()``, measurements of the device recorded in the
+    config (flash: the bf16 matrix-multiply rate)."""
     import argparse
     kw = dict(module.RUN)
     ops, budget_s = kw.pop("ops", None), kw.pop("budget_s", 500.0)
@@ -398,9 +400,15 @@ def bench_main(argv, module):
     if hasattr(module, "measure_config"):
         config.update(module.measure_config())
     run_benchmark(family, cases=module.cases(chosen, args.quick) if ops else module.cases(args.quick),
-                  make_inputs=module.make_inputs, impls=module.impls, reference=module.reference,
-                  grad_names=module.grad_names, path=family if args.write else None, quick=args.quick,
+                  make_inputs=module.make_inputs, impls=bench_impls(module), reference=module.reference,
+                  grad_names=lambda case: list(op_named(module.OPS, case["op"]).grads),
+                  path=family if args.write else None, quick=args.quick,
                   keep=(lambda r: r.get("op") not in chosen) if ops else None, budget_s=args.budget_s,
                   config=config, flops=getattr(module, "flops", None), **kw)
     return 0
 
+
+def bench_impls(module):
+    """A family benchmark's ``impls(case)``: its own where it defines one, else ours and the peer of
+    the case's op (:func:`op_impls`)."""
+    return getattr(module, "impls", None) or (lambda case: op_impls(module.OPS, case))
