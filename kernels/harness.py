@@ -22,16 +22,34 @@ to :func:`run_benchmark`, which does the rest the same way for every family:
 
 Results files are read and written by :mod:`kernels.results` (which also records the environment);
 the book shows them through :mod:`kernels.report`; no measured number is typed by hand.
+
+Each family describes its ops once, in its ``bench.py``, with the records defined here; the
+benchmark, the survey (:mod:`kernels.survey`) and the compile check (:mod:`kernels.compile`) read
+that description and hold none of their own:
+
+* ``OPS``: one :class:`Op` per op the family times: its name in the cases and records, the
+  :mod:`kernels` op, fla's counterpart, how each is called, the inputs it differentiates and its
+  entry in the survey (:class:`Surveyed`: the book's chapter and the case of ``make_inputs`` at the
+  survey's shapes);
+* ``make_inputs(case, *, device="cuda", dtype=None, seed=None)``: the inputs of a case (``B``,
+  ``T`` and the family's fields; ``H``, ``K``, ``V`` or ``D`` default to the benchmark's), from the
+  shared makers below (:func:`randn`, :func:`unit_rows`, :func:`log_gates`, :func:`sigmoid_of_normal`,
+  :func:`in_dtype`);
+* ``COMPILE``: its :class:`CompileCases`, the calls whose kernel launches the compile check captures.
 """
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .results import environment, load_results, results_path, write_results
 
-__all__ = ["bench_ms", "err_ratio", "run_benchmark", "bench_main", "short_error"]
+__all__ = ["bench_ms", "err_ratio", "run_benchmark", "bench_main", "bench_impls", "short_error", "Op", "Surveyed", "CompileCases",
+           "benched", "op_named", "resolve", "our_fn", "peer_fn", "op_impls", "causal_sdpa", "randn", "unit_rows",
+           "log_gates", "sigmoid_of_normal", "in_dtype", "scale_of"]
 
 
 def bench_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
@@ -56,6 +74,149 @@ def short_error(e: BaseException, n: int = 300) -> str:
     """``Type: first line of the message``, at most ``n`` characters (for a record's note)."""
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:n]
+
+
+# --- what a family declares (its bench.py) ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Surveyed:
+    """An op's entry in the survey (:mod:`kernels.survey`): ``chapter``, where the book treats it (the
+    survey's order); ``case(B, T, heads, dim)``, the case of the family's ``make_inputs`` at the
+    survey's shapes (``heads`` heads of size ``dim``); ``config``, what the survey records of it in
+    its config (DeltaProduct's steps per token, the convolution's width)."""
+    chapter: int
+    case: Callable
+    config: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op of a family, described once (the family's ``bench.py``, ``OPS``).
+
+    ``name``: the op in the family's cases and records (``"gated_delta_rule"``); ``kernel``: the
+    :mod:`kernels` op it runs, also its name in the survey (``"chunk_gated_delta_rule"``); ``fla``:
+    fla's counterpart, ``"module.attribute"``; ``grads``: the inputs it differentiates (those of a
+    case's inputs that are present); ``ours(fn, case)`` and ``peer(fn, case)``: ``f(**inputs) -> o``
+    calling our op (``fn``, with ``check_values=False``: fla checks no values and ours cost a host
+    sync, so the times compare like for like) and fla's counterpart (``fn``, the object ``fla``
+    names); ``peer_impl``: the peer's name in the records; ``survey``: its :class:`Surveyed` entry
+    (``None``: not in the survey); ``benched``: whether the benchmark of record times it
+    (DeltaProduct and Comba are timed by the survey only)."""
+    name: str
+    kernel: str
+    fla: str
+    grads: tuple
+    ours: Callable
+    peer: Callable
+    survey: Surveyed | None = None
+    peer_impl: str = "fla"
+    benched: bool = True
+
+
+@dataclass(frozen=True)
+class CompileCases:
+    """The launches :mod:`kernels.compile` captures for a family: ``modules``, the dotted names of the
+    modules whose jit kernels the calls launch; ``cases(caps, quick, half, halves)``, the calls'
+    parameters for the GPU class ``caps`` (``half``: the class's 16-bit dtype, bfloat16 from sm_80
+    and float16 below unless forced; ``halves``: the class's 16-bit dtypes; ``quick``: the
+    benchmark's shapes and one of each other path); ``run(case, caps)``, one call of the family's
+    Triton path on CPU tensors with the class's plans, forward and backward."""
+    modules: tuple
+    cases: Callable
+    run: Callable
+
+
+def benched(ops) -> tuple:
+    """The names of the ops the benchmark of record times (its ``--ops``)."""
+    return tuple(o.name for o in ops if o.benched)
+
+
+def op_named(ops, name: str) -> Op:
+    """The :class:`Op` of ``ops`` called ``name`` (a case's ``op``)."""
+    for o in ops:
+        if o.name == name:
+            return o
+    raise ValueError(f"op must be one of {tuple(o.name for o in ops)}; got {name!r}")
+
+
+def resolve(dotted: str):
+    """The object a ``"module.attribute"`` name names (importing the module)."""
+    import importlib
+    module, _, attr = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+def our_fn(op: Op, case: dict):
+    """``f(**inputs) -> o`` running our op on ``case``, or the exception raised looking it up."""
+    try:
+        import kernels
+        fn = getattr(kernels, op.kernel)
+    except Exception as e:          # recorded as the op's note
+        return e
+    return op.ours(fn, case)
+
+
+def peer_fn(op: Op, case: dict):
+    """``f(**inputs) -> o`` running fla's counterpart on ``case``, or the exception raised importing
+    it (recorded as the peer's note)."""
+    try:
+        return op.peer(resolve(op.fla), case)
+    except Exception as e:
+        return e
+
+
+def op_impls(ops, case: dict) -> dict:
+    """``{"ours": f, <peer_impl>: f}`` for ``case`` (see :func:`run_benchmark`'s ``impls``)."""
+    op = op_named(ops, case["op"])
+    return {"ours": our_fn(op, case), op.peer_impl: peer_fn(op, case)}
+
+
+def causal_sdpa(q, k, v):
+    """Causal softmax attention by ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's
+    default backend) on ``[B, H, T, D]`` views of ``[B, T, H, D]`` tensors, scale ``D^-1/2``."""
+    import torch.nn.functional as F
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                          scale=scale_of(q)).transpose(1, 2)
+
+
+def scale_of(q) -> float:
+    """The attention scale of queries ``q``: ``K^-1/2``."""
+    return q.shape[-1] ** -0.5
+
+
+# the shared input makers: ``gen`` a torch.Generator (the tensor on its device), or None (the global
+# generator, on the CPU); float32 unless ``dtype`` is given
+
+def randn(*shape, gen=None, dtype=None):
+    """``N(0, 1)`` of ``shape``."""
+    import torch
+    return torch.randn(*shape, device=None if gen is None else gen.device, generator=gen, dtype=dtype)
+
+
+def unit_rows(*shape, gen=None):
+    """L2-normalised ``N(0, 1)`` rows (the delta rule's keys, PaTH's ``w``), float32."""
+    import torch.nn.functional as F
+    return F.normalize(randn(*shape, gen=gen), dim=-1)
+
+
+def log_gates(*shape, gen=None):
+    """Log forget gates ``logsigmoid(N(0, 1))``, float32."""
+    import torch.nn.functional as F
+    return F.logsigmoid(randn(*shape, gen=gen))
+
+
+def sigmoid_of_normal(*shape, gen=None):
+    """``sigmoid(N(0, 1))`` (the delta rule's and DeltaFormer's ``beta``), float32."""
+    import torch
+    return torch.sigmoid(randn(*shape, gen=gen))
+
+
+def in_dtype(t, field: str, dtype):
+    """A float32 tensor as a case's dtype field says: ``"float32"`` as it is, ``"input dtype"`` in
+    ``dtype``."""
+    if field not in ("float32", "input dtype"):
+        raise ValueError(f"a dtype field is 'float32' or 'input dtype'; got {field!r}")
+    return t if field == "float32" else t.to(dtype)
 
 
 def _slice(x: dict, err_T: int, heads, token_inputs=None) -> dict:
@@ -210,11 +371,13 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
 def bench_main(argv, module):
     """The command line of a family's ``bench.py`` (``module``): ``--quick``, ``--write``, ``--budget-s``
     and, when the family has several ops (``RUN["ops"]``), ``--ops`` (a run of some ops keeps the
-    others' records in the results file). ``module`` provides ``cases(ops, quick)`` (or
-    ``cases(quick)``), ``make_inputs``, ``impls``, ``reference``, ``grad_names``, ``CONFIG`` (recorded
-    with the results) and ``RUN`` (``ops``, ``budget_s`` and keywords of :func:`run_benchmark`); and
-    optionally ``flops(case)`` (see :func:`run_benchmark`) and ``measure_config()``, measurements of
-    the device recorded in the config (flash: the bf16 matrix-multiply rate)."""
+    others' records in the results file). ``module`` provides ``OPS`` (its :class:`Op` records: the
+    implementations and the differentiated inputs of every case), ``cases(ops, quick)`` (or
+    ``cases(quick)``), ``make_inputs``, ``reference``, ``CONFIG`` (recorded with the results) and
+    ``RUN`` (``ops``, ``budget_s`` and keywords of :func:`run_benchmark`); and optionally
+    ``impls(case)`` (other implementations beside ours and the peer: flash's SDPA), ``flops(case)``
+    (see :func:`run_benchmark`) and ``measure_config()``, measurements of the device recorded in the
+    config (flash: the bf16 matrix-multiply rate)."""
     import argparse
     kw = dict(module.RUN)
     ops, budget_s = kw.pop("ops", None), kw.pop("budget_s", 500.0)
@@ -237,8 +400,15 @@ def bench_main(argv, module):
     if hasattr(module, "measure_config"):
         config.update(module.measure_config())
     run_benchmark(family, cases=module.cases(chosen, args.quick) if ops else module.cases(args.quick),
-                  make_inputs=module.make_inputs, impls=module.impls, reference=module.reference,
-                  grad_names=module.grad_names, path=family if args.write else None, quick=args.quick,
+                  make_inputs=module.make_inputs, impls=bench_impls(module), reference=module.reference,
+                  grad_names=lambda case: list(op_named(module.OPS, case["op"]).grads),
+                  path=family if args.write else None, quick=args.quick,
                   keep=(lambda r: r.get("op") not in chosen) if ops else None, budget_s=args.budget_s,
                   config=config, flops=getattr(module, "flops", None), **kw)
     return 0
+
+
+def bench_impls(module):
+    """A family benchmark's ``impls(case)``: its own where it defines one, else ours and the peer of
+    the case's op (:func:`op_impls`)."""
+    return getattr(module, "impls", None) or (lambda case: op_impls(module.OPS, case))

@@ -8,7 +8,8 @@ one record per measurement); the book draws it in Chapter 11. Three parts, each 
 
 * ``train``: bfloat16, H = 16, D = 128, B·T = 65,536 tokens with T from 512 to 65,536 (B = 65536/T);
   ``fwd`` (no gradients) and ``fwdbwd`` (forward and the gradients of every differentiable input,
-  with the step's peak memory) for every op of :data:`OPS` (``impl="ours"``) and for
+  with the step's peak memory) for every op of :data:`OPS` (``impl="ours"``: every op its family
+  enters in the survey, ``OPS`` in ``kernels/<family>/bench.py``, in the book's order) and for
   ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` (``impl="sdpa"``, recorded
   under ``op="flash_attention"``, the op it computes).
 * ``fla``: fla's counterpart of every op (:data:`FLA_NAMES`), at the lengths ``--fla-T`` only (fla
@@ -37,58 +38,49 @@ H, D, TOKENS = 16, 128, 65536
 T_ALL = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 T_QUICK = (2048, 16384)
 FLA_T = (8192,)
-CONV_WIDTH = 4
-NUM_HOUSEHOLDER = 2      # DeltaProduct's steps per token
 DECODE_BATCH = (1, 64)
 DECODE_CONTEXT = (1024, 4096, 16384, 65536)
 PARTS = ("train", "decode", "fla")
 PASSES = ("fwd", "fwdbwd")
 PATH = Path(__file__).resolve().with_name("survey.json")
 
-# Every op of kernels, in the book's order, with the inputs it differentiates.
-OPS = {
-    "flash_attention": ("q", "k", "v"),
-    "chunk_linear_attn": ("q", "k", "v"),
-    "chunk_simple_gla": ("q", "k", "v", "g"),
-    "chunk_gla": ("q", "k", "v", "g"),
-    "chunk_delta_rule": ("q", "k", "v", "beta"),
-    "chunk_gated_delta_rule": ("q", "k", "v", "g", "beta"),
-    "chunk_gated_delta_product": ("q", "k", "v", "g", "beta"),
-    "chunk_comba": ("q", "k", "v", "g", "beta"),
-    "parallel_forgetting_attn": ("q", "k", "v", "g"),
-    "deltaformer_attn": ("q", "k", "v", "beta"),
-    "parallel_path_attn": ("q", "k", "v", "w", "beta"),
-    "chunk_mesa_net": ("q", "k", "v", "g", "beta"),
-    "causal_conv1d": ("x", "weight"),
-}
-# ours -> fla's counterpart (module, name). DeltaFormer: fla's own front end needs the separately
+
+def _entries() -> dict:
+    """``{kernels op: (family's bench module, its Op)}`` for every op a family enters in the survey
+    (``Op.survey``), in the book's order: by chapter, then family, then as the family lists them."""
+    import importlib
+    from . import FAMILIES
+    found = []
+    for family in FAMILIES:
+        bench = importlib.import_module(f"kernels.{family}.bench")
+        found += [(op.survey.chapter, bench, op) for op in bench.OPS if op.survey is not None]
+    found.sort(key=lambda e: e[0])                    # stable: family and listing order within a chapter
+    return {op.kernel: (bench, op) for _, bench, op in found}
+
+
+_ENTRIES = _entries()
+# Every op of kernels, in the book's order, with the inputs it differentiates (those its inputs have).
+OPS = {name: op.grads for name, (_, op) in _ENTRIES.items()}
+# ours -> fla's counterpart, "module.name". DeltaFormer: fla's own front end needs the separately
 # compiled flash-attn package, so its peer is fla's pseudo-value stage followed by SDPA, as in
 # kernels/deltaformer/bench.py.
-FLA_NAMES = {
-    "flash_attention": ("fla.ops.attn", "parallel_attn"),
-    "chunk_linear_attn": ("fla.ops.linear_attn", "chunk_linear_attn"),
-    "chunk_simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
-    "chunk_gla": ("fla.ops.gla", "chunk_gla"),
-    "chunk_delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule"),
-    "chunk_gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
-    "chunk_gated_delta_product": ("fla.ops.gated_delta_product", "chunk_gated_delta_product"),
-    "chunk_comba": ("fla.ops.comba", "chunk_comba"),
-    "parallel_forgetting_attn": ("fla.ops.forgetting_attn", "parallel_forgetting_attn"),
-    "deltaformer_attn": ("kernels.deltaformer.bench", "fla_pseudo_values"),
-    "parallel_path_attn": ("fla.ops.path_attn", "parallel_path_attn"),
-    "chunk_mesa_net": ("fla.ops.mesa_net", "chunk_mesa_net"),
-    "causal_conv1d": ("fla.modules.causal_conv1d", "causal_conv1d"),
-}
-CONFIG = dict(H=H, D=D, dtype="bfloat16", tokens=TOKENS, conv_width=CONV_WIDTH, num_householder=NUM_HOUSEHOLDER,
-              T=list(T_ALL),
+FLA_NAMES = {name: op.fla for name, (_, op) in _ENTRIES.items()}
+# what the ops record of themselves in the config (DeltaProduct's steps per token, the convolution's width)
+_OP_CONFIG = {k: v for _, op in _ENTRIES.values() for k, v in op.survey.config.items()}
+NUM_HOUSEHOLDER = _OP_CONFIG["num_householder"]      # DeltaProduct's steps per token
+CONV_WIDTH = _OP_CONFIG["conv_width"]
+CONFIG = dict(H=H, D=D, dtype="bfloat16", tokens=TOKENS, **_OP_CONFIG, T=list(T_ALL),
               decode_batch=list(DECODE_BATCH), decode_context=list(DECODE_CONTEXT),
-              fla_names={op: ".".join(m) for op, m in FLA_NAMES.items()},
-              inputs="q, v ~ N(0, 1); k ~ N(0, 1), L2-normalised for the delta rule and MesaNet; "
-                     "g = logsigmoid(N(0, 1)) in float32 (vector gates / 16); beta = sigmoid(N(0, 1)) "
-                     "in float32 (PaTH: 2 sigmoid, w L2-normalised, float32); MesaNet lamb = 1 [H, K]; "
-                     "conv: x [B, T, H D], weight [H D, 4] ~ N(0, 1/4), SiLU; DeltaProduct: k, v, beta "
-                     "with T num_householder rows; Comba: Gated DeltaNet's inputs, beta as eta (fla's form with p = k); "
-                     "scale D^-0.5")
+              fla_names=dict(FLA_NAMES),
+              cases={name: {k: v for k, v in op.survey.case(None, None, H, D).items() if k not in ("B", "T")}
+                     for name, (_, op) in _ENTRIES.items()},
+              inputs="each family's make_inputs (kernels/<family>/bench.py) at the op's case (the cases field): "
+                     "q, k, v ~ N(0, 1), k L2-normalised for the delta rule and MesaNet (MesaNet's q too); "
+                     "g = logsigmoid(N(0, 1)) in float32 ([B, T, H], GLA's [B, T, H, D]); beta = sigmoid(N(0, 1)) "
+                     "in float32 (PaTH: 2 sigmoid, w L2-normalised, float32); MesaNet lamb = 1 [H, K], not an "
+                     "input, 30 CG steps; conv: x [B, T, H D] ~ N(0, 1), weight [H D, 4] ~ U(-1/2, 1/2), SiLU; "
+                     "DeltaProduct: k, v, beta with T num_householder rows; Comba: Gated DeltaNet's inputs, beta "
+                     "as eta (fla's form with p = k); scale D^-0.5")
 
 
 def train_cases(parts=PARTS, *, ts=T_ALL, fla_ts=FLA_T, ops=tuple(OPS)) -> list:
@@ -142,110 +134,42 @@ def replaced_by(rec: dict, parts, ops) -> bool:
     return part == "decode" or rec.get("impl") == "sdpa" or rec.get("op") in ops
 
 
-def make_inputs(op: str, B: int, T: int, *, heads: int = H, dim: int = D, device="cuda", dtype=None,
-                seed: int = 0) -> dict:
-    """The keyword inputs of ``op`` (never zeros; see :data:`CONFIG`'s ``inputs``), ``[B, T, ...]``."""
-    import torch
-    import torch.nn.functional as F
+def _case(op: str, B: int = 1, T: int = 1, heads: int = H, dim: int = D) -> dict:
+    """The case of ``op``'s family's ``make_inputs`` at the survey's shapes (its calls read the
+    case's settings, MesaNet's CG count, not its shape)."""
     if op not in OPS:
         raise ValueError(f"op must be one of {tuple(OPS)}; got {op!r}")
-    dtype = torch.bfloat16 if dtype is None else dtype
-    gen = torch.Generator(device=device).manual_seed(seed + 7 * T + B)
-    rand = lambda *shape: torch.randn(*shape, device=device, generator=gen)     # noqa: E731
-    if op == "causal_conv1d":
-        return dict(x=rand(B, T, heads * dim).to(dtype), weight=(rand(heads * dim, CONV_WIDTH) / 2).to(dtype))
-    steps = T * NUM_HOUSEHOLDER if op == "chunk_gated_delta_product" else T    # rows of k, v and beta
-    x = {"q": rand(B, T, heads, dim).to(dtype), "k": rand(B, steps, heads, dim).to(dtype),
-         "v": rand(B, steps, heads, dim).to(dtype)}
-    delta = ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_gated_delta_product", "chunk_comba", "chunk_mesa_net")
-    if op in delta:
-        x["k"] = F.normalize(x["k"].float(), dim=-1).to(dtype)
-    if op in ("chunk_simple_gla", "chunk_gated_delta_rule", "chunk_gated_delta_product", "chunk_comba",
-              "parallel_forgetting_attn", "chunk_mesa_net"):
-        x["g"] = F.logsigmoid(rand(B, T, heads))
-    if op == "chunk_gla":
-        x["g"] = F.logsigmoid(rand(B, T, heads, dim)) / 16
-    if op in delta + ("deltaformer_attn",):
-        x["beta"] = torch.sigmoid(rand(B, steps, heads))
-    if op == "parallel_path_attn":
-        x["w"] = F.normalize(rand(B, T, heads, dim), dim=-1)
-        x["beta"] = 2 * torch.sigmoid(rand(B, T, heads))
-    return x
+    return _ENTRIES[op][1].survey.case(B, T, heads, dim)
 
 
-def _first(out):
-    return out[0] if isinstance(out, (tuple, list)) else out
+def make_inputs(op: str, B: int, T: int, *, heads: int = H, dim: int = D, device="cuda", dtype=None,
+                seed: int = 0) -> dict:
+    """The keyword inputs of ``op`` (never zeros; see :data:`CONFIG`'s ``inputs``), ``[B, T, ...]``:
+    its family's ``make_inputs`` at the survey's case for it."""
+    case = _case(op, B, T, heads, dim)
+    return _ENTRIES[op][0].make_inputs(case, device=device, dtype=dtype, seed=seed + 7 * T + B)
 
 
 def our_fn(op: str):
-    """``fn(**inputs) -> o`` running our op, or the exception raised looking it up (an op not in
+    """``fn(**inputs) -> o`` running our op (with ``check_values=False``, as its family's benchmark
+    calls it: fla checks no values), or the exception raised looking it up (an op not in
     :mod:`kernels` yet)."""
-    try:
-        import kernels
-        fn = getattr(kernels, op)
-    except Exception as e:          # recorded as the op's note
-        return e
-    s = D ** -0.5
-    # check_values=False: fla checks no values (our value checks cost a host sync), so the times compare like
-    # for like
-    nc = dict(check_values=False)
-    if op == "chunk_mesa_net":
-        return lambda q, k, v, g, beta: fn(q, k, v, g, beta, _mesa_lamb(q), **nc)[0]
-    if op == "causal_conv1d":
-        return lambda x, weight: fn(x, weight, activation="silu", **nc)[0]
-    if op == "parallel_path_attn":
-        return lambda q, k, v, w, beta: fn(q, k, v, w, beta, scale=s, **nc)[0]
-    if op == "chunk_gated_delta_rule":
-        return lambda q, k, v, g, beta: fn(q, k, v, g, beta, scale=s, **nc)[0]
-    if op == "chunk_gated_delta_product":
-        return lambda q, k, v, g, beta: fn(q, k, v, g, beta, NUM_HOUSEHOLDER, scale=s, **nc)[0]
-    return lambda **x: _first(fn(**x, scale=s, **nc))
-
-
-def _mesa_lamb(q):
-    import torch
-    return torch.ones(q.shape[2], q.shape[3], device=q.device, dtype=torch.float32)
+    from .harness import our_fn as ours
+    return ours(_ENTRIES[op][1], _case(op))
 
 
 def sdpa_fn():
     """Causal softmax attention by ``torch.nn.functional.scaled_dot_product_attention`` on
     ``[B, H, T, D]`` views of the same ``[B, T, H, D]`` tensors."""
-    import torch.nn.functional as F
-    return lambda q, k, v: F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=D ** -0.5).transpose(1, 2)
+    from .harness import causal_sdpa
+    return causal_sdpa
 
 
 def fla_fn(op: str):
     """``fn(**inputs) -> o`` running fla's counterpart of ``op`` (:data:`FLA_NAMES`), or the
     exception raised importing it."""
-    import importlib
-    module, name = FLA_NAMES[op]
-    try:
-        fn = getattr(importlib.import_module(module), name)
-        if op == "deltaformer_attn":
-            stage = fn()
-            sdpa = sdpa_fn()
-            return lambda q, k, v, beta: sdpa(q, k, stage.apply(k, k, v, beta, 512, None))
-    except Exception as e:          # recorded as fla's note
-        return e
-    s = D ** -0.5
-    if op == "chunk_linear_attn":
-        return lambda q, k, v: fn(q, k, v, scale=s, normalize=False)[0]
-    if op == "chunk_mesa_net":
-        return lambda q, k, v, g, beta: fn(q, k, v, g, beta, _mesa_lamb(q))[0]
-    if op == "causal_conv1d":
-        return lambda x, weight: _first(fn(x, weight, activation="silu"))
-    if op == "chunk_simple_gla":
-        return lambda q, k, v, g: fn(q, k, v, g=g, scale=s)[0]
-    if op == "chunk_gated_delta_rule":
-        return lambda q, k, v, g, beta: fn(q, k, v, g, beta, scale=s)[0]
-    if op == "chunk_gated_delta_product":
-        return lambda q, k, v, g, beta: fn(q, k, v, g, beta, NUM_HOUSEHOLDER, scale=s)[0]
-    if op == "parallel_path_attn":
-        return lambda q, k, v, w, beta: fn(q, k, v, w, beta, scale=s)[0]
-    if op == "chunk_comba":         # fla's form reads with a vector p; p = k is the same amount of work
-        return lambda q, k, v, g, beta: fn(q, k, v, k, g, beta, scale=s)[0]
-    return lambda **x: _first(fn(**x, scale=s))
+    from .harness import peer_fn
+    return peer_fn(_ENTRIES[op][1], _case(op))
 
 
 def _time_case(fn, x, grads, *, warmup, rep):

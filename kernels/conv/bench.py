@@ -31,6 +31,8 @@ import sys
 
 os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imported anywhere
 
+from kernels.harness import CompileCases, Op, Surveyed, randn  # noqa: E402
+
 W, TOKENS, ERR_T = 4, 65536, 2048
 DIMS = (2048, 4096)
 SHAPES_FULL = [(32, 2048), (8, 8192)]     # (B, T)
@@ -45,39 +47,35 @@ CONFIG = dict(W=W, dtype="bfloat16", activation="silu", bias=False, goals=GOALS,
               peer="fla 0.6.0 fla.modules.causal_conv1d.causal_conv1d (backend='triton')")
 
 
+# the family's op, described once: the benchmark below, the survey (x [B, T, H·D], the width W) and the
+# compile check read it
+OPS = (
+    Op("conv", "causal_conv1d", "fla.modules.causal_conv1d.causal_conv1d", ("x", "weight"),
+       ours=lambda fn, case: lambda x, weight: fn(x, weight, activation="silu", check_values=False)[0],
+       peer=lambda fn, case: lambda x, weight: fn(x, weight, activation="silu", backend="triton")[0],
+       survey=Surveyed(10, lambda B, T, heads, dim: dict(op="conv", B=B, T=T, D=heads * dim, W=W), {"conv_width": W})),
+)
+
+
 def cases(quick=False):
     return [dict(op="conv", B=B, T=T, D=D, W=W) for B, T in (SHAPES_QUICK if quick else SHAPES_FULL) for D in DIMS]
 
 
-def make_inputs(case):
+def make_inputs(case, *, device="cuda", dtype=None, seed=None):
+    """``x`` (``[B, T, D]``, ``N(0, 1)``) and ``weight`` (``[D, W]``, ``U(-1/√W, 1/√W)``)."""
     import torch
     B, T, D = case["B"], case["T"], case["D"]
-    gen = torch.Generator(device="cuda").manual_seed(1000 * B + D)
-    x = torch.randn(B, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    bound = W ** -0.5
-    w = ((torch.rand(D, W, device="cuda", generator=gen) * 2 - 1) * bound).to(torch.bfloat16)
+    dtype = torch.bfloat16 if dtype is None else dtype
+    gen = torch.Generator(device=device).manual_seed(1000 * B + D if seed is None else seed)
+    x = randn(B, T, D, gen=gen, dtype=dtype)
+    bound = case["W"] ** -0.5
+    w = ((torch.rand(D, case["W"], device=device, generator=gen) * 2 - 1) * bound).to(dtype)
     return {"x": x, "weight": w}
-
-
-def impls(case):
-    from kernels.conv import causal_conv1d
-    # check_values=False: fla checks no values (our value checks cost a host sync), so the times compare like for like
-    out = {"ours": lambda x, weight: causal_conv1d(x, weight, activation="silu", check_values=False)[0]}
-    try:
-        from fla.modules.causal_conv1d import causal_conv1d as fla_conv
-        out["fla"] = lambda x, weight: fla_conv(x, weight, activation="silu", backend="triton")[0]
-    except Exception as e:   # recorded as the peer's note
-        out["fla"] = e
-    return out
 
 
 def reference(case, x):
     from kernels.reference import causal_conv1d_ref
     return causal_conv1d_ref(x["x"], x["weight"], activation="silu")[0]
-
-
-def grad_names(case):
-    return ["x", "weight"]
 
 
 def moved_bytes(case, pass_, elem=2):
@@ -124,6 +122,35 @@ def launched_vs_graphed(log=None, gbps=None) -> list:
     return [dict(B=r["B"], T=r["T"], D=r["D"], how=r["how"], ms=r["median"], low=r["low"], high=r["high"],
                  copy_fraction=moved_bytes(r, "fwdbwd") / r["median"] / 1e6 / gbps) for r in log["rows"]]
 
+
+def _compile_cases(caps, quick, half, halves):
+    """(dtype, D, W, activation, bias/residual/state/final state): the benchmark's setting, then others
+    (the marching forward up to W = 4, the tiled one at W = 8)"""
+    import torch
+    f32, bf = torch.float32, half
+    cases = [(bf, 2048, 4, "silu", False), (bf, 4096, 4, "silu", True), (bf, 2048, 4, None, False),
+             (bf, 512, 8, "silu", True)]
+    if not quick:
+        cases += [(dt, D, W, a, o) for dt in halves + (f32,) for D, W in ((64, 2), (200, 3), (512, 8))
+                  for a in (None, "silu") for o in (False, True)]
+    return cases
+
+
+def _compile_run(case, caps):
+    import torch
+    from kernels.conv.op import causal_conv1d_triton
+    dt, D, W, act, opts = case
+    x = torch.randn(2, 300, D, dtype=dt, requires_grad=True)
+    w = torch.randn(D, W, dtype=dt, requires_grad=True)
+    b, r, s = ((torch.randn(*sh, dtype=dt, requires_grad=True) if opts else None)
+               for sh in ((D,), (2, 300, D), (2, D, W)))
+    y, ht = causal_conv1d_triton(x, w, b, r, s, opts, act, caps=caps)
+    loss = y.float().sum() + (ht.float().sum() if ht is not None else 0)
+    torch.autograd.grad(loss, [t for t in (x, w, b, r, s) if t is not None])
+
+
+# the compile check's calls (kernels.compile): the forward, the final state and the backward
+COMPILE = CompileCases(("kernels.conv.forward", "kernels.conv.backward"), _compile_cases, _compile_run)
 
 RUN = dict(budget_s=480.0, err_T_max=ERR_T, token_inputs=("x",), out_like="x", yardsticks=copy_record,
            annotate=bandwidth)   # for harness.bench_main

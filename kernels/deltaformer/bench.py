@@ -28,6 +28,9 @@ import sys
 
 os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imported anywhere
 
+from kernels.harness import (CompileCases, Op, Surveyed, causal_sdpa, in_dtype, randn, scale_of,  # noqa: E402
+                             sigmoid_of_normal)
+
 H, D, TOKENS = 16, 128, 65536
 SHAPES_FULL = [(32, 2048), (8, 8192), (1, 32768)]     # (B, T)
 SHAPES_QUICK = [(32, 2048), (1, 32768)]
@@ -40,18 +43,34 @@ CONFIG = dict(H=H, D=D, dtype="bfloat16", causal=True, goals=GOALS,
 RUN = dict(budget_s=540.0, err_T_max=8192, err_heads=2)   # for harness.bench_main
 
 
+def _peer(fn, case):
+    """fla's pseudo-value stage (``fn()``, :func:`fla_pseudo_values`) with ``k`` in ``q``'s place, then SDPA."""
+    stage = fn()
+    return lambda q, k, v, beta: causal_sdpa(q, k, stage.apply(k, k, v, beta, 512, None))
+
+
+# the family's op, described once: the benchmark below, the survey and the compile check read it
+OPS = (
+    Op("deltaformer", "deltaformer_attn", "kernels.deltaformer.bench.fla_pseudo_values", ("q", "k", "v", "beta"),
+       ours=lambda fn, case: lambda q, k, v, beta: fn(q, k, v, beta, scale=scale_of(q), check_values=False),
+       peer=_peer, peer_impl="fla+sdpa",
+       survey=Surveyed(7, lambda B, T, heads, dim: dict(op="deltaformer", B=B, T=T, H=heads, D=dim, beta="float32"))),
+)
+
+
 def cases(quick=False):
     return [dict(op="deltaformer", B=B, T=T, beta=beta) for B, T in (SHAPES_QUICK if quick else SHAPES_FULL)
             for beta in ("float32", "input dtype")]
 
 
-def make_inputs(case):
+def make_inputs(case, *, device="cuda", dtype=None, seed=None):
+    """``q, k, v`` (``[B, T, H, D]``) and ``beta`` (``[B, T, H]``, in the case's ``beta`` dtype)."""
     import torch
-    B, T = case["B"], case["T"]
-    gen = torch.Generator(device="cuda").manual_seed(1000 * B + T)
-    x = {n: torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for n in "qkv"}
-    beta = torch.sigmoid(torch.randn(B, T, H, device="cuda", generator=gen))
-    x["beta"] = beta if case["beta"] == "float32" else beta.to(torch.bfloat16)
+    B, T, heads, dim = case["B"], case["T"], case.get("H", H), case.get("D", D)
+    dtype = torch.bfloat16 if dtype is None else dtype
+    gen = torch.Generator(device=device).manual_seed(1000 * B + T if seed is None else seed)
+    x = {n: randn(B, T, heads, dim, gen=gen, dtype=dtype) for n in "qkv"}
+    x["beta"] = in_dtype(sigmoid_of_normal(B, T, heads, gen=gen), case["beta"], dtype)
     return x
 
 
@@ -80,25 +99,6 @@ def fla_pseudo_values():
     return mod.ParallelDeltaformerFunction
 
 
-def impls(case):
-    import torch.nn.functional as F
-    import kernels
-    s = D ** -0.5
-    # check_values=False: fla checks no values (our value checks cost a host sync), so the times compare like for like
-    out = {"ours": lambda q, k, v, beta: kernels.deltaformer_attn(q, k, v, beta, scale=s, check_values=False)}
-    try:
-        fn = fla_pseudo_values()
-
-        def peer(q, k, v, beta):
-            u = fn.apply(k, k, v, beta, 512, None)
-            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), u.transpose(1, 2),
-                                                  is_causal=True, scale=s).transpose(1, 2)
-        out["fla+sdpa"] = peer
-    except Exception as e:   # recorded as the peer's note
-        out["fla+sdpa"] = e
-    return out
-
-
 def flops(case):
     """The forward's operations: the pseudo-values (``k kᵀ`` and ``P u`` over the ``T(T−1)/2`` earlier
     pairs) and the attention (``q kᵀ`` and ``p u`` over the ``T(T+1)/2`` visible pairs), 2·D each."""
@@ -108,11 +108,34 @@ def flops(case):
 
 def reference(case, x):
     from kernels.reference import deltaformer_ref
-    return deltaformer_ref(x["q"], x["k"], x["v"], x["beta"], D ** -0.5)
+    return deltaformer_ref(x["q"], x["k"], x["v"], x["beta"], scale_of(x["q"]))
 
 
-def grad_names(case):
-    return ["q", "k", "v", "beta"]
+def _compile_cases(caps, quick, half, halves):
+    """(dtype, K, V, B·H, T, β dtype): the benchmark's head size with the column split (B·H = 2) and
+    without it (B·H = 256), several spans (T = 3000) and one (T = 100)"""
+    import torch
+    f32, bf = torch.float32, half
+    cases = [(bf, 128, 128, (1, 2), 3000, f32), (bf, 128, 128, (128, 2), 300, bf), (f32, 64, 64, (1, 2), 100, f32)]
+    if not quick:
+        cases += [(dt, K, V, (1, 2), 300, dt) for dt in halves + (f32,) for K, V in ((16, 16), (32, 128), (128, 64))]
+    return cases
+
+
+def _compile_run(case, caps):
+    import torch
+    from kernels.deltaformer.op import deltaformer_attn_triton
+    dt, K, V, (B, H), T, bdt = case
+    q = torch.randn(B, T, H, K, dtype=dt, requires_grad=True)
+    v = torch.randn(B, T, H, V, dtype=dt, requires_grad=True)
+    beta = torch.rand(B, T, H, dtype=bdt, requires_grad=True)
+    o = deltaformer_attn_triton(q, q, v, beta, 0.1, caps=caps)
+    torch.autograd.grad(o.float().sum(), [q, v, beta])
+
+
+# the compile check's calls (kernels.compile): the pseudo-values and flash's attention, forward and backward
+COMPILE = CompileCases(("kernels.deltaformer.pseudo", "kernels.flash.forward", "kernels.flash.backward"),
+                       _compile_cases, _compile_run)
 
 
 if __name__ == "__main__":

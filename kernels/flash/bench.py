@@ -26,61 +26,59 @@ import sys
 
 os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imported anywhere
 
+from kernels.harness import (CompileCases, Op, Surveyed, benched, causal_sdpa, in_dtype, log_gates,  # noqa: E402
+                             op_impls, randn, scale_of)
+
 H, D, TOKENS = 16, 128, 65536
 SHAPES_FULL = [(32, 2048), (8, 8192), (2, 32768), (1, 32768), (1, 65536)]     # (B, T)
 SHAPES_QUICK = [(32, 2048), (1, 32768)]
-OPS = ("attention", "forgetting")
+# the family's ops, described once: the benchmark below, the survey and the compile check read them
+OPS = (
+    Op("attention", "flash_attention", "fla.ops.attn.parallel_attn", ("q", "k", "v"),
+       ours=lambda fn, case: lambda q, k, v: fn(q, k, v, scale=scale_of(q), check_values=False),
+       peer=lambda fn, case: lambda q, k, v: fn(q, k, v, scale=scale_of(q)),
+       survey=Surveyed(1, lambda B, T, heads, dim: dict(op="attention", B=B, T=T, H=heads, D=dim))),
+    Op("forgetting", "parallel_forgetting_attn", "fla.ops.forgetting_attn.parallel_forgetting_attn",
+       ("q", "k", "v", "g"),
+       ours=lambda fn, case: lambda q, k, v, g: fn(q, k, v, g, scale=scale_of(q), check_values=False),
+       peer=lambda fn, case: lambda q, k, v, g: fn(q, k, v, g, scale=scale_of(q)),
+       survey=Surveyed(7, lambda B, T, heads, dim: dict(op="forgetting", B=B, T=T, H=heads, D=dim, gates="float32"))),
+)
 # the targets: our time over the peer's, per peer, op and pass
 GOALS = {"by_peer": {"sdpa": {"attention": {"fwd": 1.1, "fwdbwd": 1.3}},
                      "fla": {"attention": {"fwdbwd": 0.7}, "forgetting": {"fwd": 0.75, "fwdbwd": 0.6}}}}
 CONFIG = dict(H=H, D=D, dtype="bfloat16", causal=True, goals=GOALS,
               inputs="q, k, v ~ N(0, 1); scale D^-0.5; forgetting: g = logsigmoid(N(0, 1)), float32 "
                      "or bfloat16 (the gates field)")
-RUN = dict(ops=OPS, budget_s=540.0, err_T_max=8192, err_heads=2)   # for harness.bench_main
+RUN = dict(ops=benched(OPS), budget_s=540.0, err_T_max=8192, err_heads=2)   # for harness.bench_main
 
 
-def cases(ops=OPS, quick=False):
+def cases(ops=None, quick=False):
     out = []
     for B, T in (SHAPES_QUICK if quick else SHAPES_FULL):
-        for op in ops:
+        for op in ops or benched(OPS):
             for gates in ((None,) if op == "attention" else ("float32", "input dtype")):
                 out.append(dict(op=op, B=B, T=T, **({} if gates is None else {"gates": gates})))
     return out
 
 
-def make_inputs(case):
+def make_inputs(case, *, device="cuda", dtype=None, seed=None):
+    """``q, k, v`` (``[B, T, H, D]``) and, for FoX, ``g`` (``[B, T, H]``, in the case's ``gates`` dtype)."""
     import torch
-    import torch.nn.functional as F
-    B, T = case["B"], case["T"]
-    gen = torch.Generator(device="cuda").manual_seed(1000 * B + T)
-    x = {n: torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for n in "qkv"}
+    B, T, heads, dim = case["B"], case["T"], case.get("H", H), case.get("D", D)
+    dtype = torch.bfloat16 if dtype is None else dtype
+    gen = torch.Generator(device=device).manual_seed(1000 * B + T if seed is None else seed)
+    x = {n: randn(B, T, heads, dim, gen=gen, dtype=dtype) for n in "qkv"}
     if case["op"] == "forgetting":
-        g = F.logsigmoid(torch.randn(B, T, H, device="cuda", generator=gen))
-        x["g"] = g if case["gates"] == "float32" else g.to(torch.bfloat16)
+        x["g"] = in_dtype(log_gates(B, T, heads, gen=gen), case["gates"], dtype)
     return x
 
 
 def impls(case):
-    import torch.nn.functional as F
-    import kernels
-    s = D ** -0.5
-    # check_values=False: fla checks no values (our value checks cost a host sync), so the times compare like for like
-    if case["op"] == "forgetting":
-        out = {"ours": lambda q, k, v, g: kernels.parallel_forgetting_attn(q, k, v, g, scale=s, check_values=False)}
-        try:
-            from fla.ops.forgetting_attn import parallel_forgetting_attn
-            out["fla"] = lambda q, k, v, g: parallel_forgetting_attn(q, k, v, g, scale=s)
-        except Exception as e:   # recorded as fla's note
-            out["fla"] = e
-        return out
-    out = {"ours": lambda q, k, v: kernels.flash_attention(q, k, v, scale=s, check_values=False),
-           "sdpa": lambda q, k, v: F.scaled_dot_product_attention(
-               q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=s).transpose(1, 2)}
-    try:
-        from fla.ops.attn import parallel_attn
-        out["fla"] = lambda q, k, v: parallel_attn(q, k, v, scale=s)
-    except Exception as e:
-        out["fla"] = e
+    """Ours and fla's; for softmax attention also SDPA (PyTorch's default backend), between them."""
+    out = op_impls(OPS, case)
+    if case["op"] == "attention":
+        out = {"ours": out["ours"], "sdpa": causal_sdpa, "fla": out["fla"]}
     return out
 
 
@@ -104,11 +102,35 @@ def measure_config():
 
 def reference(case, x):
     from kernels.reference import attention_ref
-    return attention_ref(x["q"], x["k"], x["v"], D ** -0.5, True, g=x.get("g"))
+    return attention_ref(x["q"], x["k"], x["v"], scale_of(x["q"]), True, g=x.get("g"))
 
 
-def grad_names(case):
-    return ["q", "k", "v"] + (["g"] if case["op"] == "forgetting" else [])
+def _compile_cases(caps, quick, half, halves):
+    """(dtype, head size, causal, T, FoX gates dtype or None)"""
+    import torch
+    f16, f32, bf = torch.float16, torch.float32, half
+    cases = [(bf, 128, True, T, gate) for T in (1024, 4096) for gate in (None, f32)]
+    cases += [(f32, 128, True, 100, f32), (f16, 16, False, 100, None), (bf, 64, True, 1024, None)]
+    if not quick:
+        cases += [(dt, D, c, T, None) for dt in halves + (f32,) for D in (16, 32, 64, 128)
+                  for c in (True, False) for T in (100, 4096)]
+    return cases
+
+
+def _compile_run(case, caps):
+    import torch
+    from kernels.flash.op import flash_attention_triton
+    dt, D, causal, T, gate = case
+    q = torch.randn(1, T, 2, D, dtype=dt, requires_grad=True)
+    g = None if gate is None else (-torch.rand(1, T, 2)).to(gate).requires_grad_()
+    o = flash_attention_triton(q, q, q, 0.1, causal, g, caps=caps)
+    torch.autograd.grad(o.float().sum(), [q] + ([] if g is None else [g]))
+
+
+# the compile check's calls (kernels.compile): forward and backward, with and without FoX's bias, at the
+# benchmark's head size and the lengths of the short and long plans, then other dtypes and head sizes
+COMPILE = CompileCases(("kernels.flash.forward", "kernels.flash.backward", "kernels.common.gates"),
+                       _compile_cases, _compile_run)
 
 
 if __name__ == "__main__":

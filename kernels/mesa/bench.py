@@ -28,11 +28,41 @@ import sys
 
 os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imported anywhere
 
+from kernels.harness import (CompileCases, Op, Surveyed, benched, log_gates, randn, sigmoid_of_normal,  # noqa: E402
+                             unit_rows)
+
 H, D, TOKENS = 16, 128, 65536
 SHAPES_FULL = [(32, 2048), (8, 8192), (1, 32768)]     # (B, T)
 SHAPES_QUICK = [(32, 2048), (1, 32768)]
 SWEEP = (5, 10, 20, 30)                              # max_CG_iteration of op mesa_cg, at (32, 2048)
-OPS = ("mesa", "mesa_cg", "mesa_cg_stiff")
+
+
+def _lamb(q, lamb):
+    """``lamb`` as the op takes it, ``[H, K]``: the input's (``[1, 1, H, K]``), or ones where the case
+    has none (the survey's)."""
+    import torch
+    return lamb[0, 0] if lamb is not None else torch.ones(q.shape[2], q.shape[3], device=q.device, dtype=torch.float32)
+
+
+def _ours(fn, case):
+    return lambda q, k, v, g, beta, lamb=None: fn(q, k, v, g, beta, _lamb(q, lamb), max_CG_iteration=case["cg"],
+                                                  check_values=False)[0]
+
+
+def _peer(fn, case):
+    return lambda q, k, v, g, beta, lamb=None: fn(q, k, v, g, beta, _lamb(q, lamb), max_CG_iteration=case["cg"])[0]
+
+
+def _op(name, survey=None):
+    return Op(name, "chunk_mesa_net", "fla.ops.mesa_net.chunk_mesa_net", ("q", "k", "v", "g", "beta", "lamb"),
+              ours=_ours, peer=_peer, survey=survey)
+
+
+# the family's op, described once (its three cases of the benchmark): the benchmark below, the survey
+# (lamb = 1, not an input) and the compile check read it
+OPS = (_op("mesa", Surveyed(9, lambda B, T, heads, dim: dict(op="mesa", B=B, T=T, H=heads, D=dim, cg=30,
+                                                             lamb="ones"))),
+       _op("mesa_cg"), _op("mesa_cg_stiff"))
 GOALS = {"by_peer": {"fla": {"mesa": {"fwd": 0.6, "fwdbwd": 0.8}}}}
 CONFIG = dict(H=H, K=D, V=D, dtype="bfloat16", goals=GOALS,
               inputs="q, k = normalize(N(0, 1)) bf16; v ~ N(0, 1) bf16; g = logsigmoid(N(0, 1)), "
@@ -40,10 +70,11 @@ CONFIG = dict(H=H, K=D, V=D, dtype="bfloat16", goals=GOALS,
                      "0.02 + 0.03 U(0, 1)), float32; no states",
               reference="float64 exact solve (torch.linalg.solve per token)",
               peer="fla 0.6.0 chunk_mesa_net")
-RUN = dict(ops=OPS, budget_s=540.0, err_T_max=1024, err_heads=2)   # for harness.bench_main
+RUN = dict(ops=benched(OPS), budget_s=540.0, err_T_max=1024, err_heads=2)   # for harness.bench_main
 
 
-def cases(ops=OPS, quick=False):
+def cases(ops=None, quick=False):
+    ops = ops or benched(OPS)
     out = []
     if "mesa" in ops:
         out += [dict(op="mesa", B=B, T=T, cg=30) for B, T in (SHAPES_QUICK if quick else SHAPES_FULL)]
@@ -53,35 +84,24 @@ def cases(ops=OPS, quick=False):
     return out
 
 
-def make_inputs(case):
+def make_inputs(case, *, device="cuda", dtype=None, seed=None):
+    """L2-normalised ``q, k`` and ``v`` (``[B, T, H, D]``), ``g`` and ``beta`` (``[B, T, H]``, float32),
+    and ``lamb`` (``[1, 1, H, D]``, float32; none where the case's ``lamb`` is ``"ones"``: the op then
+    takes ones, not differentiated)."""
     import torch
     import torch.nn.functional as F
-    B, T = case["B"], case["T"]
-    gen = torch.Generator(device="cuda").manual_seed(1000 * B + T)
-
-    def rows():
-        return F.normalize(torch.randn(B, T, H, D, device="cuda", generator=gen), dim=-1).to(torch.bfloat16)
-    x = {"q": rows(), "k": rows(), "v": torch.randn(B, T, H, D, device="cuda", generator=gen).to(torch.bfloat16)}
-    x["g"] = F.logsigmoid(torch.randn(B, T, H, device="cuda", generator=gen))
-    x["beta"] = torch.sigmoid(torch.randn(B, T, H, device="cuda", generator=gen))
-    u = torch.rand(H, D, device="cuda", generator=gen)
-    lamb = 0.02 + 0.03 * u if case["op"] == "mesa_cg_stiff" else F.softplus(u) + 0.25
-    x["lamb"] = lamb[None, None]
+    B, T, heads, dim = case["B"], case["T"], case.get("H", H), case.get("D", D)
+    dtype = torch.bfloat16 if dtype is None else dtype
+    gen = torch.Generator(device=device).manual_seed(1000 * B + T if seed is None else seed)
+    x = {"q": unit_rows(B, T, heads, dim, gen=gen).to(dtype), "k": unit_rows(B, T, heads, dim, gen=gen).to(dtype),
+         "v": randn(B, T, heads, dim, gen=gen).to(dtype)}
+    x["g"] = log_gates(B, T, heads, gen=gen)
+    x["beta"] = sigmoid_of_normal(B, T, heads, gen=gen)
+    if case.get("lamb") != "ones":
+        u = torch.rand(heads, dim, device=device, generator=gen)
+        lamb = 0.02 + 0.03 * u if case["op"] == "mesa_cg_stiff" else F.softplus(u) + 0.25
+        x["lamb"] = lamb[None, None]
     return x
-
-
-def impls(case):
-    from kernels.mesa import chunk_mesa_net
-    n = case["cg"]
-    # check_values=False: fla checks no values (our value checks cost a host sync), so the times compare like for like
-    out = {"ours": lambda q, k, v, g, beta, lamb: chunk_mesa_net(q, k, v, g, beta, lamb[0, 0],
-                                                                 max_CG_iteration=n, check_values=False)[0]}
-    try:
-        from fla.ops.mesa_net import chunk_mesa_net as fla_mesa
-        out["fla"] = lambda q, k, v, g, beta, lamb: fla_mesa(q, k, v, g, beta, lamb[0, 0], max_CG_iteration=n)[0]
-    except Exception as e:   # recorded as the peer's note
-        out["fla"] = e
-    return out
 
 
 def flops(case):
@@ -115,8 +135,41 @@ def reference(case, x):
     return chunk_mesa_net_ref(x["q"], x["k"], x["v"], x["g"], x["beta"], x["lamb"][0, 0], exact=True)[0]
 
 
-def grad_names(case):
-    return ["q", "k", "v", "g", "beta", "lamb"]
+def _compile_cases(caps, quick, half, halves):
+    """(dtype, K, V, T, num_segments, states, gate dtype): the benchmark's K = V = 128 with and without
+    gla's sequence split, initial and final states; then float32, float16, small or unequal heads"""
+    import torch
+    f16, f32, bf = torch.float16, torch.float32, half
+    cases = [(bf, 128, 128, 300, ns, st, gd) for ns in (None, 3) for st in (False, True) for gd in (f32, bf)]
+    if not quick:
+        cases += [(dt, K, V, 100, None, True, f32) for dt in (f16, f32) for K, V in ((16, 16), (32, 128), (64, 256))]
+    return cases
+
+
+def _compile_run(case, caps):
+    import torch
+    from kernels.mesa.op import chunk_mesa_net_triton
+    dt, K, V, T, ns, st, gd = case
+    B, H = 1, 2
+    q = torch.randn(B, T, H, K, dtype=dt, requires_grad=True)
+    k = unit_rows(B, T, H, K).to(dt).requires_grad_()
+    v = torch.randn(B, T, H, V, dtype=dt, requires_grad=True)
+    g = (-torch.rand(B, T, H)).to(gd).requires_grad_()
+    beta = torch.rand(B, T, H, dtype=gd, requires_grad=True)
+    lamb = (torch.rand(H, K) + 0.25).requires_grad_()
+    h0 = torch.eye(K).expand(B, H, K, K).contiguous().requires_grad_() if st else None
+    hv0 = torch.randn(B, H, K, V, requires_grad=True) if st else None
+    o, hk, hv = chunk_mesa_net_triton(q, k, v, g, beta, lamb, 30, h0, hv0, st, caps=caps,
+                                      plan={"num_segments": ns})
+    loss = o.float().sum() + (hk.sum() + hv.sum() if st else 0)
+    leaves = [q, k, v, g, beta, lamb] + ([h0, hv0] if st else [])
+    torch.autograd.grad(loss, leaves, allow_unused=True)
+
+
+# the compile check's calls (kernels.compile): MesaNet's keys, states and solve, and gla's state march and
+# output kernels it runs on, forward and backward
+COMPILE = CompileCases(("kernels.mesa.prep", "kernels.mesa.solve", "kernels.gla.march",
+                        "kernels.gla.backward", "kernels.gla.prep"), _compile_cases, _compile_run)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ import sys
 
 os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imported anywhere
 
+from kernels.harness import (CompileCases, Op, Surveyed, in_dtype, randn, scale_of, sigmoid_of_normal,  # noqa: E402
+                             unit_rows)
+
 H, D, TOKENS = 16, 128, 65536
 SHAPES_FULL = [(32, 2048), (8, 8192), (1, 32768)]     # (B, T)
 SHAPES_QUICK = [(32, 2048), (1, 32768)]
@@ -29,6 +32,13 @@ CONFIG = dict(H=H, D=D, dtype="bfloat16", causal=True, goals=GOALS,
                      "float32 or bfloat16 (the wb field)",
               peer="fla 0.6.0 parallel_path_attn")
 RUN = dict(budget_s=540.0, err_T_max=2048, err_heads=2)   # for harness.bench_main
+# the family's op, described once: the benchmark below, the survey and the compile check read it
+OPS = (
+    Op("path", "parallel_path_attn", "fla.ops.path_attn.parallel_path_attn", ("q", "k", "v", "w", "beta"),
+       ours=lambda fn, case: lambda q, k, v, w, beta: fn(q, k, v, w, beta, scale=scale_of(q), check_values=False)[0],
+       peer=lambda fn, case: lambda q, k, v, w, beta: fn(q, k, v, w, beta, scale=scale_of(q))[0],
+       survey=Surveyed(8, lambda B, T, heads, dim: dict(op="path", B=B, T=T, H=heads, D=dim, wb="float32"))),
+)
 
 
 def cases(quick=False):
@@ -36,30 +46,18 @@ def cases(quick=False):
     return out + [dict(op="path", B=32, T=2048, wb="input dtype")]
 
 
-def make_inputs(case):
+def make_inputs(case, *, device="cuda", dtype=None, seed=None):
+    """``q, k, v`` (``[B, T, H, D]``), the L2-normalised direction ``w`` and ``beta = 2 sigmoid(N(0, 1))``,
+    both in the case's ``wb`` dtype."""
     import torch
-    B, T = case["B"], case["T"]
-    gen = torch.Generator(device="cuda").manual_seed(1000 * B + T)
-    x = {n: torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for n in "qkv"}
-    w = torch.nn.functional.normalize(torch.randn(B, T, H, D, device="cuda", generator=gen), dim=-1)
-    beta = 2 * torch.sigmoid(torch.randn(B, T, H, device="cuda", generator=gen))
-    dt = torch.float32 if case["wb"] == "float32" else torch.bfloat16
-    x["w"], x["beta"] = w.to(dt), beta.to(dt)
+    B, T, heads, dim = case["B"], case["T"], case.get("H", H), case.get("D", D)
+    dtype = torch.bfloat16 if dtype is None else dtype
+    gen = torch.Generator(device=device).manual_seed(1000 * B + T if seed is None else seed)
+    x = {n: randn(B, T, heads, dim, gen=gen, dtype=dtype) for n in "qkv"}
+    w = unit_rows(B, T, heads, dim, gen=gen)
+    beta = 2 * sigmoid_of_normal(B, T, heads, gen=gen)
+    x["w"], x["beta"] = in_dtype(w, case["wb"], dtype), in_dtype(beta, case["wb"], dtype)
     return x
-
-
-def impls(case):
-    import kernels
-    s = D ** -0.5
-    # check_values=False: fla checks no values (our value checks cost a host sync), so the times compare like for like
-    out = {"ours": lambda q, k, v, w, beta: kernels.parallel_path_attn(q, k, v, w, beta, scale=s,
-                                                                        check_values=False)[0]}
-    try:
-        from fla.ops.path_attn import parallel_path_attn as fla_path
-        out["fla"] = lambda q, k, v, w, beta: fla_path(q, k, v, w, beta, scale=s)[0]
-    except Exception as e:   # recorded as the peer's note
-        out["fla"] = e
-    return out
 
 
 def flops(case):
@@ -71,11 +69,36 @@ def flops(case):
 
 def reference(case, x):
     from kernels.reference import path_attn_ref
-    return path_attn_ref(x["q"], x["k"], x["v"], x["w"], x["beta"], None, D ** -0.5)
+    return path_attn_ref(x["q"], x["k"], x["v"], x["w"], x["beta"], None, scale_of(x["q"]))
 
 
-def grad_names(case):
-    return ["q", "k", "v", "w", "beta"]
+def _compile_cases(caps, quick, half, halves):
+    """(dtype, K, V, T, w/β dtype, gate dtype or None): the benchmark's head size, with and without the FoX gate"""
+    import torch
+    f32, bf = torch.float32, half
+    cases = [(bf, 128, 128, 300, f32, None), (bf, 128, 128, 300, bf, f32), (f32, 64, 64, 100, f32, f32)]
+    if not quick:
+        cases += [(dt, K, V, 100, dt, None) for dt in halves + (f32,) for K, V in ((16, 16), (32, 128), (128, 64))]
+    return cases
+
+
+def _compile_run(case, caps):
+    import torch
+    from kernels.path.op import parallel_path_attn_triton
+    dt, K, V, T, wdt, gate = case
+    q = torch.randn(1, T, 2, K, dtype=dt, requires_grad=True)
+    v = torch.randn(1, T, 2, V, dtype=dt, requires_grad=True)
+    w = torch.randn(1, T, 2, K, dtype=wdt, requires_grad=True)
+    beta = torch.rand(1, T, 2, dtype=wdt, requires_grad=True)
+    g = None if gate is None else (-torch.rand(1, T, 2)).to(gate).requires_grad_()
+    o = parallel_path_attn_triton(q, q, v, w, beta, g, 0.1, caps=caps)
+    torch.autograd.grad(o.float().sum(), [q, v, w, beta] + ([] if g is None else [g]))
+
+
+# the compile check's calls (kernels.compile): the shared solve and gates, the per-block stage, the walk
+# and their backward passes
+COMPILE = CompileCases(("kernels.common.solve", "kernels.common.gates", "kernels.path.local", "kernels.path.forward",
+                        "kernels.path.backward"), _compile_cases, _compile_run)
 
 
 if __name__ == "__main__":
