@@ -15,7 +15,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 # Debian's Chromium drives the page check (Playwright is told where it is; it downloads no browser).
 CHROMIUM ?= /usr/bin/chromium
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-# tests/test_colab_edition.py: KaTeX and MathJax from npm (Node.js, Debian's when missing), and
+# tests/book/test_colab_edition.py: KaTeX and MathJax from npm (Node.js, Debian's when missing), and
 # Colab's ipywidgets for the chapter it runs from the wheel; both git-ignored, both set up here.
 MATHCHECK := tools/mathcheck
 MATH_STAMP := $(MATHCHECK)/node_modules/.installed

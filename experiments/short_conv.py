@@ -41,7 +41,7 @@ leave values unnormalised). The variants (:data:`VARIANTS`):
 
 The convolutions are the book's op :func:`kernels.causal_conv1d` (fla's argument order and
 layout: its differentiable PyTorch path on a CPU, the Triton kernel on a GPU), checked against
-:func:`lattn_core.short_conv` in ``tests/test_kernel_conv.py``. Their weights start as
+:func:`lattn_core.short_conv` in ``tests/kernels/test_conv.py``. Their weights start as
 ``torch.nn.Conv1d``'s do (uniform in ``±1/sqrt(width)``), so no variant starts with the shift built
 in. :func:`identity_gap` measures how far a trained layer's final state is from the identity.
 

@@ -17,7 +17,7 @@ which products the compiler emitted (Hopper ``wgmma``, Ampere-style ``mma.sync``
 FMAs) and whether TMA is used, or the error. The cases' 16-bit dtype is bfloat16 from sm_80 and
 float16 below (``--dtype`` forces one: bfloat16 on sm_75 must stop with the ops' ``ValueError``).
 This catches what the interpreter accepts but the GPU compiler rejects (dot shapes, dtypes,
-layouts, shared memory beyond what a block may use) on a CPU-only machine; ``tests/test_compile.py``
+layouts, shared memory beyond what a block may use) on a CPU-only machine; ``tests/kernels/test_compile.py``
 runs it for every family and class. The interpreter must be off (``kernels`` turns it on when no
 GPU is present), so it runs in a fresh process.
 """
@@ -203,7 +203,7 @@ def source_key() -> str:
     """A digest of everything a compile check's result depends on: the source of every shipped
     module of ``kernels`` (the lab, the survey and the other benchmarks, ``bench_*.py``, apart; a
     family's ``bench.py`` declares its compile cases, so it counts) and Triton's version. The check's
-    cache (``tests/test_compile.py``) is valid while this stays the same."""
+    cache (``tests/kernels/test_compile.py``) is valid while this stays the same."""
     import triton
     root = Path(__file__).resolve().parent
     h = hashlib.sha256(f"triton {triton.__version__}".encode())

@@ -21,7 +21,7 @@ python3 -c "import fla; print('fla', fla.__version__)" 2>&1 | tail -1
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   tests=""
-  for f in $families; do tests="$tests tests/test_kernel_$f.py"; done
+  for f in $families; do tests="$tests tests/kernels/test_$f.py"; done
   python3 -m pytest -q $tests -p no:cacheprovider --durations=10 ${PYTEST_XDIST:-} 2>&1 | tee "$out/gpu_tests.log" | tail -25
   rc=${PIPESTATUS[0]}
 fi

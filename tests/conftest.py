@@ -18,7 +18,7 @@ except Exception:
 # newer GPU). kernels.backend.device_caps answers the forced class for every CUDA device, so every
 # plan, the dtype check and the PyTorch routes are the class's. A T4 has no bfloat16: tests that
 # pass bfloat16 inputs are skipped under --gpu-class 75 (the ValueError itself is tested in
-# test_kernel_classes.py on every machine).
+# tests/kernels/test_classes.py on every machine).
 import pytest  # noqa: E402
 
 
@@ -61,7 +61,7 @@ def _uses_bfloat16(item) -> bool:
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--gpu-class") != 75:
         return
-    skip = pytest.mark.skip(reason="--gpu-class 75: a T4 has no bfloat16 (its ValueError: test_kernel_classes.py)")
+    skip = pytest.mark.skip(reason="--gpu-class 75: a T4 has no bfloat16 (its ValueError: tests/kernels/test_classes.py)")
     for item in items:
         if _uses_bfloat16(item):
             item.add_marker(skip)

@@ -5,7 +5,7 @@
 Each chapter's last markdown cell ends with one line, "**Where to go from here.** Back to [the
 chapter before](NN_name.ipynb); on to [the chapter after](NN_name.ipynb).", with the chapters' own
 titles. Links name the notebook file, so they work in the built book, on Colab and in a clone. Run it
-after adding or renaming a chapter; tests/test_notebooks.py checks the links.
+after adding or renaming a chapter; tests/book/test_notebooks.py checks the links.
 """
 from __future__ import annotations
 

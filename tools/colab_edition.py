@@ -32,7 +32,7 @@ is the book's notebook with
 
 The rendered book's address is ``html.baseurl`` of ``_config.yml`` when set, else the GitHub
 Pages address of ``repository.url`` (``https://OWNER.github.io/REPO/``).
-tests/test_colab_edition.py checks that ``colab/`` is what this writes, and reads it as a viewer
+tests/book/test_colab_edition.py checks that ``colab/`` is what this writes, and reads it as a viewer
 would (KaTeX and MathJax on every span, no MyST left, badges naming files that exist).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 # Run one test file as N pytest processes at once, its collected tests dealt round-robin, so that
 # Triton's cold compiles (CPU-bound, tens of seconds for float32 IEEE kernels) run side by side.
 # Usage (on a GPU machine, from the repository root):
-#   bash tools/gpu_pytest_split.sh N tests/test_kernel_path.py [more pytest selection args, e.g. -k expr]
+#   bash tools/gpu_pytest_split.sh N tests/kernels/test_path.py [more pytest selection args, e.g. -k expr]
 # Logs: $OUT/split_<i>.log (or /tmp/split); exit status: the worst of the N.
 set -u
 n=$1; shift

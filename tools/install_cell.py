@@ -13,7 +13,7 @@ way in from a bare runtime: unless all three packages import already and are thi
 ``kernels`` does not), it tries, in order, a wheel the reader uploaded to the session, the
 repository, and the package index, says which one it used, and says what to do when none worked.
 Run this after changing ``repository.url``, then ``python tools/colab_edition.py``;
-tests/test_notebooks.py and tests/test_colab_edition.py check both against it. Every line stays
+tests/book/test_notebooks.py and tests/book/test_colab_edition.py check both against it. Every line stays
 within 79 characters (what fits the book's text column at 1280 px).
 """
 from __future__ import annotations

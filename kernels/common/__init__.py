@@ -1,5 +1,5 @@
 """The common floor of ``kernels/``: stages and helpers that more than one family uses, under public
-names, each with its own tests (``tests/test_kernel_common.py``). A family imports from here,
+names, each with its own tests (``tests/kernels/test_common.py``). A family imports from here,
 never from another family's private names.
 
 - :mod:`.heads`: any head size up to 256 on every op (zero padding to the kernels' tiles).

@@ -49,7 +49,7 @@ class DeltaFormerFunction(torch.autograd.Function):
         u, r, lse_p = pseudo_values(k, v, b, scale, plan)
         # o in float32 for the backward: its row sums Σ_d o·do enter dS = P ⊙ (dP − Σ o·do), a small
         # difference of large terms, and a 16-bit o made dq 5x less accurate (fla's bf16 tolerance
-        # missed at T = 500; tests/test_kernel_deltaformer.py)
+        # missed at T = 500; tests/kernels/test_deltaformer.py)
         o, lse = flash_forward(q, k, u, scale, True, flash_plan, out_dtype=torch.float32)
         ctx.save_for_backward(q, k, b, u, r, lse_p, o, lse)
         ctx.scale, ctx.plan, ctx.bwd_plan = scale, plan, bwd_plan

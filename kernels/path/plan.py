@@ -33,6 +33,7 @@ class PathPlan:
     ``tl.dot`` precision; ``local_precision``: the per-block stage's; ``fwd``, ``bwd``, ``local``:
     launches; ``slots_per_sm``: persistent backward programs per SM; ``rows``: query rows per
     program of the passes (64, or 128: two 64-blocks, half the tile reads and atomics per query);
+    ``local_kb``: the per-block backward's key-column block (``None``: ``min(K, 64)``);
     ``path``: ``"torch"`` where the class cannot run these kernels."""
     transport: torch.dtype
     precision: str
@@ -42,6 +43,7 @@ class PathPlan:
     local: tuple = field(default_factory=lambda: (Launch(8, 1), Launch(4, 1)))
     slots_per_sm: int = 2
     rows: int = 64
+    local_kb: int | None = None
     path: str = "triton"
 
     def solve_plan(self, K: int, w_dtype) -> _SolvePlan:
@@ -49,6 +51,9 @@ class PathPlan:
         ``w``, four for float32 (the delta family's measured choice)."""
         warps = 1 if w_dtype != torch.float32 else 4
         return _SolvePlan(solve=(Launch(warps, 1), Launch(4, 1)), solve_kc=K)
+
+
+HOPPER_SMEM = 227 * 1024     #: the class every default was measured on (kernels.backend.GPU_CLASSES)
 
 
 def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = None,
@@ -65,6 +70,7 @@ def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = 
     (``lab/k16_diag.py``, ``lab/logs/k16_diag_h200.log``, ``NOTES.md``)."""
     half = dtype != torch.float32
     small_half = half and K == 16
+    rows_asked = rows is not None
     rows = (64 if small_half else 128) if rows is None else rows
     if rows not in (64, 128):
         raise ValueError(f"rows must be 64 or 128; got {rows!r}")
@@ -76,10 +82,25 @@ def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = 
     caps = caps if caps is not None else device_caps(device)
     if caps.major < 8:
         return PathPlan(transport, prec, local_prec, path="torch")
+    local_kb = None
+    if caps.smem < HOPPER_SMEM:
+        # the compile check (tests/kernels/test_compile.py) against the classes' shared memory: on an
+        # L4 (99 KiB) the backward's 128-row tiles need 112 KiB (float16, K = 128) to 144 KiB
+        # (float32, K = 64), so 64 rows unless asked; on an L4 and an A100 (163 KiB) the per-block
+        # backward's float32 column blocks of 64 need 176 KiB, so blocks of 32 on an A100; on an L4
+        # it needs 112 KiB or more whatever the block (its 64 x 64 float32 matrices), so float32
+        # inputs take the PyTorch path there
+        small = caps.smem < 128 * 1024
+        if small and not half:
+            return PathPlan(transport, prec, local_prec, path="torch")
+        if small and not rows_asked:
+            rows = 64
+        if transport == torch.float32:
+            local_kb = 32
     fwd = (Launch(8, 2), Launch(8, 1)) if rows == 128 else (Launch(4, 2), Launch(4, 1))
     if small_half:
         local_prec = "ieee"
-    return PathPlan(transport, prec, local_prec, fwd=fwd, rows=rows)
+    return PathPlan(transport, prec, local_prec, fwd=fwd, rows=rows, local_kb=local_kb)
 
 
 def backward_slots(plan: PathPlan, device, work: int) -> int:

@@ -1,6 +1,6 @@
 """Lab (diagnosis): which gradient goes wrong with 16-bit inputs on the GPU, and in which stage."""
 import torch
-import tests.test_kernel_mesa as tm
+import tests.kernels.test_mesa as tm
 from kernels.mesa.plan import plan_for
 from kernels.mesa.states import h_states, h_states_again
 

@@ -19,7 +19,7 @@ bfloat16 on a T4 stops it with the ops' ``ValueError`` before anything is compil
 
 The 28 runs (7 families × 4 classes, and the two failure runs) start together, as many at a time as
 there are CPUs. They take minutes on 2 cores with an empty Triton cache (PaTH's float32 kernels
-alone compile for 20-50 s each), so their reports are kept: ``tests/compile_cache.json`` holds
+alone compile for 20-50 s each), so their reports are kept: ``tests/kernels/compile_cache.json`` holds
 every run's output together with :func:`kernels.compile.source_key`, a digest of the kernels'
 sources and Triton's version. While the key matches, the assertions below run on the kept
 reports (a fresh clone of an unchanged tree compiles nothing); any change to a shipped kernel
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = ("flash", "gla", "delta", "deltaformer", "conv", "mesa", "path")
-CACHE = ROOT / "tests" / "compile_cache.json"
+CACHE = Path(__file__).resolve().parent / "compile_cache.json"
 # the short convolution's kernels: elementwise and reductions, no matrix products anywhere
 CONV_KERNELS = {"_conv_march_kernel", "_conv_fwd_kernel", "_final_state_kernel", "_march_bwd_kernel", "_dz_kernel",
                 "_dx_kernel", "_sum_rows_kernel", "_state_grad_kernel"}
@@ -89,7 +89,7 @@ def runs():
         if kept.get("key") == key and set(kept["runs"]) == {_job_name(j) for j in jobs}:
             return {j: tuple(kept["runs"][_job_name(j)]) for j in jobs}
     out = _compile_all()
-    CACHE.write_text(json.dumps({"key": key, "note": "tests/test_compile.py's compile reports for this key",
+    CACHE.write_text(json.dumps({"key": key, "note": "tests/kernels/test_compile.py's compile reports for this key",
                                  "runs": {_job_name(j): [rc, rows, err[-3000:]] for j, (rc, rows, err) in out.items()}},
                                 indent=0) + "\n")
     return out

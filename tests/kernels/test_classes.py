@@ -8,10 +8,10 @@ plans each class gets (Hopper's are pinned in the family test files); and the nu
 non-Hopper plans compute. Those run the kernels with the class's tiles through Triton's interpreter
 on CPU tensors (compiled on the GPU when there is one: a class's tiles are valid launches on any
 newer GPU), against the float64 recurrence. Whether each class's launches compile and fit its
-shared memory is ``tests/test_compile.py``.
+shared memory is ``tests/kernels/test_compile.py``.
 
 Tolerances: float32 only here, RMS error ratio 1e-5 (``harness.err_ratio``), as in
-``tests/test_kernel_gla.py``: IEEE float32 products and float32 accumulation over at most a few
+``tests/kernels/test_gla.py``: IEEE float32 products and float32 accumulation over at most a few
 hundred terms give ratios of order 1e-7; a wrong tile offset or mask gives order 1e-2 to 1. Where a
 class routes an op to the PyTorch implementation, the result must be that implementation's, exactly.
 """
@@ -101,7 +101,7 @@ def test_every_op_rejects_bfloat16_on_a_t4_before_planning(name, monkeypatch):
     assert (out if name == "flash_attention" else out[0]).dtype == torch.bfloat16
 
 
-# --- the plans of the other classes (Hopper's are pinned in test_kernel_gla/delta/flash) ------------
+# --- the plans of the other classes (Hopper's are pinned in tests/kernels/test_gla, test_delta, test_flash) ------------
 def test_gla_plans_per_class():
     from dataclasses import asdict
     from kernels.gla.plan import plan_for
@@ -222,4 +222,4 @@ def test_delta_gradients_by_pytorch_when_the_plan_says_so(monkeypatch):
         return delta_rule_triton(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], 32 ** -0.5,
                                  h0, True, plan={"grads": "torch"}, caps=L4)
     monkeypatch.setattr(op, "chunk_grads", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("kernels tried")))
-    _compare(run, x, "g", "beta", tol=2e-4)    # the delta rule's float32 bound (tests/test_kernel_delta.py)
+    _compare(run, x, "g", "beta", tol=2e-4)    # the delta rule's float32 bound (tests/kernels/test_delta.py)

@@ -298,7 +298,7 @@ def test_bad_inputs_raise(device):
         with pytest.raises(ValueError, match=msg):
             call(**over)
     # head sizes over 256 (fla's largest), before anything compiles; every size up to 256 runs
-    # (tests/test_kernel_common.py)
+    # (tests/kernels/test_common.py)
     q300 = torch.randn(1, 10, 2, 300, device=device)
     with pytest.raises(ValueError, match="K .* between 1 and 256"):
         chunk_mesa_net(q300, q300, v, g, beta, torch.ones(2, 300, device=device), backend="triton")

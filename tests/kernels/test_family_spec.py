@@ -17,7 +17,7 @@ import torch
 import kernels
 from kernels import harness
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIELDS = ("OPS", "make_inputs", "COMPILE", "cases", "reference", "CONFIG", "RUN")
 TINY = dict(B=2, T=12, H=2, K=8, V=8, D=8)       # conv's D is its channels: 16 below
 

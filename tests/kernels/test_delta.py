@@ -258,7 +258,7 @@ def test_gradient_only_through_final_state(device):
 @pytest.mark.parametrize("K,V", [(300, 16), (16, 257), (0, 16)])
 def test_bad_head_sizes_raise(device, K, V):
     """Head sizes over 256 (fla's largest) raise before anything compiles; every size up to 256
-    runs (tests/test_kernel_common.py)."""
+    runs (tests/kernels/test_common.py)."""
     q = torch.randn(1, 8, 1, K, device=device)
     k = torch.randn(1, 8, 1, K, device=device)
     v = torch.randn(1, 8, 1, V, device=device)

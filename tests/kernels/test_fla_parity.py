@@ -173,12 +173,12 @@ _FLA_MODULES: dict = {}
 def _fla_root() -> Path:
     spec = importlib.util.find_spec("fla")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("tests/test_fla_parity.py needs fla-core==0.6.0 (requirements.txt: "
+        raise RuntimeError("tests/kernels/test_fla_parity.py needs fla-core==0.6.0 (requirements.txt: "
                            "pip install fla-core==0.6.0 einops)")
     from importlib.metadata import version
     got = version("fla-core")
     if got != FLA_CORE_VERSION:
-        raise RuntimeError(f"tests/test_fla_parity.py is written against fla-core=={FLA_CORE_VERSION}; "
+        raise RuntimeError(f"tests/kernels/test_fla_parity.py is written against fla-core=={FLA_CORE_VERSION}; "
                            f"found {got}")
     return Path(spec.submodule_search_locations[0])
 
@@ -1071,7 +1071,7 @@ def test_fla_measure_and_import_hygiene():
     """In a fresh interpreter: loading fla's naive references and ``fla.utils.testing`` after
     :mod:`kernels` changes no environment variable and no torch or Triton setting, and fla's
     ``get_err_ratio`` / ``get_abs_err`` agree with this module's measure."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     code = textwrap.dedent(f"""
         import os, sys, warnings
         sys.path.insert(0, {str(root)!r}); sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})

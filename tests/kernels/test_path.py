@@ -311,12 +311,12 @@ def test_bad_inputs_raise(device):
         with pytest.raises(ValueError, match=f"{name} must be on {q.device} like q"):
             path(*args)
     # head sizes over 256 (fla's largest), before anything compiles; every size up to 256 runs
-    # (zero padding or the PyTorch path on the device: tests/test_kernel_common.py)
+    # (zero padding or the PyTorch path on the device: tests/kernels/test_common.py)
     for K, V, which in ((300, 32, "head size K .* between 1 and 256"), (32, 260, "head size V .* between 1 and 256")):
         a, b, c, d, e, _ = make_inputs(1, 8, 2, K, V, torch.float32, device)
         with pytest.raises(ValueError, match=which):
             path(a, b, c, d, e, backend="triton")
-    # the value checks run on every device (one host sync per call: tests/test_kernel_validate.py)
+    # the value checks run on every device (one host sync per call: tests/kernels/test_validate.py)
     for bad in (2.5, -0.1):
         with pytest.raises(ValueError, match=r"beta must lie in \[0, 2\]"):
             path(q, k, v, w, beta.clone().fill_(bad))

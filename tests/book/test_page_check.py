@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("page_check", ROOT / "tools" / "page_check.py")
 page_check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(page_check)

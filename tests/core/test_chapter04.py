@@ -1,4 +1,4 @@
-"""Chapter 4 (test-time training): the notebook's checks and measured claims that tests/test_ttt.py
+"""Chapter 4 (test-time training): the notebook's checks and measured claims that tests/core/test_ttt.py
 does not already hold, so that a regression fails CI and not only the notebook."""
 import numpy as np
 import sympy as sp

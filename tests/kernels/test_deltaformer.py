@@ -184,7 +184,7 @@ def test_bad_inputs_raise(device):
         kernels.deltaformer_attn(q, k[:, :7], v)
     with pytest.raises(ValueError, match="scale must be a positive"):
         kernels.deltaformer_attn(q, k, v, scale=-1.0)
-    x = torch.randn(1, 8, 2, 260, device=device)    # over 256; any size up to it runs (test_kernel_common)
+    x = torch.randn(1, 8, 2, 260, device=device)    # over 256; any size up to it runs (tests/kernels/test_common.py)
     with pytest.raises(ValueError, match="head size K .* between 1 and 256"):
         kernels.deltaformer_attn(x, x, x, backend="triton")
 

@@ -12,7 +12,7 @@ import nbformat
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 REPO_URL = CONFIG["repository"]["url"].rstrip("/")
@@ -94,7 +94,7 @@ class TestNotebook:
                 assert cell.execution_count is None, f"cell {i} has an execution count"
 
     def test_colab_badge_first(self, path):
-        """The badge opens the chapter's Colab edition, colab/<name> (tests/test_colab_edition.py
+        """The badge opens the chapter's Colab edition, colab/<name> (tests/book/test_colab_edition.py
         checks that file and its badge)."""
         nb = _load(path)
         first = nb.cells[0]

@@ -127,7 +127,7 @@ def test_non_contiguous_inputs(device, causal):
 #   rounded to the input dtype before their products: 2^-9 relative for bfloat16, and each gradient
 #   is a sum of such rounded terms), gate gradients dg <= 2e-2 (the accuracy target for gate gradients; dg is a reverse
 #   cumulative sum of column sums, so it adds the float32 rounding of long sums).
-from kernels.common.gates import cumulative_gates  # noqa: E402  (tested in test_kernel_common)
+from kernels.common.gates import cumulative_gates  # noqa: E402  (tested in tests/kernels/test_common.py)
 from kernels.harness import err_ratio  # noqa: E402
 
 RMS_TOL = {"o": 5e-3, "dq": 1e-2, "dk": 1e-2, "dv": 1e-2, "dg": 2e-2}
@@ -253,7 +253,7 @@ def test_backward_memory_is_linear_in_T(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_bad_inputs_raise(device):
     q, k, v = rand_qkv(1, 8, 2, 32, torch.float32, device)
-    for D in (257, 512):        # over fla's largest head size; any size up to 256 runs (test_kernel_common)
+    for D in (257, 512):        # over fla's largest head size; any size up to 256 runs (tests/kernels/test_common.py)
         x = torch.randn(1, 8, 2, D, device=device)
         with pytest.raises(ValueError, match="head size K .* between 1 and 256"):
             kernels.flash_attention(x, x, x, backend="triton")

@@ -1,4 +1,4 @@
-"""Chapter 3 beyond the references (tests/test_forget_gates.py): the kernel's level decomposition of
+"""Chapter 3 beyond the references (tests/core/test_forget_gates.py): the kernel's level decomposition of
 the GLA scores (ch3-k-levels), the gate gradient and the backward march (ch3-k-dgate) against autograd,
 the Triton kernels against the references, the experiment "forgetting on cue", and the statements the
 chapter makes about the stored benchmark."""

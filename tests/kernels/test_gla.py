@@ -216,7 +216,7 @@ def test_public_op_dispatches_to_triton(device, op):
 @pytest.mark.parametrize("K,V", [(1100, 16), (16, 2000)])
 def test_bad_head_sizes_raise(op, K, V):
     """Over 1024 raises; every size up to it runs (fla's GLA tests pass 320 and 512; the kernels tile
-    up to 256, the PyTorch path on the device takes the rest: tests/test_kernel_common.py)."""
+    up to 256, the PyTorch path on the device takes the rest: tests/kernels/test_common.py)."""
     q, k, v, g, _ = _inputs(op, 1, 4, 1, K, V, torch.float32, DEVICES[-1], h0=False)
     fn = {"linear_attn": kernels.chunk_linear_attn, "simple_gla": kernels.chunk_simple_gla,
           "gla": kernels.chunk_gla}[op]

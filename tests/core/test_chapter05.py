@@ -1,5 +1,5 @@
-"""Chapter 5 (the delta rule): the notebook's checks and measured claims that tests/test_ttt.py and
-tests/test_delta_rule.py do not already hold."""
+"""Chapter 5 (the delta rule): the notebook's checks and measured claims that tests/core/test_ttt.py and
+tests/core/test_delta_rule.py do not already hold."""
 import numpy as np
 
 import lattn_core as lc

@@ -1,4 +1,4 @@
-"""Identities stated in Chapter 6 (the inverse trick) that tests/test_delta_rule.py does not already cover."""
+"""Identities stated in Chapter 6 (the inverse trick) that tests/core/test_delta_rule.py does not already cover."""
 import numpy as np
 import pytest
 import sympy as sp

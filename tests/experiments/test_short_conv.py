@@ -28,7 +28,7 @@ def test_gradients_in_closed_form(T, W):
     """lc.short_conv_grads (dX_s = Σ_i ψ_i ⊙ dY_{s+i}, dψ_i = Σ_t dY_t ⊙ x_{t−i}) = float64
     autograd through the op's reference (kernels.reference.causal_conv1d_ref, fla's layout), the
     weight converted by lc.conv_weight_from_fla (round-off ~1e-16: 1e-10). The op itself, its
-    state and its input checks are tested in tests/test_kernel_conv.py."""
+    state and its input checks are tested in tests/kernels/test_conv.py."""
     g = torch.Generator().manual_seed(T + 100 * W)
     x = torch.randn(1, T, 4, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(4, W, generator=g, dtype=torch.float64, requires_grad=True)
