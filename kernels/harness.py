@@ -52,6 +52,20 @@ __all__ = ["bench_ms", "err_ratio", "run_benchmark", "bench_main", "bench_impls"
            "log_gates", "sigmoid_of_normal", "in_dtype", "scale_of"]
 
 
+#: fla's switch to its pure-Triton kernels (no dispatch to other backends): every comparison of the
+#: book is pure Triton against pure Triton
+FLA_PURE_TRITON = {"FLA_DISABLE_BACKEND_DISPATCH": "1"}
+
+
+def pure_triton_fla() -> dict:
+    """Set fla's pure-Triton switch (unless the caller's environment sets it) before fla is first
+    imported; every benchmark, the survey and the layer benchmark call this first. Returns the
+    switch as set, which the results files record."""
+    for k, v in FLA_PURE_TRITON.items():
+        os.environ.setdefault(k, v)
+    return {k: os.environ[k] for k in FLA_PURE_TRITON}
+
+
 def bench_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
     """Median time of ``fn()`` in milliseconds, with CUDA events (``triton.testing.do_bench``)."""
     from triton.testing import do_bench
@@ -262,6 +276,7 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
     implementations (e.g. a device-to-device copy); ``annotate(case, record, yardstick_records)``
     adds fields to every timed record (e.g. the achieved bandwidth).
     """
+    pure_triton_fla()
     import torch
     warmup, rep = (5, 20) if quick else (10, 50)
     records, t_start = [], time.perf_counter()
@@ -280,7 +295,7 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
     def write():
         cfg = dict(config or {}, warmup_ms=warmup, rep_ms=rep, err_T_max=err_T_max, err_heads=err_heads,
                    budget_s=budget_s, elapsed_s=round(time.perf_counter() - t_start, 1), quick=quick,
-                   fla_env={"FLA_DISABLE_BACKEND_DISPATCH": os.environ.get("FLA_DISABLE_BACKEND_DISPATCH")})
+                   fla_env=pure_triton_fla())
         return write_results(path, name, cfg, kept + records)
 
     for case in cases:

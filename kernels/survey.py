@@ -32,7 +32,6 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # fla's pure-Triton path; before fla is imported
 
 H, D, TOKENS = 16, 128, 65536
 T_ALL = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -297,6 +296,8 @@ def run_decode(cases, *, warmup, rep, deadline):
 
 def main(argv=None) -> int:
     import argparse
+    from .harness import pure_triton_fla
+    pure_triton_fla()      # before fla is imported
     p = argparse.ArgumentParser(prog="python -m kernels.survey", description=__doc__.split("\n\n")[0])
     p.add_argument("--write", action="store_true", help=f"write {PATH.name} (keeping other parts' records)")
     p.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
@@ -332,7 +333,7 @@ def main(argv=None) -> int:
     done: list = []
     config = dict(CONFIG, parts=parts, ops=list(ops), fla_T=list(fla_ts), quick=args.quick, warmup_ms=warmup, rep_ms=rep,
                   budget_s=args.budget_s,
-                  fla_env={"FLA_DISABLE_BACKEND_DISPATCH": os.environ.get("FLA_DISABLE_BACKEND_DISPATCH")})
+                  fla_env={k: os.environ[k] for k in ("FLA_DISABLE_BACKEND_DISPATCH",)})
 
     this_run = dict(date=environment()["date"], device=environment()["device"], parts=parts, ops=list(ops))
 

@@ -26,10 +26,8 @@ its bandwidth and its fraction of the copy's (``annotate``).
 """
 from __future__ import annotations
 
-import os
 import sys
 
-os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imported anywhere
 
 from kernels.harness import CompileCases, Op, Surveyed, randn  # noqa: E402
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -175,7 +174,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.reps < 1:
         raise ValueError(f"--reps must be at least 1; got {args.reps}")
-    os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")      # before fla is imported
+    from kernels.harness import pure_triton_fla
+    pure_triton_fla()      # before fla is imported
     import statistics
     import torch
     if not torch.cuda.is_available():

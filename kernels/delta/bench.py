@@ -18,10 +18,8 @@ gradient (fla's RMS ratio). fla runs its pure Triton path; its refusals are reco
 """
 from __future__ import annotations
 
-import os
 import sys
 
-os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imported anywhere
 
 from kernels.harness import (CompileCases, Op, Surveyed, benched, in_dtype, log_gates, randn, scale_of,  # noqa: E402
                              sigmoid_of_normal, unit_rows)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imported anywhere
 
 from kernels.harness import (CompileCases, Op, Surveyed, causal_sdpa, in_dtype, randn, scale_of,  # noqa: E402
                              sigmoid_of_normal)

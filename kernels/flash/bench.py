@@ -21,10 +21,8 @@ bf16 matrix-multiply rate (:func:`measure_config`).
 """
 from __future__ import annotations
 
-import os
 import sys
 
-os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imported anywhere
 
 from kernels.harness import (CompileCases, Op, Surveyed, benched, causal_sdpa, in_dtype, log_gates,  # noqa: E402
                              op_impls, randn, scale_of)

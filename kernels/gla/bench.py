@@ -15,10 +15,8 @@ references of :mod:`kernels.reference` (fla's RMS ratio). fla runs its pure Trit
 """
 from __future__ import annotations
 
-import os
 import sys
 
-os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imported anywhere
 
 from kernels.harness import CompileCases, Op, Surveyed, benched, in_dtype, log_gates, randn, scale_of  # noqa: E402
 

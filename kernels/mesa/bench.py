@@ -23,10 +23,8 @@ ratio. fla runs its pure Triton path (``FLA_DISABLE_BACKEND_DISPATCH=1``).
 """
 from __future__ import annotations
 
-import os
 import sys
 
-os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imported anywhere
 
 from kernels.harness import (CompileCases, Op, Surveyed, benched, log_gates, randn, sigmoid_of_normal,  # noqa: E402
                              unit_rows)

@@ -14,10 +14,8 @@ solve), fla's RMS ratio. fla runs its pure Triton path (``FLA_DISABLE_BACKEND_DI
 """
 from __future__ import annotations
 
-import os
 import sys
 
-os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")   # before fla is imported anywhere
 
 from kernels.harness import (CompileCases, Op, Surveyed, in_dtype, randn, scale_of, sigmoid_of_normal,  # noqa: E402
                              unit_rows)

@@ -28,7 +28,8 @@ MARCH = [(seg, bd, wp) for seg, bd, wp in itertools.product((16, 32, 64, 128, 25
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")     # before fla is imported
+    from kernels.harness import pure_triton_fla
+    pure_triton_fla()     # before fla is imported
     import torch
     from kernels.backend import Launch
     from kernels.conv.forward import conv_forward
