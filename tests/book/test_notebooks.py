@@ -5,6 +5,7 @@ Colab badge that opens its Colab edition (colab/<name>, derived from repository.
 install this repository on Colab, have a hidden executed solution, a widget and exactly one level-1 heading. Every {cite}
 key used anywhere in the book must exist in book/references.bib.
 """
+import json
 import re
 from pathlib import Path
 
@@ -83,6 +84,11 @@ class TestNotebook:
     def test_valid_nbformat_and_kernel(self, path):
         nb = _load(path)
         nbformat.validate(nb)
+        # nbformat 4.5 cells carry an id; a cell without one draws a MissingIDFieldWarning on every read
+        # and a future nbformat will refuse it
+        # (read the raw JSON: nbformat.read adds the ids it finds missing)
+        missing = [i for i, cell in enumerate(json.loads(path.read_text())["cells"]) if "id" not in cell]
+        assert not missing, f"cells {missing} have no id: nbformat.write(nbformat.read(path, 4), path)"
         assert nb.nbformat == 4
         assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
 
