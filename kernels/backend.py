@@ -19,8 +19,11 @@ Nothing here reads the environment to choose a launch.
 
 Device classes
 --------------
-Every ``plan_for`` also takes the GPU's class, :class:`Caps` (compute capability and the shared
-memory one block may use), from the inputs' device (:func:`device_caps`) or given explicitly
+Every family's ``plan_for`` has one order: ``plan_for(dtype, device, *, <the family's shapes and
+case arguments>, caps=None, interpret=INTERPRET, **overrides)``, everything after ``dtype, device``
+keyword-only, ``**overrides`` where the family has tunable fields (``tests/kernels/test_family_spec.py``
+holds every family to it). It takes the GPU's class, :class:`Caps` (compute capability and the
+shared memory one block may use), from the inputs' device (:func:`device_caps`) or given explicitly
 (``caps=``), which is how the compile check and the tests ask for any class on a CPU. The classes
 the plans know are :data:`GPU_CLASSES`: Colab's T4 (sm_75), A100 (sm_80), L4 (sm_89) and the Hopper
 H100/H200 (sm_90), where every plan was measured. Off the GPU :func:`device_caps` answers Hopper

@@ -134,7 +134,7 @@ def causal_conv1d_triton(x, weight, bias=None, residual=None, initial_state=None
     check_dtypes(caps, x.device, x=x, weight=weight, bias=bias, residual=residual, initial_state=initial_state)
     B, T, D = x.shape
     if plan is None or isinstance(plan, dict):
-        plan = plan_for(x.dtype, x.device, T=T, D=D, W=weight.shape[1], B=B, caps=caps, **(plan or {}))
+        plan = plan_for(x.dtype, x.device, B=B, T=T, D=D, W=weight.shape[1], caps=caps, **(plan or {}))
     x, residual = _unit_channel_stride(x), _unit_channel_stride(residual)
     weight, bias = weight.contiguous(), bias.contiguous() if bias is not None else None
     initial_state = initial_state.contiguous() if initial_state is not None else None

@@ -88,10 +88,11 @@ def _pow2_at_most(n: int, cap: int) -> int:
     return min(cap, triton.next_power_of_2(max(1, n)))
 
 
-def plan_for(dtype, device, *, T: int, D: int, W: int = 4, B: int | None = None, interpret: bool = INTERPRET,
-             caps: Caps | None = None, **overrides) -> ConvPlan:
+def plan_for(dtype, device, *, B: int | None = None, T: int, D: int, W: int = 4, caps: Caps | None = None,
+             interpret: bool = INTERPRET, **overrides) -> ConvPlan:
     """The plan for ``[B, T, D]`` inputs of ``dtype`` and width ``W`` on ``device`` (GPU class ``caps``, default the
-    device's; every class takes the same plan). With ``B`` given, the marching backward's segment and
+    device's; every class takes the same plan). Everything after ``dtype, device`` is keyword-only, the
+    order every family's ``plan_for`` shares. With ``B`` given, the marching backward's segment and
     channel block shrink (to 64 × 256 at the least) until its grid has :data:`MIN_PROGRAMS` programs. ``overrides``: field values to use instead (the tests
     and the lab's sweeps try other tiles this way); block sizes must be powers of two.
 

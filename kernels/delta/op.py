@@ -107,7 +107,7 @@ def delta_rule_triton(q, k, v, g, beta, scale, initial_state=None, output_final_
     caps = caps if caps is not None else device_caps(q.device)
     check_dtypes(caps, q.device, q=q, g=g, beta=beta)     # k and v share q's dtype (check_qkv)
     if plan is None or isinstance(plan, dict):
-        plan = plan_for(B, T, H, K, V, q.dtype, q.device, caps=caps, **(plan or {}))
+        plan = plan_for(q.dtype, q.device, B=B, T=T, H=H, K=K, V=V, caps=caps, **(plan or {}))
     if plan.path == "torch":    # a class these kernels do not fit (kernels/delta/plan.py): PyTorch on the device
         return reference.chunk_scalar_ref(q, k, v, g, beta, scale, initial_state, output_final_state)
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))

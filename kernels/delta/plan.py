@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from ..backend import Caps, Launch, device_caps, num_sms
+from ..backend import INTERPRET, Caps, Launch, device_caps, num_sms
 from ..common.solve import CHUNK  # chunk length C (four 16-row blocks: the shared solve is written for it)
 
 __all__ = ["DeltaPlan", "plan_for", "CHUNK", "HEAD_SIZES"]
@@ -94,11 +94,14 @@ def _par(K: int, V: int, warps: int = 0) -> tuple:
     return (Launch(nw, 1), Launch(8, 1))
 
 
-def plan_for(B: int, T: int, H: int, K: int, V: int, dtype, device, *, caps: Caps | None = None,
-             **overrides) -> DeltaPlan:
-    """The plan for one call on the GPU class ``caps`` (default: ``device``'s,
-    :func:`kernels.backend.device_caps`; ``overrides``: field values to use instead of the measured
-    ones; the launch lists that depend on an overridden size follow it)."""
+def plan_for(dtype, device, *, B: int, T: int, H: int, K: int, V: int, caps: Caps | None = None,
+             interpret: bool = INTERPRET, **overrides) -> DeltaPlan:
+    """The plan for inputs of ``dtype`` (``q, k: [B, T, H, K]``, ``v: [B, T, H, V]``) on ``device`` of
+    the GPU class ``caps`` (default: ``device``'s, :func:`kernels.backend.device_caps`); everything
+    after ``dtype, device`` is keyword-only, the order every family's ``plan_for`` shares.
+    ``interpret`` is taken for that shared order and changes nothing: the interpreter runs the same
+    plan. ``overrides``: field values to use instead of the measured ones; the launch lists that
+    depend on an overridden size follow it."""
     caps = caps if caps is not None else device_caps(device)
     known = {f.name for f in fields(DeltaPlan)}
     bad = sorted(set(overrides) - known)

@@ -23,7 +23,7 @@ import torch
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..flash.backward import flash_backward
 from ..flash.forward import flash_forward
-from ..flash.plan import backward_plan_for
+from ..flash.plan import backward_plan_for, tma_compatible
 from ..flash.plan import plan_for as flash_plan_for
 from ..reference import deltaformer_ref
 from ..common import head_tile, pad_axis
@@ -88,11 +88,12 @@ def deltaformer_attn_triton(q, k, v, beta, scale: float, *, caps=None):
         o = deltaformer_attn_triton(pad_axis(q, Kp), pad_axis(k, Kp), pad_axis(v, Vp), beta, scale, caps=caps)
         return o[..., :V].contiguous()
     B, T, H, _ = q.shape
-    plan = plan_for(B, T, H, q.device, caps=caps)
+    plan = plan_for(q.dtype, q.device, B=B, T=T, H=H, caps=caps)
     if plan.path == "torch":    # a class these kernels do not fit (plan.py): PyTorch on the device
         return deltaformer_ref(q, k, v, beta, scale)
-    flash_plan = flash_plan_for(q, k, v, True, caps=caps)
-    bwd_plan = backward_plan_for(q, v, caps=caps)
+    shapes = dict(B=B, T=T, H=H, K=K, V=V)
+    flash_plan = flash_plan_for(q.dtype, q.device, **shapes, causal=True, tma=tma_compatible(q, k, v), caps=caps)
+    bwd_plan = backward_plan_for(q.dtype, q.device, **shapes, caps=caps)
     return DeltaFormerFunction.apply(q, k, v, beta, float(scale), plan, flash_plan, bwd_plan)
 
 

@@ -69,11 +69,13 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def plan_for(B: int, T: int, H: int, device, *, interpret: bool = INTERPRET, sms: int | None = None,
-             caps: Caps | None = None) -> DeltaFormerPlan:
-    """The plan for ``B·H`` sequences of ``T`` tokens on ``device`` of the GPU class ``caps`` (default
-    the device's; ``interpret`` and ``sms``, the multiprocessor count, may be given to see a GPU's
-    decision without one). Hopper takes the measured tiles. An A100 or L4 (sm_80/sm_89, NOT
+def plan_for(dtype, device, *, B: int, T: int, H: int, sms: int | None = None, caps: Caps | None = None,
+             interpret: bool = INTERPRET) -> DeltaFormerPlan:
+    """The plan for ``B·H`` sequences of ``T`` tokens of ``dtype`` on ``device`` of the GPU class ``caps``
+    (default the device's; ``interpret`` and ``sms``, the multiprocessor count, may be given to see a
+    GPU's decision without one). Everything after ``dtype, device`` is keyword-only, the order every
+    family's ``plan_for`` shares; ``dtype`` is taken for that order and changes nothing (every dtype
+    the op accepts takes the same plan). Hopper takes the measured tiles. An A100 or L4 (sm_80/sm_89, NOT
     measured there) takes 64 x 64 folds on 4 warps with 2 stages: the Hopper backward fold needs
     145 KiB of shared memory, more than an L4 block may use (``python -m kernels.compile
     deltaformer --arch 89``). A T4 (sm_75) takes the PyTorch implementation: with Triton's products

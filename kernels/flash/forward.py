@@ -138,7 +138,7 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, g_ptr, lse_ptr,
     offs_dv = tl.arange(0, DV)
     if TMA:
         # device-side descriptors over this batch's [T, H·D] slab (D contiguous, heads adjacent:
-        # plan_for checks stride(2) == D); out-of-range rows load as zeros and are not stored
+        # tma_compatible checks stride(2) == D); out-of-range rows load as zeros and are not stored
         q_desc = tl.make_tensor_descriptor(q_ptr + i_b * sqb, shape=[T, H * DK], strides=[sqt, 1],
                                            block_shape=[BLOCK_M, DK])
         k_desc = tl.make_tensor_descriptor(k_ptr + i_b * skb, shape=[T, H * DK], strides=[skt, 1],

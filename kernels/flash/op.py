@@ -19,7 +19,7 @@ from ..validate import (QKV_CHECKED, ValueChecks, check_flag, check_gate_tensor,
 from .backward import flash_backward
 from ..common.gates import cumulative_gates
 from .forward import flash_forward
-from .plan import backward_plan_for, plan_for
+from .plan import backward_plan_for, plan_for, tma_compatible
 
 __all__ = ["flash_attention", "parallel_forgetting_attn", "flash_attention_triton", "HEAD_SIZES"]
 
@@ -64,8 +64,9 @@ def flash_attention_triton(q, k, v, scale: float, causal: bool, g=None, *, caps=
     if (Kp, Vp) != (K, V):            # zero padding to the tiles (kernels.common.heads: exact)
         o = flash_attention_triton(pad_axis(q, Kp), pad_axis(k, Kp), pad_axis(v, Vp), scale, causal, g, caps=caps)
         return o[..., :V].contiguous()
-    plan = plan_for(q, k, v, causal, caps=caps)
-    bwd_plan = backward_plan_for(q, v, caps=caps)
+    shapes = dict(B=q.shape[0], T=q.shape[1], H=q.shape[2], K=K, V=V)
+    plan = plan_for(q.dtype, q.device, **shapes, causal=causal, tma=tma_compatible(q, k, v), caps=caps)
+    bwd_plan = backward_plan_for(q.dtype, q.device, **shapes, caps=caps)
     return FlashAttentionFunction.apply(q, k, v, g, float(scale), causal, plan, bwd_plan)
 
 

@@ -27,8 +27,8 @@ import torch
 
 from ..backend import INTERPRET, Caps, device_caps
 
-__all__ = ["FlashPlan", "plan_for", "AUTOTUNE", "SHORT_T_MAX", "AMPERE", "TURING", "Blocks", "BackwardPlan",
-           "backward_plan_for"]
+__all__ = ["FlashPlan", "plan_for", "tma_compatible", "AUTOTUNE", "SHORT_T_MAX", "AMPERE", "TURING", "Blocks",
+           "BackwardPlan", "backward_plan_for"]
 
 #: Causal 16-bit D = 128 up to this length takes the short tiling; above it, the TMA kernel. The
 #: sweep measured 1024 (short wins) and 4096 (TMA wins); the threshold sits between them.
@@ -74,6 +74,11 @@ def _tma_compatible(x: torch.Tensor) -> bool:
             and (x.stride(0) * es) % 16 == 0 and x.data_ptr() % 16 == 0)
 
 
+def tma_compatible(*xs: torch.Tensor) -> bool:
+    """Whether TMA descriptors can read every one of ``xs`` (``q, k, v``): :func:`plan_for`'s ``tma``."""
+    return all(_tma_compatible(x) for x in xs)
+
+
 def _fixed(T: int, D: int, dtype: torch.dtype, interpret: bool) -> FlashPlan:
     if interpret:
         # the interpreter is exact and slow: small tiles (BM = 2·BN exercises two diagonal blocks)
@@ -86,27 +91,31 @@ def _fixed(T: int, D: int, dtype: torch.dtype, interpret: bool) -> FlashPlan:
     return FlashPlan("tiles", 128, 64, 8, 3)
 
 
-def plan_for(q, k, v, causal: bool, *, interpret: bool = INTERPRET, caps: Caps | None = None) -> FlashPlan:
-    """The plan for these inputs on the GPU class ``caps`` (default: the inputs' device's,
-    :func:`kernels.backend.device_caps`). ``interpret`` and ``caps`` may be given to see a GPU's
-    decision on a machine without a GPU (the compile check and the tests do)."""
-    B, T, H, D = q.shape
-    caps = caps if caps is not None else device_caps(q.device)
-    half = q.dtype in (torch.float16, torch.bfloat16)
+def plan_for(dtype, device, *, B: int, T: int, H: int, K: int, V: int, causal: bool, tma: bool = False,
+             caps: Caps | None = None, interpret: bool = INTERPRET) -> FlashPlan:
+    """The plan for inputs of ``dtype`` (``q, k: [B, T, H, K]``, ``v: [B, T, H, V]``) on ``device`` of
+    the GPU class ``caps`` (default: the device's, :func:`kernels.backend.device_caps`); everything
+    after ``dtype, device`` is keyword-only, the order every family's ``plan_for`` shares. ``tma``:
+    TMA descriptors can read ``q, k, v`` (:func:`tma_compatible`: packed heads, 16-byte aligned rows
+    and base; the ops pass it from their tensors), without which no TMA plan is chosen.
+    ``interpret`` and ``caps`` may be given to see a GPU's decision on a machine without a GPU (the
+    compile check and the tests do)."""
+    caps = caps if caps is not None else device_caps(device)
+    half = dtype in (torch.float16, torch.bfloat16)
     if not interpret and caps.major < 9:   # other classes: one fixed tiling (not measured there)
         if caps.major < 8:
             return FlashPlan("tiles", *TURING)
-        return FlashPlan("tiles", *AMPERE) if half else _fixed(T, D, q.dtype, False)
+        return FlashPlan("tiles", *AMPERE) if half else _fixed(T, K, dtype, False)
     # Hopper (the short and TMA plans were measured there; TMA needs sm_90)
-    if not interpret and causal and half and D == 128 and v.shape[-1] == 128:
+    if not interpret and causal and half and K == 128 and V == 128:
         if T <= SHORT_T_MAX:
             return FlashPlan("tiles", 64, 64, 4, 3)
         # whole query tiles only: those lengths were measured on the H200
-        if T % 128 == 0 and all(_tma_compatible(x) for x in (q, k, v)):
+        if T % 128 == 0 and tma:
             return FlashPlan("tma", 128, 128, 8, 3)
-    if not interpret and half and D >= 64 and T >= 512:
+    if not interpret and half and K >= 64 and T >= 512:
         return FlashPlan("autotune")
-    return _fixed(T, D, q.dtype, interpret)
+    return _fixed(T, K, dtype, interpret)
 
 
 # --- the backward ------------------------------------------------------------------------------
@@ -143,11 +152,13 @@ AMPERE_BWD = BackwardPlan(dkdv=Blocks(64, 64, 4, 2), dq=Blocks(64, 64, 4, 2))
 SMALL_BWD = BackwardPlan(dkdv=Blocks(16, 16, 8, 1), dq=Blocks(16, 16, 8, 1), delta_m=32)
 
 
-def backward_plan_for(q, v, *, interpret: bool = INTERPRET, caps: Caps | None = None) -> BackwardPlan:
-    """The backward's launch for these inputs on the GPU class ``caps`` (as :func:`plan_for`)."""
-    caps = caps if caps is not None else device_caps(q.device)
-    if interpret or caps.major < 8 or q.dtype == torch.float32:
+def backward_plan_for(dtype, device, *, B: int, T: int, H: int, K: int, V: int, caps: Caps | None = None,
+                      interpret: bool = INTERPRET) -> BackwardPlan:
+    """The backward's launch for inputs of ``dtype`` and these shapes on ``device`` of the GPU class
+    ``caps`` (as :func:`plan_for`, in its order; of the shapes only ``T`` decides today)."""
+    caps = caps if caps is not None else device_caps(device)
+    if interpret or caps.major < 8 or dtype == torch.float32:
         return SMALL_BWD
     if caps.major < 9:
         return AMPERE_BWD
-    return HOPPER_BWD_SHORT if q.shape[1] <= SHORT_T_MAX else HOPPER_BWD_LONG
+    return HOPPER_BWD_SHORT if T <= SHORT_T_MAX else HOPPER_BWD_LONG

@@ -87,8 +87,8 @@ def chunk_gla_triton(q, k, v, g, scale, initial_state=None, output_final_state=F
     g = g.contiguous() if g is not None else None
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     overrides = dict(plan or {})
-    plan = plan_for(gate_code(g), B, T, H, K, V, q.dtype, q.device, num_segments=num_segments, caps=caps,
-                    **overrides)
+    plan = plan_for(q.dtype, q.device, gate=gate_code(g), B=B, T=T, H=H, K=K, V=V, num_segments=num_segments,
+                    caps=caps, **overrides)
     if plan.upcast:   # 16-bit heads narrower than 64: the float32 kernels (plan.SMALL_HEAD), cast back
         overrides.pop("upcast", None)
         o, ht = chunk_gla_triton(q.float(), k.float(), v.float(), g.float() if g is not None else None, scale, initial_state, output_final_state,

@@ -101,10 +101,12 @@ def _other_class(caps: Caps, gate: int, K: int, V: int, dtype, hopper: dict):
     return _fma_tiles(K, V), path
 
 
-def plan_for(gate: int, B: int, T: int, H: int, K: int, V: int, dtype, device, *, num_segments=None,
-             interpret: bool = INTERPRET, caps: Caps | None = None, **overrides) -> GlaPlan:
-    """The plan for one call on the GPU class ``caps`` (default: ``device``'s,
-    :func:`kernels.backend.device_caps`); ``num_segments`` forces the forward's sequence split,
+def plan_for(dtype, device, *, gate: int, B: int, T: int, H: int, K: int, V: int, num_segments: int | None = None,
+             caps: Caps | None = None, interpret: bool = INTERPRET, **overrides) -> GlaPlan:
+    """The plan for inputs of ``dtype`` (``q, k: [B, T, H, K]``, ``v: [B, T, H, V]``, the gate
+    :func:`gate_code` ``gate``) on ``device`` of the GPU class ``caps`` (default: ``device``'s,
+    :func:`kernels.backend.device_caps`); everything after ``dtype, device`` is keyword-only, the
+    order every family's ``plan_for`` shares. ``num_segments`` forces the forward's sequence split,
     ``overrides`` replace measured fields (tests and the lab's sweeps)."""
     caps = caps if caps is not None else device_caps(device)
     BT = 64

@@ -169,7 +169,7 @@ def chunk_mesa_net_triton(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init=No
         if h_kk is not None:
             h_kk, h_kv = h_kk[:, :, :K, :K].contiguous(), h_kv[:, :, :K, :V].contiguous()
         return o[..., :V].contiguous(), h_kk, h_kv
-    mplan = plan_for(q.dtype, q.device, B, T, H, K, caps=caps, **(plan or {}))
+    mplan = plan_for(q.dtype, q.device, B=B, T=T, H=H, K=K, caps=caps, **(plan or {}))
     if mplan.path == "torch":     # a class these kernels do not fit (plan.py): PyTorch on the device
         return chunk_mesa_net_ref(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init, h_kv_init,
                                   output_final_state)

@@ -54,17 +54,18 @@ class MesaPlan:
     path: str = "triton"
 
 
-def plan_for(dtype, device, B: int, T: int, H: int, K: int, *, interpret: bool = INTERPRET,
-             caps: Caps | None = None, num_segments: int | None = None, **overrides) -> MesaPlan:
+def plan_for(dtype, device, *, B: int, T: int, H: int, K: int, num_segments: int | None = None,
+             caps: Caps | None = None, interpret: bool = INTERPRET, **overrides) -> MesaPlan:
     """The plan for inputs of ``dtype`` ``[B, T, H, K]`` on ``device`` of the GPU class ``caps``
-    (default: the device's); ``num_segments`` forces gla's sequence split of the states' march;
+    (default: the device's); everything after ``dtype, device`` is keyword-only, the order every
+    family's ``plan_for`` shares. ``num_segments`` forces gla's sequence split of the states' march;
     ``overrides`` replace fields (``warps_cg``, ``stages_cg``: tests and the lab's sweeps)."""
     caps = caps if caps is not None else device_caps(device)
     # float16 products for 16-bit inputs, but float32 for heads narrower than gla's SMALL_HEAD (the
     # tensor-core path returned wrong gradients at K = 32 on the H200: kernels/gla/NOTES.md)
     operand = torch.float32 if dtype == torch.float32 or K < SMALL_HEAD else torch.float16
-    states = gla_plan_for(1, B, T, H, K, K, operand, device, interpret=interpret, caps=caps,
-                          num_segments=num_segments, state_dtype=torch.float32)
+    states = gla_plan_for(operand, device, gate=1, B=B, T=T, H=H, K=K, V=K, num_segments=num_segments,
+                          caps=caps, interpret=interpret, state_dtype=torch.float32)
     plan = MesaPlan(BT=CHUNK, warps_cg=8 if K >= 128 else 4, stages_cg=1, operand=operand,
                     IP="ieee" if operand == torch.float32 else "tf32", EMU=bool(interpret), states=states,
                     path="triton" if (caps.major >= 8 or interpret) else "torch")

@@ -56,10 +56,11 @@ class PathPlan:
 HOPPER_SMEM = 227 * 1024     #: the class every default was measured on (kernels.backend.GPU_CLASSES)
 
 
-def plan_for(dtype, device, *, interpret: bool = INTERPRET, caps: Caps | None = None,
-             rows: int | None = None, K: int | None = None) -> PathPlan:
+def plan_for(dtype, device, *, K: int | None = None, rows: int | None = None, caps: Caps | None = None,
+             interpret: bool = INTERPRET) -> PathPlan:
     """The plan for inputs of ``dtype`` and head size ``K`` on ``device`` of the GPU class ``caps``
-    (default: the device's); ``rows``: query rows per program of the passes (default 128, which takes
+    (default: the device's); everything after ``dtype, device`` is keyword-only, the order every
+    family's ``plan_for`` shares. ``rows``: query rows per program of the passes (default 128, which takes
     8 warps in the forward: at 4 its two ``[128, K]`` float32 accumulators spill, compile check).
 
     At ``K = 16`` with 16-bit inputs the default is 64 rows and the per-block stage takes IEEE

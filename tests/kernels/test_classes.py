@@ -108,7 +108,7 @@ def test_gla_plans_per_class():
     bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
 
     def p(gate, K, dtype, caps, V=None):
-        return plan_for(gate, 2, 4096, 8, K, V or K, dtype, "cpu", interpret=False, caps=caps)
+        return plan_for(dtype, "cpu", gate=gate, B=2, T=4096, H=8, K=K, V=V or K, caps=caps, interpret=False)
     fma = dict(BV_f=32, warps_f=8, stages_f=1, BK_s=32, BV_s=16, warps_s=4, stages_s=1, BV_dv=32, warps_dv=8,
                BK_dq=32, BV_dq=32, warps_dq=8)
     for caps in (A100, L4):
@@ -136,17 +136,17 @@ def test_delta_plans_per_class():
     seq = ("fwd", "march", "bwd")
     for B, H, T in ((8, 16, 8192), (1, 2, 4096), (64, 4, 130)):
         for caps in (A100, L4):
-            h, o = asdict(plan_for(B, T, H, 128, 128, bf, "cpu", caps=HOPPER)), \
-                asdict(plan_for(B, T, H, 128, 128, bf, "cpu", caps=caps))
+            h, o = asdict(plan_for(bf, "cpu", B=B, T=T, H=H, K=128, V=128, caps=HOPPER)), \
+                asdict(plan_for(bf, "cpu", B=B, T=T, H=H, K=128, V=128, caps=caps))
             assert {k for k in h if h[k] != o[k]} <= set(seq)          # only the pipelines differ
             for name in seq:                                            # capped at 2 stages, warps kept
                 assert [(c["num_warps"], min(c["num_stages"], 2)) for c in h[name]] == \
                        [(c["num_warps"], c["num_stages"]) for c in o[name]]
             assert o["path"] == "triton" and o["grads"] == "triton"
-            assert plan_for(B, T, H, 128, 128, f32, "cpu", caps=caps).grads == "torch"
-            assert plan_for(B, T, H, 64, 128, f32, "cpu", caps=caps).grads == "triton"
-        assert plan_for(B, T, H, 128, 128, f32, "cpu", caps=HOPPER).grads == "triton"   # Hopper: on OutOfResources
-        assert plan_for(B, T, H, 32, 32, torch.float16, "cpu", caps=T4).path == "torch"
+            assert plan_for(f32, "cpu", B=B, T=T, H=H, K=128, V=128, caps=caps).grads == "torch"
+            assert plan_for(f32, "cpu", B=B, T=T, H=H, K=64, V=128, caps=caps).grads == "triton"
+        assert plan_for(f32, "cpu", B=B, T=T, H=H, K=128, V=128, caps=HOPPER).grads == "triton"   # Hopper: on OutOfResources
+        assert plan_for(torch.float16, "cpu", B=B, T=T, H=H, K=32, V=32, caps=T4).path == "torch"
 
 
 # --- the numbers the other classes' plans compute ------------------------------------------------

@@ -200,7 +200,7 @@ def test_solve_chunks(device, dtype, gated):
     NT = triton.cdiv(T, CHUNK)
     b, bt = chunk_cumsum(g, beta, B, T, H, NT)
     assert bt is None and b.shape == (B * H, NT * CHUNK) and b.dtype == torch.float32
-    plan = plan_for(B, T, H, K, K, dtype, torch.device(device))
+    plan = plan_for(dtype, torch.device(device), B=B, T=T, H=H, K=K, V=K)
     tm = solve_chunks(k, b, beta, plan)
     assert tm.shape == (B * H, NT * CHUNK, CHUNK) and tm.dtype == dtype
     kd, bd = k.double().cpu(), beta.double().cpu()

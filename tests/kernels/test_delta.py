@@ -385,22 +385,22 @@ def test_plan_variants(device, plan, monkeypatch):
 def test_plan_rejects_bad_overrides():
     from kernels.delta.plan import plan_for
     with pytest.raises(ValueError, match="unknown field"):
-        plan_for(1, 64, 1, 32, 32, torch.bfloat16, "cpu", fwd_bw=16)
+        plan_for(torch.bfloat16, "cpu", B=1, T=64, H=1, K=32, V=32, fwd_bw=16)
     with pytest.raises(ValueError, match="fwd_bv"):
-        plan_for(1, 64, 1, 32, 32, torch.bfloat16, "cpu", fwd_bv=24)
+        plan_for(torch.bfloat16, "cpu", B=1, T=64, H=1, K=32, V=32, fwd_bv=24)
     with pytest.raises(ValueError, match="march_ranges"):
-        plan_for(1, 64, 1, 32, 32, torch.bfloat16, "cpu", march_ranges=0)
+        plan_for(torch.bfloat16, "cpu", B=1, T=64, H=1, K=32, V=32, march_ranges=0)
 
 
 def test_measured_plan():
     """The defaults the NOTES record: V-blocks by batch × heads, one-warp solve for 16-bit inputs,
     stored scores only below V-block 64, two chunk ranges only on a GPU that the march would not fill."""
     from kernels.delta.plan import plan_for
-    big = plan_for(8, 8192, 16, 128, 128, torch.bfloat16, "cpu")
-    small = plan_for(1, 32768, 16, 128, 128, torch.bfloat16, "cpu")
+    big = plan_for(torch.bfloat16, "cpu", B=8, T=8192, H=16, K=128, V=128)
+    small = plan_for(torch.bfloat16, "cpu", B=1, T=32768, H=16, K=128, V=128)
     assert (big.fwd_bv, big.march_bv, big.march_scores_stored) == (64, 64, False)
     assert (small.fwd_bv, small.march_bv, small.march_scores_stored) == (16, 16, True)
-    assert big.solve[0] == Launch(1, 1) and plan_for(1, 64, 1, 32, 32, torch.float32, "cpu").solve[0] == Launch(4, 1)
+    assert big.solve[0] == Launch(1, 1) and plan_for(torch.float32, "cpu", B=1, T=64, H=1, K=32, V=32).solve[0] == Launch(4, 1)
     assert big.fwd[0] == Launch(4, 1) and small.fwd[0] == Launch(4, 3) and big.march[0] == Launch(4, 2)
     assert small.march_ranges == 1          # no CUDA device here: one range
 

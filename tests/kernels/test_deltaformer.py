@@ -192,21 +192,21 @@ def test_bad_inputs_raise(device):
 def test_plan_spans():
     """The span: the chunk count that keeps the parallel fold at two programs per SM (132 SMs
     here), down to a power of two and within [256, 1024] tokens, never past the sequence."""
-    cuda = torch.device("cuda")
+    cuda, bf = torch.device("cuda"), torch.bfloat16      # (the dtype does not change the plan)
     HOPPER = dict(interpret=False, sms=132, caps=GPU_CLASSES[90])
-    assert plan_for(32, 2048, 16, cuda, **HOPPER).span == 256      # 64 -> 256
-    assert plan_for(8, 8192, 16, cuda, **HOPPER).span == 256       # 192 -> 128 -> 256
-    assert plan_for(1, 32768, 16, cuda, **HOPPER).span == 1024     # 1088 -> 1024
-    assert plan_for(1, 32768, 4, cuda, **HOPPER).span == 1024      # capped
-    assert plan_for(1, 100, 1, cuda, **HOPPER).span == 128         # never past the sequence
+    assert plan_for(bf, cuda, B=32, T=2048, H=16, **HOPPER).span == 256      # 64 -> 256
+    assert plan_for(bf, cuda, B=8, T=8192, H=16, **HOPPER).span == 256       # 192 -> 128 -> 256
+    assert plan_for(bf, cuda, B=1, T=32768, H=16, **HOPPER).span == 1024     # 1088 -> 1024
+    assert plan_for(bf, cuda, B=1, T=32768, H=4, **HOPPER).span == 1024      # capped
+    assert plan_for(bf, cuda, B=1, T=100, H=1, **HOPPER).span == 128         # never past the sequence
     for B, T, H in ((3, 5000, 7), (1, 70000, 1), (64, 512, 32)):
-        span = plan_for(B, T, H, cuda, **HOPPER).span
+        span = plan_for(bf, cuda, B=B, T=T, H=H, **HOPPER).span
         assert span % CHUNK == 0 and (span & (span - 1) == 0 or span >= T)
-    assert plan_for(1, 32768, 16, cuda, **HOPPER).chunk_split == 4     # few (b, h) pairs
-    assert plan_for(32, 2048, 16, cuda, **HOPPER).chunk_split == 1
-    assert plan_for(1, 300, 2, cuda, interpret=False, sms=58, caps=GPU_CLASSES[89]).later.m == 64   # L4's 99 KiB
-    assert plan_for(1, 300, 2, cuda, interpret=False, sms=40, caps=GPU_CLASSES[75]).path == "torch"
-    assert plan_for(1, 300, 2, torch.device("cpu"), interpret=True) == DeltaFormerPlan(span=2 * CHUNK, **INTERPRETER_PLAN)
+    assert plan_for(bf, cuda, B=1, T=32768, H=16, **HOPPER).chunk_split == 4     # few (b, h) pairs
+    assert plan_for(bf, cuda, B=32, T=2048, H=16, **HOPPER).chunk_split == 1
+    assert plan_for(bf, cuda, B=1, T=300, H=2, interpret=False, sms=58, caps=GPU_CLASSES[89]).later.m == 64   # L4's 99 KiB
+    assert plan_for(bf, cuda, B=1, T=300, H=2, interpret=False, sms=40, caps=GPU_CLASSES[75]).path == "torch"
+    assert plan_for(bf, torch.device("cpu"), B=1, T=300, H=2, interpret=True) == DeltaFormerPlan(span=2 * CHUNK, **INTERPRETER_PLAN)
 
 
 GPU_SHAPES = [(2, 1000, 4, 128, 128, torch.bfloat16, torch.float32), (1, 4097, 3, 128, 64, torch.float16, None),

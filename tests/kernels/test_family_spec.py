@@ -4,9 +4,11 @@ the inputs it differentiates, its survey entry), ``make_inputs`` and ``COMPILE``
 check's modules and calls). The benchmark, the survey (``kernels/survey.py``) and the compile check
 (``kernels/compile.py``) read that description and hold none of their own; checked here on the CPU:
 every family declares the same fields, the survey's ops are the families' surveyed ops with their
-inputs from the families' makers, the compile check runs the family's declared calls, and every
-op's inputs and our call run at a tiny shape."""
+inputs from the families' makers, the compile check runs the family's declared calls, every
+op's inputs and our call run at a tiny shape, and every family's ``plan_for`` takes its arguments in
+one order."""
 import importlib
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +64,29 @@ def test_every_family_declares_the_same_fields(family):
         half = torch.bfloat16 if caps.major >= 8 else torch.float16
         quick = spec.cases(caps, True, half, (half, torch.float16))
         assert quick and len(spec.cases(caps, False, half, (half, torch.float16))) >= len(quick)
+
+
+@pytest.mark.parametrize("family", kernels.FAMILIES)
+def test_every_plan_for_takes_one_argument_order(family):
+    """``plan_for(dtype, device, *, <shapes and case arguments>, caps=None, interpret=INTERPRET,
+    **overrides)`` in every family (and the flash backward's ``backward_plan_for``): ``dtype`` and
+    ``device`` the only positional parameters, everything else keyword-only, ``caps`` and
+    ``interpret`` the last named ones, ``**overrides`` (where a family has it) the very last."""
+    from kernels.backend import INTERPRET
+    plan = importlib.import_module(f"kernels.{family}.plan")
+    fns = [plan.plan_for] + ([plan.backward_plan_for] if family == "flash" else [])
+    P = inspect.Parameter
+    for fn in fns:
+        params = list(inspect.signature(fn).parameters.values())
+        where = f"kernels.{family}.plan.{fn.__name__}{inspect.signature(fn)}"
+        assert [(p.name, p.kind, p.default) for p in params[:2]] == \
+            [("dtype", P.POSITIONAL_OR_KEYWORD, P.empty), ("device", P.POSITIONAL_OR_KEYWORD, P.empty)], where
+        rest = params[2:]
+        if rest and rest[-1].kind is P.VAR_KEYWORD:
+            assert rest[-1].name == "overrides", where
+            rest = rest[:-1]
+        assert rest and all(p.kind is P.KEYWORD_ONLY for p in rest), where
+        assert [(p.name, p.default) for p in rest[-2:]] == [("caps", None), ("interpret", INTERPRET)], where
 
 
 def test_fla_counterparts_resolve():

@@ -335,13 +335,14 @@ def test_launch_plan_choices():
     """The GPU-side choice per input (decided with interpret=False and the GPU class given, so it is
     checked on a CPU): Hopper's measured plans, and one fixed tiling per dtype on the other classes."""
     from kernels.backend import GPU_CLASSES, HOPPER
-    from kernels.flash.plan import AMPERE, TURING, FlashPlan, _tma_compatible, plan_for
+    from kernels.flash.plan import AMPERE, TURING, FlashPlan, _tma_compatible, plan_for, tma_compatible
 
     def plan(B, T, H, D, dtype, causal=True, heads_packed=True, caps=HOPPER):
         shape = (B, T, H, D) if heads_packed else (B, H, T, D)
         x = torch.empty(shape, dtype=dtype)
         x = x if heads_packed else x.transpose(1, 2)          # [B, T, H, D] view, stride(2) = T·D
-        return plan_for(x, x, x, causal, interpret=False, caps=caps)
+        return plan_for(dtype, x.device, B=B, T=T, H=H, K=D, V=D, causal=causal, tma=tma_compatible(x, x, x),
+                        caps=caps, interpret=False)
 
     short, tma, auto = FlashPlan("tiles", 64, 64, 4, 3), FlashPlan("tma", 128, 128, 8, 3), FlashPlan("autotune")
     bf, fp = torch.bfloat16, torch.float16
@@ -354,7 +355,9 @@ def test_launch_plan_choices():
     assert plan(1, 4096, 2, 128, bf, causal=False) == auto               # not in the sweep
     assert plan(1, 4096, 2, 64, bf) == auto
     assert plan(1, 4096, 2, 128, torch.float32) == FlashPlan("tiles", 32, 16, 8, 2)
-    assert plan_for(*(torch.empty(1, 4096, 2, 128, dtype=bf),) * 3, True, interpret=True).kind == "tiles"
+    assert plan_for(bf, "cpu", B=1, T=4096, H=2, K=128, V=128, causal=True, tma=True, interpret=True).kind == "tiles"
+    # TMA only when the caller vouches for the tensors' layout (the ops pass tma_compatible(q, k, v))
+    assert plan_for(bf, "cpu", B=1, T=4096, H=2, K=128, V=128, causal=True, interpret=False, caps=HOPPER) == auto
     # other classes: no TMA, no autotuning, one tiling per dtype (not measured there)
     for arch in (80, 89):
         caps = GPU_CLASSES[arch]
@@ -380,8 +383,8 @@ def test_production_plans_are_correct(device, T, kind, monkeypatch):
     from kernels.flash import op, plan
     seen = []
 
-    def gpu_plan(q, k, v, causal, **kw):
-        out = plan.plan_for(q, k, v, causal, interpret=False, caps=HOPPER)
+    def gpu_plan(dtype, device, **kw):
+        out = plan.plan_for(dtype, device, **{**kw, "interpret": False, "caps": HOPPER})
         seen.append(out.kind if out.kind == "tma" else "short")
         return out
     monkeypatch.setattr(plan, "SHORT_T_MAX", 128)

@@ -175,8 +175,8 @@ def test_small_heads_run_in_float32(device, op):
     heads"): the output and gradients are the float32 run's on the same values, cast back exactly."""
     from kernels.gla.plan import gate_code, plan_for
     q, k, v, g, s0 = _inputs(op, 1, 40, 2, 32, 64, torch.bfloat16, device, seed=9)
-    assert plan_for(gate_code(g), 1, 40, 2, 32, 64, q.dtype, q.device).upcast
-    assert not plan_for(gate_code(g), 1, 40, 2, 64, 64, q.dtype, q.device).upcast
+    assert plan_for(q.dtype, q.device, gate=gate_code(g), B=1, T=40, H=2, K=32, V=64).upcast
+    assert not plan_for(q.dtype, q.device, gate=gate_code(g), B=1, T=40, H=2, K=64, V=64).upcast
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     f32 = [t.detach().float().requires_grad_() for t in (q, k, v)]
     o, _ = chunk_gla_triton(*leaves, g, 0.5, s0)
@@ -316,7 +316,7 @@ def test_gla_prep_outputs(device, dtype, gdtype, harsh):
     B, T, H, K = 1, 150, 2, 32
     q, k, _, g, _ = _inputs("gla", B, T, H, K, 16, dtype, device, h0=False, harsh=harsh, seed=13, gdtype=gdtype)
     scale = K ** -0.5
-    plan = plan_for(2, B, T, H, K, 16, dtype, q.device)
+    plan = plan_for(dtype, q.device, gate=2, B=B, T=T, H=H, K=K, V=16)
     BT, NT = plan.BT, plan.NT
     qg, kg, dch, As = prepare_vector_gate(q, k, g, scale, plan)
     tol = TOL[dtype]

@@ -309,15 +309,15 @@ def test_bad_inputs_raise(device):
 def test_plan():
     dev = torch.device("cpu")      # any device: the class comes from caps (and 132 SMs off the GPU)
     hop = GPU_CLASSES[90]
-    p = plan_for(torch.bfloat16, dev, 32, 2048, 16, 128, interpret=False, caps=hop)
+    p = plan_for(torch.bfloat16, dev, B=32, T=2048, H=16, K=128, interpret=False, caps=hop)
     assert (p.operand, p.warps_cg, p.BT, p.path) == (torch.float16, 8, 64, "triton")
     assert p.states.state_dtype == torch.float32 and p.states.gate == 1
-    p32 = plan_for(torch.float32, dev, 1, 100, 2, 32, interpret=False, caps=hop)
+    p32 = plan_for(torch.float32, dev, B=1, T=100, H=2, K=32, interpret=False, caps=hop)
     assert (p32.operand, p32.IP, p32.warps_cg) == (torch.float32, "ieee", 4)
-    assert plan_for(torch.float16, dev, 1, 100, 2, 32, interpret=False, caps=GPU_CLASSES[75]).path == "torch"
-    assert plan_for(torch.float16, dev, 1, 640, 2, 32, interpret=False, caps=hop, num_segments=3).states.NS == 3
+    assert plan_for(torch.float16, dev, B=1, T=100, H=2, K=32, interpret=False, caps=GPU_CLASSES[75]).path == "torch"
+    assert plan_for(torch.float16, dev, B=1, T=640, H=2, K=32, interpret=False, caps=hop, num_segments=3).states.NS == 3
     with pytest.raises(ValueError, match="plan overrides"):
-        plan_for(torch.float16, dev, 1, 100, 2, 32, caps=hop, BT=32)
+        plan_for(torch.float16, dev, B=1, T=100, H=2, K=32, caps=hop, BT=32)
 
 
 # ---------------------------------------------------------------------------------------------

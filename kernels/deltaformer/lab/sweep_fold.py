@@ -36,7 +36,7 @@ for B, T, spans in ((1, 32768, (1024, 2048)), (8, 8192, (256, 512)), (32, 2048, 
     x = bench.make_inputs(case)
     q, k, v, beta = x["q"], x["k"], x["v"], x["beta"]
     du = torch.randn_like(v)
-    default = plan_for(B, T, bench.H, q.device)
+    default = plan_for(q.dtype, q.device, B=B, T=T, H=bench.H)
     # where a training step's time goes, default plan
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, beta)]
     # check_values=False: a timing sweep, no host sync for value checks (as the benchmark of record)

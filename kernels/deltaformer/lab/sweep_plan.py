@@ -20,7 +20,7 @@ from kernels.deltaformer import bench                                      # noq
 from kernels.deltaformer.plan import DeltaFormerPlan, plan_for             # noqa: E402
 from kernels.deltaformer.pseudo import adjoint_values, pseudo_values      # noqa: E402
 from kernels.flash.forward import flash_forward                           # noqa: E402
-from kernels.flash.plan import plan_for as flash_plan_for                 # noqa: E402
+from kernels.flash.plan import plan_for as flash_plan_for, tma_compatible  # noqa: E402
 from kernels.harness import bench_ms                         # noqa: E402
 from kernels.results import environment                         # noqa: E402
 
@@ -37,7 +37,8 @@ for shape in args.shapes.split(","):
     case = dict(op="deltaformer", B=B, T=T, beta="float32")
     x = bench.make_inputs(case)
     q, k, v, beta = x["q"], x["k"], x["v"], x["beta"]
-    fp = flash_plan_for(q, k, v, True)
+    fp = flash_plan_for(q.dtype, q.device, B=B, T=T, H=bench.H, K=q.shape[-1], V=v.shape[-1], causal=True,
+                        tma=tma_compatible(q, k, v))
     rows.append(dict(B=B, T=T, what="flash_forward", ms=bench_ms(lambda: flash_forward(q, k, v, s, True, fp),
                                                                   warmup=3, rep=10)))
     print(rows[-1], flush=True)
@@ -49,7 +50,7 @@ for shape in args.shapes.split(","):
         print(rows[-1], flush=True)
     except Exception as e:
         print("fla", e)
-    default = plan_for(B, T, bench.H, q.device)
+    default = plan_for(q.dtype, q.device, B=B, T=T, H=bench.H)
     whole = -(-T // 64) * 64
     spans = sorted({default.span, whole, 2048, 1024, 512, 256} & set(range(64, whole + 1, 64)), reverse=True)
     du = torch.randn_like(v)

@@ -30,7 +30,7 @@ for B, T in ((1, 32768), (8, 8192), (32, 2048)):
     x = bench.make_inputs(dict(op="deltaformer", B=B, T=T, beta="float32"))
     q, k, v, beta = x["q"], x["k"], x["v"], x["beta"]
     du = torch.randn_like(v)
-    default = plan_for(B, T, bench.H, q.device)
+    default = plan_for(q.dtype, q.device, B=B, T=T, H=bench.H)
     for split in (1, 2, 4):
         for warps in (4, 8):
             plan = dataclasses.replace(default, chunk_split=split, chunk_warps=warps)

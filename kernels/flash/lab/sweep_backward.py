@@ -46,7 +46,7 @@ def main():
         q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
         do = torch.randn_like(v)
         g = F.logsigmoid(torch.randn(B, T, H, device="cuda", generator=gen))
-        fplan = P.plan_for(q, k, v, True)
+        fplan = P.plan_for(q.dtype, q.device, B=B, T=T, H=H, K=D, V=D, causal=True, tma=P.tma_compatible(q, k, v))
         for bias in (False, True):
             gs = torch.cumsum(g, 1) if bias else None
             o, lse = flash_forward(q, k, v, D ** -0.5, True, fplan, gs)

@@ -34,7 +34,7 @@ for name, (B, T, H, K, V, dt, st, fin) in cases.items():
 # the failing case's stages
 B, T, H, K, V, dt, st, fin = cases["failing"]
 q, k, v, g, beta, lamb, hkk, hkv = tm.make_inputs(B, T, H, K, V, dt, DEV, states=True, seed=7)
-plan = plan_for(q.dtype, q.device, B, T, H, K)
+plan = plan_for(q.dtype, q.device, B=B, T=T, H=H, K=K)
 od = plan.operand
 kk = k.to(od).contiguous()
 kb = (beta.unsqueeze(-1).float() * k.float()).to(od).contiguous()
