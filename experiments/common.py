@@ -663,7 +663,7 @@ def tuned_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
 
 
 # ---------------------------------------------------------------------------------------------
-# the grid-and-seeds runner of the multi-hop and extrapolation experiments (Chapter 7)
+# the grid-and-seeds runner of the multi-hop and extrapolation experiments (Chapters 7 and 8)
 # ---------------------------------------------------------------------------------------------
 def run_grid_and_seeds(config, seeds, run_one, *, split: str, score, jobs: int = 1) -> dict:
     """The experiments' protocol: a learning-rate grid per model on one held-out seed, then every

@@ -1,4 +1,4 @@
-"""MesaNet against the delta rule in associative recall, at equal key size (Chapter 9).
+"""MesaNet against the delta rule in associative recall, at equal key size (Chapter 10).
 
 Chapter 6's recall experiment (:mod:`experiments.mqar`: the task, the one-layer models, the rate
 grid and the seeds) with DeltaNet, Gated DeltaNet and MesaNet. MesaNet gets the same key and value
@@ -13,7 +13,7 @@ Two tasks, scored on the same trained models:
   memory that fits every pair jointly should do at least as well as the delta rule's one-step
   corrections;
 * **rewrites** (``N`` keys written ``R`` times, each time with a fresh value; the query asks for
-  the latest): an ungated least-squares memory averages a key's old and new values (Chapter 9's
+  the latest): an ungated least-squares memory averages a key's old and new values (Chapter 10's
   equation for the average), while the delta rule erases the old one; MesaNet's gates can forget
   the old value only by forgetting everything as old.
 
@@ -76,7 +76,7 @@ plot_rewrites = mqar.plot_rewrites
 
 
 def claims(run: dict) -> list[dict]:
-    """Chapter 9's claims about a run (see the module docstring), each as
+    """Chapter 10's claims about a run (see the module docstring), each as
     :func:`experiments.common.claim`. The run must hold MesaNet and at least one delta-rule model."""
     s = mqar.summary(run)
     have = [m for m in DELTA if m in s["mixers"]]
@@ -124,7 +124,7 @@ def load_stored() -> dict:
 def main(argv=None) -> int:
     """``python -m experiments.mesa_recall [--gpu] [--seeds ...] [--jobs N] [--only M ...] [--device D]
     [--steps N] [--write]`` (:func:`experiments.common.tuned_cli`)."""
-    return tuned_cli(argv, description="Chapter 9: MesaNet against the delta rule in associative recall at "
+    return tuned_cli(argv, description="Chapter 10: MesaNet against the delta rule in associative recall at "
                                        "equal d_k (written once and with rewrites)",
                      stored=STORED, cpu_config=cpu_config, gpu_config=gpu_config, run_seeds=run_seeds,
                      describe=mqar.describe)

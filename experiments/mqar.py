@@ -36,7 +36,7 @@ CPU, its Triton kernel on a GPU):
 ======================  =========================================  ================================
 
 One head with ``d_k = d_v = head_dim``, so every model of the first four has a state of ``d_k²``
-numbers (measured by :func:`state_size` from the op's final state). MesaNet (Chapter 9,
+numbers (measured by :func:`state_size` from the op's final state). MesaNet (Chapter 10,
 :mod:`experiments.mesa_recall`) keeps two states, ``H_t`` (``d_k × d_k``) and ``G_t``
 (``d_v × d_k``); with ``mesa_dims="d_k"`` (the default) it gets the same ``d_k = d_v`` as the
 others and so twice their state, with ``mesa_dims="state"`` the same state and so half their
@@ -93,7 +93,7 @@ __all__ = ["MIXERS", "ALL_MIXERS", "FILLER", "IGNORE", "GATE_TEMPERATURE", "make
            "draw_sequence", "STORED", "COMMAND", "describe", "load_stored", "main"]
 
 MIXERS = ("linear", "decay", "deltanet", "gated_deltanet")
-ALL_MIXERS = MIXERS + ("mesanet",)     # Chapter 9 adds MesaNet to the comparison
+ALL_MIXERS = MIXERS + ("mesanet",)     # Chapter 10 adds MesaNet to the comparison
 STORED = "mqar_recall"                 # experiments/results/mqar_recall.json: the GPU run
 
 IGNORE = -100          # target at unscored positions (also masked out by ``mask``)

@@ -1,4 +1,4 @@
-"""In-context linear regression, trained: the Mesa layer's own task (Chapter 9).
+"""In-context linear regression, trained: the Mesa layer's own task (Chapter 10).
 
 Each sequence draws its own linear map ``W`` (``d_y × d_x``, entries ``N(0, 1/d_x)``, so that a
 target has unit variance per coordinate) and lists pairs ``(x_i, y_i)`` with ``x_i ~ N(0, I)`` and
@@ -279,7 +279,7 @@ def summary(run: dict) -> dict:
 
 
 def claims(run: dict) -> list[dict]:
-    """Chapter 9's claims about a run (see the module docstring), each as
+    """Chapter 10's claims about a run (see the module docstring), each as
     :func:`experiments.common.claim`; a claim whose models or task the run lacks is left out."""
     s = summary(run)
     cfg = run["config"]
@@ -354,7 +354,7 @@ def describe(r: dict) -> str:
 def main(argv=None) -> int:
     """``python -m experiments.regression [--gpu] [--seeds ...] [--jobs N] [--only M ...] [--device D]
     [--steps N] [--write]`` (:func:`experiments.common.tuned_cli`)."""
-    return tuned_cli(argv, description="Chapter 9: trained in-context linear regression (linear attention, "
+    return tuned_cli(argv, description="Chapter 10: trained in-context linear regression (linear attention, "
                                        "DeltaNet, MesaNet), clean and noisy",
                      stored=STORED, cpu_config=cpu_config, gpu_config=gpu_config, run_seeds=run_seeds,
                      describe=describe)

@@ -1,4 +1,4 @@
-"""Keys equal to values, with the same view of the previous token for every variant (Chapter 10's experiment).
+"""Keys equal to values, with the same view of the previous token for every variant (Chapter 11's experiment).
 
 The chapter relays Su's argument (his post on short convolutions): test-time training learns
 nothing when a layer's keys equal its values, since the pairs ``(k_t, v_t)`` are then ``(k_t, k_t)``
@@ -61,7 +61,7 @@ then every reported seed trains it at its chosen rate (:func:`experiments.common
 The grid, its scores and the chosen rates are stored with the run (``config["lr_choice"]``).
 
 **How the setting was chosen.** The first version (no token shift, one learning rate) was run on
-the CPU and a GPU; the issue that reviewed it (Chapter 10 in issue 37) pointed out that in it
+the CPU and a GPU; the issue that reviewed it (issue 37, on the chapter then numbered 10) pointed out that in it
 nothing without a convolution on K could see the previous token, tied or not. The token shift, the
 grids and the claims of :func:`claims` with their margins were then written; the margins were set
 from a pilot of the CPU setting (seeds 0-2 of ``none`` and ``untied``, seed 0 of the others, one
@@ -391,7 +391,7 @@ def _per_seed(records, variant):
 
 
 def claims(run: dict) -> list[dict]:
-    """Every claim Chapter 10 makes about a run (:func:`run_seeds`', :func:`run_short_conv`'s or
+    """Every claim Chapter 11 makes about a run (:func:`run_seeds`', :func:`run_short_conv`'s or
     :func:`load_stored`'s result), as :func:`experiments.common.claim` dicts, with the margins fixed
     before the stored GPU run (the module constants). With the same view of the previous token for
     every variant:
@@ -499,7 +499,7 @@ def load_stored() -> dict:
 def main(argv=None) -> int:
     """``python -m experiments.short_conv [--gpu] [--seeds ...] [--device D] [--steps N] [--jobs N]
     [--write]`` (:func:`experiments.common.seeds_cli`)."""
-    return seeds_cli(argv, description="Chapter 10: keys equal to values, the token shift and the short "
+    return seeds_cli(argv, description="Chapter 11: keys equal to values, the token shift and the short "
                                        "convolution (MQAR, one DeltaNet layer)",
                      stored=STORED, cpu_config=cpu_config, gpu_config=gpu_config, run_seeds=run_seeds,
                      gpu_seeds=[0, 1, 2],

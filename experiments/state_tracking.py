@@ -1,4 +1,4 @@
-"""State tracking: the shell game, where the answer depends on the order (Chapter 8's experiment).
+"""State tracking: the shell game, where the answer depends on the order (Chapter 9's experiment).
 
 Four small models, trained alike, learn to follow a ball under cups that are swapped again and
 again, with three cups and with five:
@@ -80,7 +80,7 @@ dilution of the attention over more keys), and ``both`` (``beta2`` and ``log_len
 
 **How the setting was chosen.** The task, the first three models and their shape were fixed before
 any model was trained (the first version of this experiment: three cups, two layers, one learning
-rate). The review of it (Chapter 8 in issue 37) asked for five cups, RoPE's best shot and the
+rate). The review of it (issue 37, on the chapter then numbered 8) asked for five cups, RoPE's best shot and the
 measurement of PaTH's fall. Those, the diagnostics, the learning-rate grids and the claims of
 :func:`claims` with their margins were then written, after pilots of the CPU setting (PaTH on five
 cups, seeds 0-2, 400-500 steps; three cups, seed 0; RoPE, NoPE and RoPE's best shot, seed 0), and
@@ -812,7 +812,7 @@ def _seed_values(records, n_cups, model, fn):
 
 
 def claims(run: dict) -> list[dict]:
-    """Every claim Chapter 8 makes about a run (:func:`run_seeds`' or :func:`run_state_tracking`'s
+    """Every claim Chapter 9 makes about a run (:func:`run_seeds`' or :func:`run_state_tracking`'s
     result, or :func:`load_stored`'s), as :func:`experiments.common.claim` dicts, with the margins
     fixed before the stored GPU run (the module constants). Per number of cups in the run:
 
@@ -912,7 +912,7 @@ def _describe(r: dict) -> str:
 def main(argv=None) -> int:
     """``python -m experiments.state_tracking [--gpu] [--seeds ...] [--device D] [--steps N]
     [--jobs N] [--write]`` (:func:`experiments.common.seeds_cli`)."""
-    return seeds_cli(argv, description="Chapter 8: state tracking, the shell game with 3 and 5 cups "
+    return seeds_cli(argv, description="Chapter 9: state tracking, the shell game with 3 and 5 cups "
                                        "(PaTH, RoPE, NoPE, RoPE deeper with a curriculum)",
                      stored=STORED, cpu_config=cpu_config, gpu_config=gpu_config, run_seeds=run_seeds,
                      gpu_seeds=[0, 1, 2], describe=_describe, jobs=True)

@@ -3,7 +3,7 @@
 One folder per kernel family: ``flash/`` (softmax attention, and FoX's forget-gated form), ``gla/`` (linear attention with no,
 scalar or vector gates), ``delta/`` (the plain and gated delta rule, DeltaProduct and Comba), ``deltaformer/`` (the delta rule inside softmax
 attention), ``path/`` (PaTH: Householder products as position encoding), ``mesa/`` (MesaNet's
-regression solved by conjugate gradients), ``conv/`` (the short causal convolution of Chapter 10);
+regression solved by conjugate gradients), ``conv/`` (the short causal convolution of Chapter 11);
 :data:`FAMILIES` lists them. Each holds its op, its stages, its launch plan, its ``bench.py`` with the
 results, its ``NOTES.md`` (today), ``HISTORY.md`` (the rounds) and a ``lab/`` (scripts; their logs
 in ``lab/logs/``). ``common/`` holds the stages two families share.
@@ -20,7 +20,7 @@ Shared here: ``backend`` (which backend an op takes, Triton's interpreter, first
 path and the kernels' oracle), ``harness`` (the benchmark runner, the records a family declares and
 the shared input makers), ``report`` (showing a benchmark
 in the book), ``compile`` (the compile-without-GPU check, for every GPU class), ``catalog`` (the
-model map) and ``survey`` (one benchmark of every op at one set of shapes, Chapter 11). Every plan takes the GPU's class (``backend.device_caps``: T4, A100, L4 or Hopper, where the
+model map) and ``survey`` (one benchmark of every op at one set of shapes, Chapter 12). Every plan takes the GPU's class (``backend.device_caps``: T4, A100, L4 or Hopper, where the
 plans were measured); bfloat16 on a T4 raises ``ValueError`` before anything is compiled.
 
 On a machine without a CUDA device, importing this package sets ``TRITON_INTERPRET=1`` (before any

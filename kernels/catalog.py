@@ -52,11 +52,11 @@ MODELS = (
     Model("FoX (forget-gated softmax; ALiBi its constant gate)", "fox_attention_recurrent", "fox_attention_parallel",
           "fox_attention_chunkwise", "parallel_forgetting_attn", "flash", (7,), ("07_feeding_back",)),
     Model("DeltaFormer (the delta rule inside softmax)", "deltaformer_recurrent", "deltaformer_parallel",
-          "deltaformer_chunkwise", "deltaformer_attn", "deltaformer", (7,), ("07_feeding_back",)),
+          "deltaformer_chunkwise", "deltaformer_attn", "deltaformer", (8,), ("08_deltaformer",)),
     Model("PaTH (Householder products as position encoding)", "path_attention_recurrent", "path_attention_parallel",
-          "path_attention_chunkwise", "parallel_path_attn", "path", (8,), ("08_path",)),
+          "path_attention_chunkwise", "parallel_path_attn", "path", (9,), ("09_path",)),
     Model("MesaNet (the regression solved exactly)", "mesanet_recurrent", "mesanet_parallel", "mesanet_chunkwise",
-          "chunk_mesa_net", "mesa", (9,), ("09_mesanet",)),
+          "chunk_mesa_net", "mesa", (10,), ("10_mesanet",)),
 )
 
 

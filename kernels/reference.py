@@ -325,7 +325,7 @@ def delta_chunk_adjoint(q, b, chunk: DeltaChunk, S0, dO, dS_next) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# the short causal convolution (Chapter 10): one concatenation and W shifted, weighted slices
+# the short causal convolution (Chapter 11): one concatenation and W shifted, weighted slices
 # ---------------------------------------------------------------------------------------------
 def past_and_inputs(x, initial_state, dtype):
     """``concat(state, x)`` along time, ``[B, W + T, D]`` in ``dtype``: row ``i < W`` is state slot
@@ -358,7 +358,7 @@ def causal_conv1d_ref(x, weight, bias=None, residual=None, initial_state=None, o
 
 
 # ---------------------------------------------------------------------------------------------
-# MesaNet (Chapter 9): the gated sums of Chapter 3, and a conjugate-gradient solve per token
+# MesaNet (Chapter 10): the gated sums of Chapter 3, and a conjugate-gradient solve per token
 # ---------------------------------------------------------------------------------------------
 def _mesa_chunks(x, C, acc):
     """``[B, T, H, ...]`` -> ``[B, H, N, C, ...]`` in ``acc``, zero-padded to ``N·C`` tokens."""

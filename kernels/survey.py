@@ -1,10 +1,10 @@
-"""The survey: every op of :mod:`kernels` and torch SDPA at the same shapes, in one run (Chapter 11).
+"""The survey: every op of :mod:`kernels` and torch SDPA at the same shapes, in one run (Chapter 12).
 
     python -m kernels.survey [--write] [--parts train,decode,fla] [--ops a,b] [--fla-T 8192] [--budget-s 500]
                              [--quick]
 
 Writes ``kernels/survey.json`` through :mod:`kernels.harness` (device, date, versions, the config and
-one record per measurement); the book draws it in Chapter 11. Three parts, each a list of records:
+one record per measurement); the book draws it in Chapter 12. Three parts, each a list of records:
 
 * ``train``: bfloat16, H = 16, D = 128, B·T = 65,536 tokens with T from 512 to 65,536 (B = 65536/T);
   ``fwd`` (no gradients) and ``fwdbwd`` (forward and the gradients of every differentiable input,
@@ -316,7 +316,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"--ops: choose from {tuple(OPS)}; got {ops}")
     import torch
     if not torch.cuda.is_available():
-        print("the survey needs a CUDA GPU; Chapter 11 draws the stored kernels/survey.json")
+        print("the survey needs a CUDA GPU; Chapter 12 draws the stored kernels/survey.json")
         return 2
     from .results import environment, load_results, write_results
     warmup, rep = (5, 20) if args.quick else (10, 50)

@@ -7,8 +7,8 @@ always, no implicit ``1/sqrt(d)``, float64 in and out. See the book's notation p
 Modules, in the order of the book: ``_validate`` (the one input-validation helper), ``checks``
 (state an identity and check it), ``masks``, ``rnn`` (chapter 0), ``softmax`` (chapter 1),
 ``linear_attention`` (chapter 2), ``forget_gates`` (chapter 3), ``ttt`` (chapter 4), ``delta``
-(chapters 5-6), ``feeding_back`` (chapter 7), ``path`` (chapter 8), ``mesanet`` (chapter 9),
-``short_convolution`` (chapter 10). ``lattn_core.notebook`` (notebook conveniences) is
+(chapters 5-6), ``feeding_back`` (chapters 7-8), ``path`` (chapter 9), ``mesanet`` (chapter 10),
+``short_convolution`` (chapter 11). ``lattn_core.notebook`` (notebook conveniences) is
 imported on its own. The package imports nothing from :mod:`kernels`; the experiments that train
 torch models live in :mod:`experiments`.
 """

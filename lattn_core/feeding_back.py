@@ -1,6 +1,6 @@
-"""Chapter 7: feeding back. Linear attention's ideas carried back into softmax attention.
+"""Chapters 7 and 8: feeding back. Linear attention's ideas carried back into softmax attention.
 
-The chapter's first half, in code:
+Chapter 7, in code:
 
 * the **KV cache** of real model shapes against the state of a linear attention of the same shapes
   (:data:`MODEL_SHAPES`, :func:`kv_cache_size`, :func:`linear_state_size`,
@@ -24,7 +24,7 @@ that may already have underflowed: ``log Γ`` comes from :func:`lattn_core.log_d
 ``log gamma_t`` to every cached token as it goes. The row softmax and the online-softmax step are
 Chapter 1's (:func:`lattn_core.row_softmax`).
 
-The second half:
+Chapter 8:
 
 * **DeltaFormer** (Zhong et al., 2025), ``A (I + Diag(beta) B)^{-1} V`` with ``A``, ``B`` the
   exponentials (or row softmaxes) of ``Q K^T`` and ``K K^T``, in three forms
@@ -429,7 +429,7 @@ def alibi_bias(n: int, slope: float) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
-# DeltaFormer: the delta rule inside softmax attention (the chapter's second half)
+# DeltaFormer: the delta rule inside softmax attention (Chapter 8)
 # --------------------------------------------------------------------------------------------
 def _masked_exp_rows(S, allowed, normalize: bool) -> np.ndarray:
     """``exp(S)`` on the ``allowed`` entries (0 elsewhere), or, with ``normalize``, the softmax of

@@ -1,4 +1,4 @@
-"""MesaNet: the in-context linear regression solved exactly at every token (Chapter 9).
+"""MesaNet: the in-context linear regression solved exactly at every token (Chapter 10).
 
 Test-time training (Chapter 4) reads DeltaNet as one step of gradient descent on the squared loss
 ``1/2 |S k_t - v_t|^2``. That loss is a linear regression, and a linear regression has a closed-form

@@ -1,4 +1,4 @@
-"""PaTH attention: Householder products as position encoding (Chapter 8).
+"""PaTH attention: Householder products as position encoding (Chapter 9).
 
 PaTH (Yang et al., 2025) replaces the plain score ``q_i·k_j`` of softmax attention by
 

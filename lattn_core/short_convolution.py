@@ -1,4 +1,4 @@
-"""Short convolutions, and why linear attention puts one on its keys (Chapter 10).
+"""Short convolutions, and why linear attention puts one on its keys (Chapter 11).
 
 A *short convolution* mixes every channel of a sequence with its own few previous values. For
 ``X`` of shape ``(n, d)`` (row ``t`` is token ``t``, 0-based here as everywhere in the package) and
@@ -31,7 +31,7 @@ The chapter's argument, as functions it can execute:
 
 - keys equal to values: :func:`tied_deltanet_state` is the closed form
   ``S_n = I - (I - b_1 k_1 k_1^T)(I - b_2 k_2 k_2^T)...(I - b_n k_n k_n^T)`` of DeltaNet's state when
-  ``V = K`` (the identity minus Chapter 8's product of factors), and :func:`least_squares_state` the
+  ``V = K`` (the identity minus Chapter 9's product of factors), and :func:`least_squares_state` the
   exact minimiser ``V^T K (K^T K + lam I)^{-1}`` of the test-time-training objective, which is
   ``I - lam (K^T K + lam I)^{-1}`` when ``V = K``; :func:`deltanet_states` runs the recurrence and
   :func:`identity_gap` measures how far a state is from (a multiple of) the identity;
@@ -271,7 +271,7 @@ def tied_deltanet_state(K, beta=None) -> np.ndarray:
 
 def least_squares_state(K, V, lam: float) -> np.ndarray:
     """The exact minimiser of ``sum_t ||S k_t - v_t||^2 + lam ||S||_F^2``: ``V^T K (K^T K +
-    lam I)^{-1}`` (``(d_v, d_k)``; ``lam > 0``). What an exact test-time trainer (MesaNet, Chapter 9)
+    lam I)^{-1}`` (``(d_v, d_k)``; ``lam > 0``). What an exact test-time trainer (MesaNet, Chapter 10)
     holds after the tokens of ``K, V``; with ``V = K`` it is ``I - lam (K^T K + lam I)^{-1}``."""
     K = as_array(K, "K", ("n", "d_k"))
     V = as_array(V, "V", (K.shape[0], "d_v"))

@@ -1,4 +1,4 @@
-"""Chapter 11: the whole family side by side, the memory of decoding, attention as a quadratic RNN.
+"""Chapter 12: the whole family side by side, the memory of decoding, attention as a quadratic RNN.
 
 * :data:`FAMILY`: one :class:`FamilyRow` per model of the book, naming its ``lattn_core`` forms, its
   recurrence, its attention-matrix form, what it keeps while decoding (a fixed state, or a cache that
@@ -122,17 +122,17 @@ FAMILY = (
               "oₜ = Σⱼ≤ₜ exp(qₜ·kⱼ)Γₜⱼ vⱼ / Σⱼ≤ₜ exp(qₜ·kⱼ)Γₜⱼ", "softmax(QKᵀ + log Γ) V",
               lambda d_k, d_v: d_k + d_v + 1, _zero, "n (d_k + d_v + 1): a log decay per key",
               "O(n² d)", "O(n d)", 2, "scalar_gate"),
-    FamilyRow("DeltaFormer", (7,), ("07_feeding_back",), "deltaformer_recurrent", "deltaformer_parallel",
+    FamilyRow("DeltaFormer", (8,), ("08_deltaformer",), "deltaformer_recurrent", "deltaformer_parallel",
               "deltaformer_chunkwise",
               "uₜ = vₜ − βₜΣⱼ<ₜ softmaxⱼ(kₜ·kⱼ)uⱼ, oₜ = Σⱼ≤ₜ softmaxⱼ(qₜ·kⱼ)uⱼ",
               "A(I + Diag(β)B)⁻¹ V, A, B softmaxes of QKᵀ, KKᵀ", _kv, _zero,
               "n (d_k + d_v): keys and pseudo-values", "O(n² d)", "O(n d)", 2, "deltaformer"),
-    FamilyRow("PaTH", (8,), ("08_path",), "path_attention_recurrent", "path_attention_parallel",
+    FamilyRow("PaTH", (9,), ("09_path",), "path_attention_recurrent", "path_attention_parallel",
               "path_attention_chunkwise",
               "oₜ = Σⱼ≤ₜ softmaxⱼ(qₜᵀHₜ⋯Hⱼ₊₁kⱼ) vⱼ, Hₛ = I − βₛwₛwₛᵀ",
               "softmax of Householder-carried scores", _kv, _zero,
               "n (d_k + d_v): keys carried by each new H", "O(n² d)", "O(n d)", 2, "path"),
-    FamilyRow("MesaNet", (9,), ("09_mesanet",), "mesanet_recurrent", "mesanet_parallel", "mesanet_chunkwise",
+    FamilyRow("MesaNet", (10,), ("10_mesanet",), "mesanet_recurrent", "mesanet_parallel", "mesanet_chunkwise",
               "Gₜ = γₜGₜ₋₁ + vₜkₜᵀ, Hₜ = γₜHₜ₋₁ + kₜkₜᵀ, oₜ = Gₜ(Hₜ + Λ)⁻¹qₜ",
               "(Q̂Kᵀ ⊙ Γ) V, q̂ₜ = (Hₜ + Λ)⁻¹qₜ", _zero,
               lambda d_k, d_v: d_k * d_v + d_k * (d_k + 1) // 2,

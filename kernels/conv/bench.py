@@ -96,7 +96,7 @@ def bandwidth(case, rec, yardsticks):
     rec["copy_fraction"] = round(rec["gbps"] / yardsticks[0]["gbps"], 3)
 
 
-GRAPH_LOG = "graph_timing.json"   # beside results.json: Chapter 10 reads it, so it ships with the package
+GRAPH_LOG = "graph_timing.json"   # beside results.json: Chapter 11 reads it, so it ships with the package
 
 
 def launched_vs_graphed(log=None, gbps=None) -> list:

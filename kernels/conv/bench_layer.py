@@ -1,4 +1,4 @@
-"""What the short convolution costs inside a DeltaNet layer (the question that matters: Chapter 10).
+"""What the short convolution costs inside a DeltaNet layer (the question that matters: Chapter 11).
 
     python -m kernels.conv.bench_layer [--B 8] [--T 4096] [--hidden 2048] [--heads 16] [--reps 1]
                                        [--graph] [--write]
@@ -22,7 +22,7 @@ and keeps each variant's median (and every round's time); ``--graph`` replays ea
 graph, so that host-side gaps between launches do not reach the timing (:func:`floor_check` found
 the forward + backward of one eager run below what the convolutions' bytes need). It prints its
 table, and with ``--write`` keeps it in
-``kernels/conv/layer.json`` (device, date, versions), which ``NOTES.md`` and Chapter 10 read
+``kernels/conv/layer.json`` (device, date, versions), which ``NOTES.md`` and Chapter 11 read
 (:func:`load`, :func:`table`).
 """
 from __future__ import annotations

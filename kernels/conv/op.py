@@ -1,4 +1,4 @@
-"""``causal_conv1d``: the short causal depthwise convolution of Chapter 10 (fla's argument order).
+"""``causal_conv1d``: the short causal depthwise convolution of Chapter 11 (fla's argument order).
 
 Read top to bottom: check the inputs, pick the backend, plan the launches, then the stages.
 

@@ -1,4 +1,4 @@
-"""DeltaFormer: the delta rule inside softmax attention (Chapter 7).
+"""DeltaFormer: the delta rule inside softmax attention (Chapter 8).
 
 ``op.py`` holds the public op (``deltaformer_attn``), ``pseudo.py`` the stage that is new here (the
 pseudo-values ``u = (I + Diag(β) P)^{-1} v`` chunk by chunk, and their adjoint), ``plan.py`` the

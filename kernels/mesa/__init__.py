@@ -1,4 +1,4 @@
-"""MesaNet (Chapter 9): ``chunk_mesa_net``, the per-token regression solved by conjugate gradients.
+"""MesaNet (Chapter 10): ``chunk_mesa_net``, the per-token regression solved by conjugate gradients.
 
 ``op.py`` holds the public op and its autograd function, read as three stages: ``states.py`` (the
 states of ``H`` entering every chunk, by the gla family's chunked gated sums), ``solve.py`` (the

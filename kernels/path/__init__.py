@@ -1,4 +1,4 @@
-"""PaTH attention: Householder products as position encoding (Chapter 8).
+"""PaTH attention: Householder products as position encoding (Chapter 9).
 
 ``op.py`` holds the public op (``parallel_path_attn``), ``local.py`` the per-block stage (each
 block's UT transform through the common floor's triangular solve: queries pulled back to the

@@ -61,7 +61,7 @@ def parallel_path_attn(q, k, v, w, beta, g=None, scale=None, backend=None, *, ch
     ``<= 0``. ``w``, ``beta`` and ``g`` in float32 (as fla insists) or the inputs' dtype.
 
     The gate bias sits inside the scale, as in fla's kernel and its naive reference. In the
-    article's notation (Chapter 8, no implicit scale) this is ``lattn_core.path_attention(scale·Q,
+    article's notation (Chapter 9, no implicit scale) this is ``lattn_core.path_attention(scale·Q,
     K, V, W, beta, gamma=exp(scale·g))``: the forget gates are ``γ_t = e^{scale·g_t}``. (fla's FoX,
     :func:`kernels.parallel_forgetting_attn`, adds its bias outside the scale.)
     """

@@ -1,43 +1,51 @@
-"""Chapter 9 (MesaNet): how the chunked conjugate-gradient form cuts its work.
+"""Chapter 9 (PaTH): how the kernel walks a query block back over the blocks before it.
 
-``draw_mesanet_chunks`` shows the three passes of :func:`lattn_core.mesanet_cg` (and of fla's
-``chunk_mesa_net``): the gated sums ``H`` and ``G`` at every chunk boundary, carried chunk after
-chunk; then every chunk's conjugate-gradient steps, in parallel, each reading only its own boundary
-``H`` and its own keys; then the output read with the solved queries and the boundary ``G``.
+``draw_block_walk`` shows the two stages of ``kernels.parallel_path_attn``: every 64-token block on
+its own (the block's UT factor and what it gives), then, for one block of queries, the walk over
+the earlier key blocks, last first, with the scores taken before each crossing.
 """
 from __future__ import annotations
 
 from .base import PALETTE, arrow, box, canvas, label
 
-__all__ = ["draw_mesanet_chunks"]
+__all__ = ["draw_block_walk"]
 
 
-def draw_mesanet_chunks(n_chunks: int = 4):
-    """``n_chunks`` chunks of tokens from left to right. Top: the boundary states (sequential over
-    chunks). Middle: each chunk's ``m`` conjugate-gradient steps, with the iterate, residual and
-    direction of every token kept on chip (parallel over chunks). Bottom: the outputs."""
-    fig, ax = canvas(6.4, 4.0, xlim=(0, 12.8), ylim=(0, 8.0))
-    w, gap = 2.8, 0.4
-    xs = [0.3 + c * (w + gap) for c in range(n_chunks)]
-    y_state, y_cg, y_out = 6.1, 2.75, 0.3
-    hs, hc, ho = 1.0, 1.75, 1.0
-    for c, x in enumerate(xs):
-        box(ax, x, y_state, w, hs, f"H, G at the start\nof chunk {c + 1}", color=PALETTE["state"],
-            alpha=0.25, fontsize=7)
-        box(ax, x, y_cg, w, hc, f"chunk {c + 1}: m steps of\nconjugate gradients,\n"
-            "iterates on chip", color=PALETTE["key"], alpha=0.25, fontsize=7)
-        box(ax, x, y_out, w, ho, r"read with $\hat{q}_t$:" + "\nboundary G + chunk",
-            color=PALETTE["value"], alpha=0.25, fontsize=7)
-        arrow(ax, (x + w / 2, y_state), (x + w / 2, y_cg + hc))
-        arrow(ax, (x + w / 2, y_cg), (x + w / 2, y_out + ho))
-    for a, b in zip(xs[:-1], xs[1:]):
-        arrow(ax, (a + w, y_state + hs / 2), (b, y_state + hs / 2))
-    label(ax, 6.4, y_state + hs + 0.4, "1. one pass over the chunks: the gated sums "
-          "(Chapter 3), sequential", fontsize=7.5, color="#444444")
-    label(ax, 6.4, (y_state + y_cg + hc) / 2, "2. every chunk at once, from its boundary H: "
-          "each step is a gated read with p as queries", fontsize=7, color="#444444",
-          bbox=dict(facecolor="white", edgecolor="none", pad=1.0))
-    label(ax, 6.4, (y_cg + y_out + ho) / 2, "3. the outputs, from the boundary G and the "
-          r"solved queries $\hat{q}_t$", fontsize=7, color="#444444",
-          bbox=dict(facecolor="white", edgecolor="none", pad=1.0))
+def draw_block_walk(n_blocks: int = 5):
+    """Blocks ``0 .. n_blocks − 1`` of 64 tokens in a row; the last holds the query block ``i``.
+    Stage 1 (top line) runs for every block at once. Stage 2 follows the queries of block ``i``:
+    their own scores come from stage 1 (``A_loc``); then, at each earlier block ``l``, last first,
+    the carried queries ``X`` take their scores against the block's keys pushed to its end,
+    ``X K̂_lᵀ`` (into the online softmax), and cross the block, ``X ← X − (X W_lᵀ) U_l``, before
+    moving on to block ``l − 1``."""
+    fig, ax = canvas(6.4, 3.4, xlim=(0, 13), ylim=(0, 7.2))
+    w, h, gap = 2.0, 1.2, 0.6
+    x0 = (13 - (n_blocks * w + (n_blocks - 1) * gap)) / 2
+    y = 2.6
+    i = n_blocks - 1
+    label(ax, 6.5, 6.85, r"stage 1, every block at once: $\mathbf{T}$ (the delta family's solve), "
+          r"$\mathbf{U} = \mathbf{T}\,\mathrm{Diag}(\beta)\mathbf{W}$, $\tilde{\mathbf{Q}}$, "
+          r"$\hat{\mathbf{K}}$, $\mathbf{A}_{\mathrm{loc}}$", fontsize=7.5)
+    label(ax, 6.5, 6.2, rf"stage 2, the queries of block $i = {i}$ walk back, last block first",
+          fontsize=8.5)
+    xs = [x0 + t * (w + gap) for t in range(n_blocks)]
+    for t, x in enumerate(xs):
+        if t == i:
+            box(ax, x, y, w, h, r"queries $\tilde{\mathbf{Q}}_i$" "\n" r"own: $\mathbf{A}_{\mathrm{loc}}$",
+                color="#d6e6f5", fontsize=7.5)
+        else:
+            box(ax, x, y, w, h, rf"$\hat{{\mathbf{{K}}}}_{t},\ \mathbf{{W}}_{t},\ \mathbf{{U}}_{t}$",
+                color=PALETTE["light"], fontsize=8)
+            label(ax, x + w / 2, y - 0.45, rf"scores $\mathbf{{X}}\hat{{\mathbf{{K}}}}_{t}^\top$",
+                  fontsize=7.5, color=PALETTE["key"])
+        label(ax, x + w / 2, y + h + 0.3, f"block {t}", fontsize=8)
+    for t in range(i, 0, -1):                         # arrows from block t to block t − 1
+        text = r"$\mathbf{X} = \tilde{\mathbf{Q}}_i$" if t == i else f"cross {t}"
+        arrow(ax, (xs[t] + w / 2 - 0.3, y + h + 0.85), (xs[t - 1] + w / 2 + 0.3, y + h + 0.85), text,
+              color=PALETTE["query"], fontsize=7, offset=(0, 0.08))
+    label(ax, 6.5, 1.05, r"cross block $l$: $\mathbf{X} \leftarrow \mathbf{X} - "
+          r"(\mathbf{X}\mathbf{W}_l^\top)\,\mathbf{U}_l$, that is $\mathbf{X}\,(\mathbf{I} - "
+          r"\mathbf{W}_l^\top\mathbf{U}_l)$, the block's product of factors", fontsize=7.5)
+    label(ax, 6.5, 0.4, "every score goes into the online softmax (Chapter 1); "
+          "nothing of size T x T is written", fontsize=7.5, color=PALETTE["mask"])
     return fig

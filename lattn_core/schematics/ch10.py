@@ -1,67 +1,43 @@
-"""Chapter 10 (short convolutions): which pairs test-time training learns from, and the band of a
-short convolution's matrix."""
+"""Chapter 10 (MesaNet): how the chunked conjugate-gradient form cuts its work.
+
+``draw_mesanet_chunks`` shows the three passes of :func:`lattn_core.mesanet_cg` (and of fla's
+``chunk_mesa_net``): the gated sums ``H`` and ``G`` at every chunk boundary, carried chunk after
+chunk; then every chunk's conjugate-gradient steps, in parallel, each reading only its own boundary
+``H`` and its own keys; then the output read with the solved queries and the boundary ``G``.
+"""
 from __future__ import annotations
 
-import numpy as np
+from .base import PALETTE, arrow, box, canvas, label
 
-from .base import PALETTE, arrow, box, canvas, label, matrix
-
-__all__ = ["draw_training_pairs", "draw_conv_band"]
+__all__ = ["draw_mesanet_chunks"]
 
 
-def draw_training_pairs(n: int = 5):
-    """Two rows of tokens ``x_1 .. x_n``. Top: with ``K = V`` each token's pair is itself, ``k_t ↦
-    v_t = k_t`` (a loop on every token). Bottom: a convolution on the keys that passes the previous
-    token makes the pair ``k_{t-1} ↦ v_t`` (an arrow from each token to the next)."""
-    from matplotlib.patches import FancyArrowPatch
-
-    fig, ax = canvas(6.4, 2.9, xlim=(0, 11), ylim=(0, 5.0))
-    w, h, gap = 1.3, 0.75, 0.75
-    x0 = 11 / 2 - (n * w + (n - 1) * gap) / 2
-    rows = ((3.1, r"$\mathbf{K} = \mathbf{V}$: every pair is $(\mathbf{k}_t, \mathbf{k}_t)$, "
-                  "the identity fits them all", "self"),
-            (0.95, r"a shift on $\mathbf{K}$: pairs $(\mathbf{k}_{t-1}, \mathbf{v}_t)$, "
-                   "predict the next token", "next"))
-    for y, title, kind in rows:
-        label(ax, 5.5, y + h + 0.85, title, fontsize=9)
-        for t in range(n):
-            x = x0 + t * (w + gap)
-            box(ax, x, y, w, h, rf"$\mathbf{{x}}_{t + 1}$", color=PALETTE["light"], fontsize=10)
-            if kind == "self":
-                ax.add_patch(FancyArrowPatch((x + 0.35 * w, y + h), (x + 0.65 * w, y + h),
-                                             connectionstyle="arc3,rad=-1.6", arrowstyle="-|>",
-                                             mutation_scale=9, color=PALETTE["key"], lw=1.1))
-            elif t + 1 < n:
-                arrow(ax, (x + w, y + h / 2), (x + w + gap, y + h / 2), color=PALETTE["key"], lw=1.1)
-    label(ax, 5.5, 0.3, r"arrow: key $\rightarrow$ value of one training pair", fontsize=8,
-          color=PALETTE["key"])
-    return fig
-
-
-def draw_conv_band(n: int = 8, width: int = 4):
-    """The ``n x n`` matrix ``Psi = sum_i psi_i J^i`` of one channel of a width-``width`` causal
-    convolution: the diagonal carries ``psi_0`` (the current token), the ``i``-th subdiagonal
-    ``psi_i``, everything else is zero (drawn white)."""
-    fig, ax = canvas(6.4, 3.4, xlim=(0, 10), ylim=(0, 5.2))
-    M = np.full((n, n), np.nan)
-    for i in range(width):
-        for t in range(i, n):
-            M[t, t - i] = width - i
-    cell = 0.55
-    x, y = 0.6, 0.3
-    matrix(ax, M, x=x, y=y, cell=cell, cmap="Oranges", vmin=0, vmax=width + 1)
-    top = y + n * cell
-    for i in range(width):
-        for t in range(i, n):
-            label(ax, x + (t - i + 0.5) * cell, top - (t + 0.5) * cell, rf"$\psi_{i}$", fontsize=7)
-    label(ax, x + n * cell / 2, top + 0.3, r"$\mathbf{\Psi}$: rows $t$ (outputs), columns $s$ (inputs)",
-          fontsize=8)
-    tx = x + n * cell + 0.5
-    lines = [r"$y_t = \psi_0 x_t + \psi_1 x_{t-1} + \dots$",
-             rf"width {width}: {width} diagonals",
-             "zero above the diagonal: causal",
-             "one such matrix per channel",
-             r"$\psi_1 = 1$, others $0$: the shift $\mathbf{J}$"]
-    for r, text in enumerate(lines):
-        label(ax, tx, top - 0.5 - 0.7 * r, text, fontsize=8, ha="left")
+def draw_mesanet_chunks(n_chunks: int = 4):
+    """``n_chunks`` chunks of tokens from left to right. Top: the boundary states (sequential over
+    chunks). Middle: each chunk's ``m`` conjugate-gradient steps, with the iterate, residual and
+    direction of every token kept on chip (parallel over chunks). Bottom: the outputs."""
+    fig, ax = canvas(6.4, 4.0, xlim=(0, 12.8), ylim=(0, 8.0))
+    w, gap = 2.8, 0.4
+    xs = [0.3 + c * (w + gap) for c in range(n_chunks)]
+    y_state, y_cg, y_out = 6.1, 2.75, 0.3
+    hs, hc, ho = 1.0, 1.75, 1.0
+    for c, x in enumerate(xs):
+        box(ax, x, y_state, w, hs, f"H, G at the start\nof chunk {c + 1}", color=PALETTE["state"],
+            alpha=0.25, fontsize=7)
+        box(ax, x, y_cg, w, hc, f"chunk {c + 1}: m steps of\nconjugate gradients,\n"
+            "iterates on chip", color=PALETTE["key"], alpha=0.25, fontsize=7)
+        box(ax, x, y_out, w, ho, r"read with $\hat{q}_t$:" + "\nboundary G + chunk",
+            color=PALETTE["value"], alpha=0.25, fontsize=7)
+        arrow(ax, (x + w / 2, y_state), (x + w / 2, y_cg + hc))
+        arrow(ax, (x + w / 2, y_cg), (x + w / 2, y_out + ho))
+    for a, b in zip(xs[:-1], xs[1:]):
+        arrow(ax, (a + w, y_state + hs / 2), (b, y_state + hs / 2))
+    label(ax, 6.4, y_state + hs + 0.4, "1. one pass over the chunks: the gated sums "
+          "(Chapter 3), sequential", fontsize=7.5, color="#444444")
+    label(ax, 6.4, (y_state + y_cg + hc) / 2, "2. every chunk at once, from its boundary H: "
+          "each step is a gated read with p as queries", fontsize=7, color="#444444",
+          bbox=dict(facecolor="white", edgecolor="none", pad=1.0))
+    label(ax, 6.4, (y_cg + y_out + ho) / 2, "3. the outputs, from the boundary G and the "
+          r"solved queries $\hat{q}_t$", fontsize=7, color="#444444",
+          bbox=dict(facecolor="white", edgecolor="none", pad=1.0))
     return fig

@@ -1,45 +1,67 @@
-"""Chapter 11's schematic: an RNN that reads each token once against one that re-reads the history."""
+"""Chapter 11 (short convolutions): which pairs test-time training learns from, and the band of a
+short convolution's matrix."""
 from __future__ import annotations
 
-from .base import PALETTE, arrow, box, canvas, label
+import numpy as np
 
-__all__ = ["draw_rereading"]
+from .base import PALETTE, arrow, box, canvas, label, matrix
+
+__all__ = ["draw_training_pairs", "draw_conv_band"]
 
 
-def draw_rereading(n: int = 4):
-    """Left: an ordinary RNN, one state carried along the tokens, each token read once. Right: the
-    re-reading RNN: for every new token ``i`` a fresh state reads tokens ``i, i−1, …, 1`` (one row
-    per output), with ``q_i`` in hand; ``n(n+1)/2`` reads, one state at a time."""
-    if not isinstance(n, int) or not 2 <= n <= 6:
-        raise ValueError(f"n must be an integer in [2, 6]; got {n!r}")
-    w = 2.2 * n + 3.2
-    fig, ax = canvas(7.6, 3.8, xlim=(0, 2 * w + 0.6), ylim=(-0.6, n + 2.0))
-    s = 2.0
-    # left: x_1..x_n along the bottom, the state walks right
-    label(ax, w / 2, n + 1.6, "an RNN: each token read once", fontsize=9)
-    for j in range(n):
-        x = 0.6 + s * j
-        box(ax, x, 0, 1.0, 0.7, f"x{j + 1}", color=PALETTE["light"])
-        box(ax, x, 1.4, 1.0, 0.7, "h", color=PALETTE["state"], alpha=0.35)
-        arrow(ax, (x + 0.5, 0.7), (x + 0.5, 1.4))
-        label(ax, x + 0.5, 2.6, f"o{j + 1}", fontsize=8)
-        arrow(ax, (x + 0.5, 2.1), (x + 0.5, 2.45))
-        if j:
-            arrow(ax, (x - s + 1.0, 1.75), (x, 1.75))
-    # right: row i re-reads tokens i..1 with q_i, from a fresh state
-    x0 = w + 0.8
-    label(ax, x0 + w / 2, n + 1.6, "re-reading: each token re-reads the past", fontsize=9)
-    for i in range(n):
-        y = n - i
-        label(ax, x0 - 0.1, y + 0.25, f"q{i + 1}", fontsize=8, ha="right", color=PALETTE["query"])
-        for r, j in enumerate(range(i, -1, -1)):
-            x = x0 + 0.3 + 1.4 * r
-            box(ax, x, y, 1.0, 0.5, f"k{j + 1},v{j + 1}", fontsize=6,
-                color=PALETTE["key"] if r == 0 else PALETTE["light"], alpha=0.6)
-            if r:
-                arrow(ax, (x - 0.4, y + 0.25), (x, y + 0.25), lw=0.8)
-        xe = x0 + 0.3 + 1.4 * (i + 1)
-        arrow(ax, (xe - 0.4, y + 0.25), (xe, y + 0.25), lw=0.8, color=PALETTE["state"])
-        label(ax, xe + 0.15, y + 0.25, f"o{i + 1}", fontsize=8, ha="left")
-    label(ax, x0 + w / 2, -0.35, "one state at a time; n(n+1)/2 reads", fontsize=8)
+def draw_training_pairs(n: int = 5):
+    """Two rows of tokens ``x_1 .. x_n``. Top: with ``K = V`` each token's pair is itself, ``k_t ↦
+    v_t = k_t`` (a loop on every token). Bottom: a convolution on the keys that passes the previous
+    token makes the pair ``k_{t-1} ↦ v_t`` (an arrow from each token to the next)."""
+    from matplotlib.patches import FancyArrowPatch
+
+    fig, ax = canvas(6.4, 2.9, xlim=(0, 11), ylim=(0, 5.0))
+    w, h, gap = 1.3, 0.75, 0.75
+    x0 = 11 / 2 - (n * w + (n - 1) * gap) / 2
+    rows = ((3.1, r"$\mathbf{K} = \mathbf{V}$: every pair is $(\mathbf{k}_t, \mathbf{k}_t)$, "
+                  "the identity fits them all", "self"),
+            (0.95, r"a shift on $\mathbf{K}$: pairs $(\mathbf{k}_{t-1}, \mathbf{v}_t)$, "
+                   "predict the next token", "next"))
+    for y, title, kind in rows:
+        label(ax, 5.5, y + h + 0.85, title, fontsize=9)
+        for t in range(n):
+            x = x0 + t * (w + gap)
+            box(ax, x, y, w, h, rf"$\mathbf{{x}}_{t + 1}$", color=PALETTE["light"], fontsize=10)
+            if kind == "self":
+                ax.add_patch(FancyArrowPatch((x + 0.35 * w, y + h), (x + 0.65 * w, y + h),
+                                             connectionstyle="arc3,rad=-1.6", arrowstyle="-|>",
+                                             mutation_scale=9, color=PALETTE["key"], lw=1.1))
+            elif t + 1 < n:
+                arrow(ax, (x + w, y + h / 2), (x + w + gap, y + h / 2), color=PALETTE["key"], lw=1.1)
+    label(ax, 5.5, 0.3, r"arrow: key $\rightarrow$ value of one training pair", fontsize=8,
+          color=PALETTE["key"])
+    return fig
+
+
+def draw_conv_band(n: int = 8, width: int = 4):
+    """The ``n x n`` matrix ``Psi = sum_i psi_i J^i`` of one channel of a width-``width`` causal
+    convolution: the diagonal carries ``psi_0`` (the current token), the ``i``-th subdiagonal
+    ``psi_i``, everything else is zero (drawn white)."""
+    fig, ax = canvas(6.4, 3.4, xlim=(0, 10), ylim=(0, 5.2))
+    M = np.full((n, n), np.nan)
+    for i in range(width):
+        for t in range(i, n):
+            M[t, t - i] = width - i
+    cell = 0.55
+    x, y = 0.6, 0.3
+    matrix(ax, M, x=x, y=y, cell=cell, cmap="Oranges", vmin=0, vmax=width + 1)
+    top = y + n * cell
+    for i in range(width):
+        for t in range(i, n):
+            label(ax, x + (t - i + 0.5) * cell, top - (t + 0.5) * cell, rf"$\psi_{i}$", fontsize=7)
+    label(ax, x + n * cell / 2, top + 0.3, r"$\mathbf{\Psi}$: rows $t$ (outputs), columns $s$ (inputs)",
+          fontsize=8)
+    tx = x + n * cell + 0.5
+    lines = [r"$y_t = \psi_0 x_t + \psi_1 x_{t-1} + \dots$",
+             rf"width {width}: {width} diagonals",
+             "zero above the diagonal: causal",
+             "one such matrix per channel",
+             r"$\psi_1 = 1$, others $0$: the shift $\mathbf{J}$"]
+    for r, text in enumerate(lines):
+        label(ax, tx, top - 0.5 - 0.7 * r, text, fontsize=8, ha="left")
     return fig

@@ -518,7 +518,7 @@ def test_the_wheel_carries_every_file_the_book_reads(wheel):
     assert "graph_timing.json" in names and "experiments/results/*.json" in names, sorted(names)
     shipped = set(zipfile.ZipFile(wheel).namelist())
     assert not missing_from_wheel(names, files, shipped), missing_from_wheel(names, files, shipped)
-    # the same check on a wheel without Chapter 10's log fails
+    # the same check on a wheel without Chapter 11's log fails
     without = missing_from_wheel(names, files, shipped - {"kernels/conv/graph_timing.json"})
     assert "kernels/conv/graph_timing.json (named 'graph_timing.json' in kernels/conv/bench.py)" \
         in without and all(m.startswith("kernels/conv/graph_timing.json ") for m in without), without

@@ -1,4 +1,4 @@
-"""Chapter 7 (first half): the KV cache against the state, the table of attention matrices, the
+"""Chapter 7: the KV cache against the state, the table of attention matrices, the
 kernel trick, ALiBi and FoX. Every identity the chapter checks, with its tolerance and why.
 
 Tolerances: the references are float64. Forms that regroup the same sums (three forms of FoX, a

@@ -1,4 +1,4 @@
-"""DeltaFormer's reference math (lattn_core.feeding_back, the second half of Chapter 7): its three
+"""DeltaFormer's reference math (lattn_core.feeding_back, Chapter 8): its three
 forms, the matrices' masks, stability of the normalised form, and bad input. float64 throughout:
 the forms differ only in the order of the same sums (round-off ~1e-15 relative to |O| of a few),
 so they must agree to 1e-10; a wrong mask, a missing beta or a block boundary off by one fails that

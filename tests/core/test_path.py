@@ -251,7 +251,7 @@ def test_bad_inputs_raise():
 
 
 def test_factor_is_orthogonal_exactly_for_reflections_symbolically():
-    """Chapter 8's exercise 1: ``HᵀH − I = β(β|w|² − 2) w wᵀ`` for ``H = I − β w wᵀ`` (SymPy, d = 3),
+    """Chapter 9's exercise 1: ``HᵀH − I = β(β|w|² − 2) w wᵀ`` for ``H = I − β w wᵀ`` (SymPy, d = 3),
     so the factor is orthogonal exactly when ``β|w|² = 2`` (or ``β = 0``); a numerical ``H`` with
     ``β = 1.5``, unit ``w`` is not."""
     w = sp.Matrix(sp.symbols("w0:3"))

@@ -1,7 +1,7 @@
-"""Short convolutions and the K = V argument (lattn_core.short_conv, Chapter 10): the four forms of
+"""Short convolutions and the K = V argument (lattn_core.short_conv, Chapter 11): the four forms of
 the convolution, the one-tap shift, the Toeplitz form with SymPy, the decoding cache, bad input;
 DeltaNet's state when V = K in closed form (numerically, with SymPy, against Chapter 4's autodiff
-test-time training and Chapter 8's product of factors), the exact least-squares state, the
+test-time training and Chapter 9's product of factors), the exact least-squares state, the
 neighbour pairs as a shifted key, and the measured claims the chapter makes.
 
 Tolerances. Everything is float64. A convolution output is a sum of at most ``w`` products, so the
@@ -171,7 +171,7 @@ def test_bad_input_raises():
 def test_tied_deltanet_state_closed_form(n, d):
     """With V = K: the recurrence's last state = I − (I − β_1 k_1 k_1ᵀ)...(I − β_n k_n k_nᵀ)
     (tied_deltanet_state) = Chapter 4's test-time training on the squared loss by autodiff
-    (η = β) = I − Rᵀ with R = H_n ... H_1 Chapter 8's product of factors."""
+    (η = β) = I − Rᵀ with R = H_n ... H_1 Chapter 9's product of factors."""
     rng = np.random.default_rng(n + d)
     K = _unit(rng.normal(size=(n, d)))
     beta = rng.uniform(0.1, 2.0, size=n)
@@ -181,7 +181,7 @@ def test_tied_deltanet_state_closed_form(n, d):
     lc.check_close("closed form = autodiff TTT", S, S_ttt, 1e-10)
     W0 = np.vstack([np.zeros(d), K])                        # a dummy token 0: R_{n,0} = H_n ... H_1
     R = lc.householder_product(W0, np.concatenate([[1.0], beta]), n, 0)
-    lc.check_close("closed form = I − Rᵀ (Chapter 8)", S, np.eye(d) - R.T, 1e-10)
+    lc.check_close("closed form = I − Rᵀ (Chapter 9)", S, np.eye(d) - R.T, 1e-10)
 
 
 def test_tied_deltanet_step_symbolically():
@@ -311,7 +311,7 @@ def test_context_recall_claims():
 
 
 def test_a_convolution_on_v_writes_the_predecessor():
-    """Chapter 10's exercise 3: values shifted by one token, ``v_t = x_{t−1}``, write the pairs
+    """Chapter 11's exercise 3: values shifted by one token, ``v_t = x_{t−1}``, write the pairs
     ``(x_t, x_{t−1})``; DeltaNet's state read at ``x_j`` returns ``x_{j−1}`` for most tokens (random
     unit tokens in 32 dimensions, 24 of them: the writes interfere a little) and never the next
     token, which is what an MQAR query needs."""

@@ -1,4 +1,4 @@
-"""Chapter 11's reference code (lattn_core.whats_next) and the survey's case list (kernels.survey).
+"""Chapter 12's reference code (lattn_core.whats_next) and the survey's case list (kernels.survey).
 
 The survey's timing needs a GPU; here its cases, its records and its input makers are checked on the
 CPU (our ops through their PyTorch path, tiny shapes), without timing anything.

@@ -1,4 +1,4 @@
-"""Chapter 9's recall comparison (experiments.mesa_recall): MesaNet against the delta rule at equal
+"""Chapter 10's recall comparison (experiments.mesa_recall): MesaNet against the delta rule at equal
 d_k, its settings, its claims on constructed runs, and the stored GPU run."""
 import json
 

@@ -1,4 +1,4 @@
-"""Chapter 9's trained in-context regression (experiments.regression): the data, the exact ridge
+"""Chapter 10's trained in-context regression (experiments.regression): the data, the exact ridge
 reference, the normalised-LMS mixer, training, the claims on constructed runs, the stored run."""
 import json
 

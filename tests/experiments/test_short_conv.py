@@ -1,4 +1,4 @@
-"""Chapter 10's experiment (experiments.short_conv): the convolution's gradients in closed form, the
+"""Chapter 11's experiment (experiments.short_conv): the convolution's gradients in closed form, the
 token shift (every variant reads the previous token), the tied mixer (K = V exactly where it
 should be, the book's delta rule, its state in closed form), the variants' parameters, the 1/N
 guess, seeding, bad input, a tiny run, the learning-rate grid, the chapter's claims on constructed

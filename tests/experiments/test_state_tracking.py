@@ -1,4 +1,4 @@
-"""Chapter 8's state-tracking experiment (experiments.state_tracking): the shell game against a
+"""Chapter 9's state-tracking experiment (experiments.state_tracking): the shell game against a
 brute-force composition of permutations, its chance level, seeding, the swap as a Householder
 factor (through lattn_core's PaTH), the model's mixers against lattn_core's references, the
 evaluation's prefix reading and its windows, the curriculum, the diagnostics of PaTH's fall (the
@@ -676,7 +676,7 @@ def _current_gpu_run_stored() -> bool:
 @pytest.mark.skipif(not _current_gpu_run_stored(),
                     reason="the stored GPU run of today's gpu_config() is not made yet (python -m experiments.state_tracking --gpu --write --jobs 3); the chapter says so")
 def test_the_chapters_claims_on_the_stored_gpu_runs():
-    """What Chapter 8 says of the stored GPU setting (``experiments/results/state_tracking.json``): a
+    """What Chapter 9 says of the stored GPU setting (``experiments/results/state_tracking.json``): a
     run of today's gpu_config (the grid, three seeds, both numbers of cups, every model, PaTH's
     diagnostics), on which every claim holds. This fails until that run has been made on a GPU
     and committed."""

@@ -250,7 +250,7 @@ def test_reference_cg_gradient_past_convergence():
     """Three times more CG steps than the head size K (so CG has converged long before the last):
     the reference's autograd gradients stay finite and agree with the exact solve's (4e-4: float32
     arithmetic, relative to the largest entry). Without the stopping floor of its ``_cg`` the ratios
-    of vanishing residuals sent NaN into the gradients (the GPU setting of Chapter 9's MQAR)."""
+    of vanishing residuals sent NaN into the gradients (the GPU setting of Chapter 10's MQAR)."""
     inputs = make_inputs(2, 50, 2, 4, 6, torch.float32, "cpu", seed=17)
     outs, grads = run(lambda *a: chunk_mesa_net_ref(*a[:6], 12, None, None, False), inputs)
     outs64, grads64 = run(exact(False), as64(inputs), like=outs)

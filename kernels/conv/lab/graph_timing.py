@@ -10,7 +10,7 @@ step, so ``do_bench``'s events, which time the stream, catch the GPU waiting for
 graph replays the same kernels with one launch. If the graphed step is faster and repeats, the
 guess holds. Each setting: the benchmark's inputs and step (``causal_conv1d``, bf16, SiLU,
 W = 4), ``bench_ms`` as the benchmark of record uses it. ``--write`` keeps the table in
-``kernels/conv/graph_timing.json`` (``bench.GRAPH_LOG``, beside ``results.json``: Chapter 10 reads it
+``kernels/conv/graph_timing.json`` (``bench.GRAPH_LOG``, beside ``results.json``: Chapter 11 reads it
 through ``bench.launched_vs_graphed``, so it ships with the package, outside the lab).
 """
 from __future__ import annotations
