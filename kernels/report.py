@@ -20,7 +20,8 @@ import math
 from .results import load_results
 
 __all__ = ["show_benchmark", "ratio_table", "ratio_rows", "stored_goal", "goal_verdicts", "describe_verdicts", "plot_results",
-           "series_colors", "env_line", "plot_tradeoff"]
+           "series_colors", "env_line", "plot_tradeoff", "benchmark_figure", "goal_table", "error_lines",
+           "plot_bars", "show_family"]
 
 # The implementation the stored goals compare us with (config["goals"]: our time / this one's).
 GOALS_PEER = "fla"
@@ -186,7 +187,9 @@ def _series(data: dict, *, x: str, pass_, select) -> dict:
     main = max(set(tokens), key=tokens.count) if tokens else 0
     series: dict = {}
     for r in recs:
-        label = ", ".join([r["impl"]] + [str(r[k]) for k in vary if r.get(k) is not None])
+        # a numeric field is named (``D 2048``); a word is its own name (``float32``)
+        label = ", ".join([r["impl"]] + [f"{k} {r[k]}" if _num(r[k]) else str(r[k])
+                                         for k in vary if r.get(k) is not None])
         series.setdefault(label, []).append((r[x], r["ms"], (r.get("B") or 0) * (r.get("T") or 0) == main))
     return series
 
@@ -224,7 +227,7 @@ def plot_tradeoff(data: dict, *, op: str, param: str, err_key: str = "o", pass_:
 
 
 def plot_results(data: dict, *, x: str = "T", pass_: str | None = None, ax=None, title: str | None = None,
-                 select=None, colors: dict | None = None):
+                 select=None, colors: dict | None = None, legend: bool = True, env: bool = True):
     """Median ms against ``x`` (log-log), one line per implementation (and per op and per other
     varying field when a file mixes several), captioned with the device. Points at another token
     count than the file's usual one (the single long sequence) are drawn as hollow markers of the same
@@ -254,12 +257,14 @@ def plot_results(data: dict, *, x: str = "T", pass_: str | None = None, ax=None,
     if odd:
         ax.plot([], [], linestyle="none", marker="o", markerfacecolor="none", color="#555555",
                 label="hollow: one long sequence (B = 1)")
-    ax.legend(fontsize=7)
-    # wrapped to the axes' width: a line wider than the axes would make a constrained layout
-    # shrink the axes to a sliver to leave room for it
-    import textwrap
-    ax.text(0.0, -0.2, textwrap.fill(env_line(data), 80), transform=ax.transAxes, fontsize=7,
-            va="top")
+    if legend:
+        ax.legend(fontsize=7)
+    if env:
+        # wrapped to the axes' width: a line wider than the axes would make a constrained layout
+        # shrink the axes to a sliver to leave room for it
+        import textwrap
+        ax.text(0.0, -0.2, textwrap.fill(env_line(data), 80), transform=ax.transAxes, fontsize=7,
+                va="top")
     return ax
 
 
@@ -321,4 +326,164 @@ def show_benchmark(source, *, select=None, title: str | None = None, ours: str =
     for p in peers:
         for note in _refusals(data, p):
             print(_wrap(f"{p} recorded no time: {note}"))
+    return data
+
+
+# ---- the compact forms: one figure and one table per family (the benchmarks appendix, phone-width) ----
+
+_PASS_NAMES = {"fwd": "forward", "fwdbwd": "forward + backward"}
+
+
+def benchmark_figure(data: dict, *, title: str | None = None, select=None, passes=("fwd", "fwdbwd"),
+                     width: float = 6.4):
+    """The median times of a results dict against ``T``, one panel per pass *stacked* one above the
+    other (legible on a narrow screen), every series in the same colour in both, and one legend below
+    the panels. The device line is left to the caller (print :func:`env_line`). Returns the figure,
+    or ``None`` when no pass has a time."""
+    import matplotlib.pyplot as plt
+    if select is not None:
+        data = dict(data, records=[r for r in data["records"] if select(r)])
+    passes = [p for p in passes if any(r.get("pass") == p and _num(r.get("ms")) for r in data["records"])]
+    if not passes:
+        return None
+    fig, axes = plt.subplots(len(passes), 1, figsize=(width, 0.4 + 2.9 * len(passes)), squeeze=False,
+                             layout="constrained", sharex=True)
+    colors = series_colors(data)
+    for ax, p in zip(axes[:, 0], passes):
+        plot_results(data, pass_=p, ax=ax, colors=colors, legend=False, env=False,
+                     title=f"{title or data.get('name', '')}: {_PASS_NAMES.get(p, p)}")
+        ax.title.set_fontsize(10)
+    for ax in axes[:-1, 0]:
+        ax.set_xlabel("")
+    axes[-1, 0].set_xlabel("sequence length T")
+    handles, labels = {}, {}
+    for ax in axes[:, 0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center",
+               ncol=min(2, len(handles)), fontsize=8, frameon=False)
+    return fig
+
+
+def _shape_text(row: dict, fields) -> str:
+    def val(v):
+        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+    return ", ".join(f"{f} {val(row[f])}" for f in fields if row.get(f) is not None)
+
+
+def goal_table(data: dict, *, ours: str = "ours", peer="fla", select=None) -> str:
+    """A compact Markdown table of our median time over the peer's: one row per op and shape (the
+    shape's fields that vary within the op), the forward and the forward + backward side by side,
+    each ratio marked against the stored goal (``met`` / ``not met``); the goals in the op's cell.
+    ``peer`` may be a sequence (one block of rows per peer, named in the op's cell)."""
+    peers = (peer,) if isinstance(peer, str) else tuple(peer)
+    head = ["| op | shape | forward | forward + backward |", "|:--|:--|--:|--:|"]
+    body = []
+    for p in peers:
+        rows = [r for r in ratio_rows(data, ours=ours, peer=p) if select is None or select(r)]
+        rows = [r for r in rows if r.get("pass") in _PASS_NAMES]
+        for op in dict.fromkeys(r.get("op") for r in rows):
+            block = [r for r in rows if r.get("op") == op]
+            if not any(r["ratio"] is not None for r in block):
+                continue
+            fields = [c for c in ("B", "T") if any(c in r for r in block)]
+            fields += sorted(c for c in {k for r in block for k in r}
+                             - {"pass", "ours", "peer", "ratio", "goal", "note", "op", "B", "T"}
+                             if len({str(r.get(c)) for r in block}) > 1)
+            goals = {r["pass"]: r["goal"] for r in block if r["goal"] is not None}
+            name = f"`{op}` over {p}"
+            if goals:
+                name += " (goals: " + ", ".join(f"{'fwd+bwd' if k == 'fwdbwd' else k} ≤ {g:g}"
+                                                for k, g in goals.items()) + ")"
+            shapes = list(dict.fromkeys(_shape_text(r, fields) for r in block))
+            for i, shape in enumerate(shapes):
+                cells = []
+                for pass_ in ("fwd", "fwdbwd"):
+                    r = next((r for r in block if r["pass"] == pass_ and _shape_text(r, fields) == shape), None)
+                    if r is None or r["ratio"] is None:
+                        cells.append("—")
+                    elif r["goal"] is None:
+                        cells.append(f"{r['ratio']:.2f}")
+                    else:
+                        cells.append(f"{r['ratio']:.2f} " + ("met" if r["ratio"] <= r["goal"] else "**not met**"))
+                body.append(f"| {name if i == 0 else ''} | {shape} | {cells[0]} | {cells[1]} |")
+    if not body:
+        return "(no records with both times)"
+    return "\n".join(head + body)
+
+
+def error_lines(data: dict) -> list:
+    """One short line per implementation (and op, when the records hold several): its largest RMS
+    error ratio against the float64 reference over every output, and which output it was."""
+    errs: dict = {}
+    per_op = len({r.get("op") for r in data["records"]}) > 1
+    for r in data["records"]:
+        who = f"{r['impl']}, {r.get('op')}" if per_op else r["impl"]
+        for k, v in (r.get("err") or {}).items():
+            if _num(v):
+                errs.setdefault(who, {}).setdefault(k, 0.0)
+                errs[who][k] = max(errs[who][k], v)
+    return [f"{who} {max(e.values()):.1e} ({max(e, key=e.get)})" for who, e in errs.items()]
+
+
+def plot_bars(data: dict, *, value: str = "copy_fraction", select=None, ax=None, xlabel: str | None = None,
+              impls=None):
+    """Horizontal bars of a per-record field (say ``copy_fraction``), one group per shape and pass
+    (the fields that vary), one colour per implementation. Returns the axes."""
+    import matplotlib.pyplot as plt
+    recs = [r for r in data["records"] if _num(r.get(value)) and (select is None or select(r))]
+    impls = list(impls or dict.fromkeys(r["impl"] for r in recs))
+    fields = [c for c in sorted({k for r in recs for k in r} - _NOT_KEY - {"pass"})
+              if len({str(r.get(c)) for r in recs}) > 1]
+    groups = list(dict.fromkeys((r.get("pass"), _shape_text(r, fields)) for r in recs))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 0.5 + 0.42 * len(groups) * max(1, len(impls))),
+                             layout="constrained")
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    h = 0.8 / max(1, len(impls))
+    for j, impl in enumerate(impls):
+        ys, xs = [], []
+        for i, (p, shape) in enumerate(groups):
+            r = next((r for r in recs if r["impl"] == impl and r.get("pass") == p
+                      and _shape_text(r, fields) == shape), None)
+            if r is not None:
+                ys.append(i + (j - (len(impls) - 1) / 2) * h)
+                xs.append(r[value])
+        ax.barh(ys, xs, height=h, label=impl, color=cycle[j % len(cycle)])
+    ax.set_yticks(range(len(groups)), [f"{_PASS_NAMES.get(p, p)}\n{shape}" for p, shape in groups], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel or value.replace("_", " "))
+    ax.legend(fontsize=8, loc="lower right")
+    return ax
+
+
+def show_family(source, *, title: str | None = None, peer="fla", select=None, ours: str = "ours"):
+    """A family's benchmark of record in compact form (the benchmarks appendix): the device line, the
+    figure of :func:`benchmark_figure`, then one Markdown block with the table of :func:`goal_table`,
+    the largest errors and the peers' recorded refusals. Prints a line and returns ``None`` when no
+    results are stored; otherwise returns the (selected) results."""
+    from IPython.display import Markdown, display
+    import matplotlib.pyplot as plt
+    try:
+        data = load_results(source) if isinstance(source, str) else source
+    except FileNotFoundError as exc:
+        print(_wrap(str(exc)))
+        return None
+    if select is not None:
+        data = dict(data, records=[r for r in data["records"] if select(r)])
+    print(_wrap(env_line(data)))
+    if not data["records"]:
+        print("(no stored record matches)")
+        return data
+    if benchmark_figure(data, title=title) is not None:
+        plt.show()
+    peers = (peer,) if isinstance(peer, str) else tuple(peer)
+    md = [goal_table(data, ours=ours, peer=peers)]
+    errs = error_lines(data)
+    if errs:
+        md.append("Largest RMS error over the float64 reference's RMS: " + "; ".join(errs) + ".")
+    notes = [f"{p}: {n}" for p in peers for n in _refusals(data, p)]
+    if notes:
+        md.append("Recorded without a time: " + "; ".join(notes) + ".")
+    display(Markdown("\n\n".join(md)))
     return data

@@ -178,3 +178,53 @@ def test_plot_tradeoff_one_line_per_implementation_in_sweep_order():
     lines = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.get_lines()}
     assert lines == {"ours": ([1.0, 2.0], [0.3, 0.1]), "fla": ([1.5], [0.4])}
     plt.close("all")
+
+
+def test_goal_table_is_one_row_per_shape_with_both_passes():
+    """The appendix's compact table: a Markdown table, one row per op and shape, the forward and
+    the forward + backward side by side, each ratio marked against its goal; the shape names only the
+    fields that vary; a block where the peer never has a time is left out."""
+    table = report.goal_table(_data())
+    lines = table.splitlines()
+    assert lines[0] == "| op | shape | forward | forward + backward |"
+    body = lines[2:]
+    assert len(body) == 6                                   # 3 shapes x 2 gate dtypes, passes side by side
+    assert body[0].startswith("| `op_a` over fla (goals: fwd ≤ 0.4, fwd+bwd ≤ 1) | B 32, T 2,048, gates float32 |")
+    assert all("0.50 **not met**" in l and l.endswith("| — |") for l in body)   # 1.0 / 2.0 > 0.4; no fla bwd
+    assert all(l.startswith("|  |") for l in body[1:])      # the op named once
+    sdpa = [dict(r, impl="sdpa") for r in _data()["records"] if r["impl"] == "fla"]
+    two = dict(_data(), records=_data()["records"] + sdpa)
+    rows = report.goal_table(two, peer=("sdpa", "fla")).splitlines()[2:]
+    assert len(rows) == 12 and "over sdpa |" in rows[0] and "0.50 |" in rows[0]   # no goal against sdpa
+    none = dict(_data(), records=[r for r in _data()["records"] if r["impl"] == "ours"])
+    assert report.goal_table(none) == "(no records with both times)"
+
+
+def test_show_family_prints_two_lines_and_one_figure(capsys, monkeypatch):
+    """The compact form: the device line (wrapped), one stacked figure with one legend below, and
+    the rest as one Markdown block (the table, the largest errors, the refusals)."""
+    import matplotlib.pyplot as plt
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *a, **k: shown.extend(a))
+    plt.close("all")
+    figs = []
+    monkeypatch.setattr(plt, "show", lambda *a, **k: figs.extend(plt.get_fignums()))
+    data = report.show_family(_data())
+    out = capsys.readouterr().out
+    assert data is not None and out.strip().startswith("measured on test, today") and len(out.splitlines()) <= 2
+    assert len(figs) == 1
+    fig = plt.figure(figs[0])
+    assert len(fig.axes) == 2 and all(ax.get_legend() is None for ax in fig.axes) and len(fig.legends) == 1
+    assert fig.get_size_inches()[0] <= 7.5
+    md = shown[0].data
+    assert "| `op_a` over fla" in md and "ours 1.0e-03 (o)" in md and "fla: RuntimeError: refused" in md
+    assert report.show_family("no_such_family") is None
+
+
+def test_plot_bars_one_bar_per_impl_and_shape():
+    recs = [{"impl": i, "op": "c", "B": 1, "T": T, "pass": p, "ms": 1.0, "copy_fraction": f}
+            for i, f in (("ours", 0.8), ("fla", 0.5)) for T in (8, 16) for p in ("fwd", "fwdbwd")]
+    ax = report.plot_bars({"records": recs}, value="copy_fraction")
+    assert len(ax.patches) == 8 and len(ax.get_yticklabels()) == 4
+    assert {round(b.get_width(), 2) for b in ax.patches} == {0.8, 0.5}
+    assert ax.get_xlabel() == "copy fraction"
