@@ -227,12 +227,16 @@ def plot_tradeoff(data: dict, *, op: str, param: str, err_key: str = "o", pass_:
 
 
 def plot_results(data: dict, *, x: str = "T", pass_: str | None = None, ax=None, title: str | None = None,
-                 select=None, colors: dict | None = None, legend: bool = True, env: bool = True):
+                 select=None, colors: dict | None = None, legend: bool = True, env: bool = True,
+                 names: dict | None = None, styles: dict | None = None):
     """Median ms against ``x`` (log-log), one line per implementation (and per op and per other
     varying field when a file mixes several), captioned with the device. Points at another token
     count than the file's usual one (the single long sequence) are drawn as hollow markers of the same
     colour, not joined to the line. ``colors`` (from :func:`series_colors`) keeps a series' colour the
-    same across figures."""
+    same across figures. ``names`` renames series in the legend (say, an op by its model's name) and
+    ``styles`` gives a series a line style (say, ``"--"`` for a peer drawn in its model's colour).
+    ``legend=False`` leaves the legend to the caller (one for a whole figure), ``env=False`` the
+    device line under the axes."""
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(6.2, 4))
@@ -243,7 +247,8 @@ def plot_results(data: dict, *, x: str = "T", pass_: str | None = None, ax=None,
         pts.sort()
         line = [(a, b) for a, b, m in pts if m]
         c = colors.get(label)
-        ax.plot([p[0] for p in line], [p[1] for p in line], marker="o", label=label, color=c)
+        ax.plot([p[0] for p in line], [p[1] for p in line], marker="o", label=(names or {}).get(label, label),
+                color=c, linestyle=(styles or {}).get(label, "-"))
         other = [(a, b) for a, b, m in pts if not m]
         if other:
             odd = True

@@ -26,7 +26,7 @@ import numpy as np
 from ._validate import as_array, check_qkv
 from .softmax import _online_softmax_fold
 
-__all__ = ["FamilyRow", "FAMILY", "family_inputs", "run_family", "carried_numbers", "family_table",
+__all__ = ["FamilyRow", "FAMILY", "family_inputs", "run_family", "carried_numbers", "family_table", "family_markdown", "kernel_sentence",
            "ModelConfig", "EXAMPLE_CONFIG", "published_config", "decode_memory", "kv_cache_step",
            "gated_delta_step",
            "rereading_rnn", "SoftmaxCell", "StickBreakingCell", "stick_breaking_attention",
@@ -129,9 +129,9 @@ FAMILY = (
               "n (d_k + d_v): keys and pseudo-values", "O(n² d)", "O(n d)", 2, "deltaformer"),
     FamilyRow("PaTH", (9,), ("09_path",), "path_attention_recurrent", "path_attention_parallel",
               "path_attention_chunkwise",
-              "oₜ = Σⱼ≤ₜ softmaxⱼ(qₜᵀHₜ⋯Hⱼ₊₁kⱼ) vⱼ, Hₛ = I − βₛwₛwₛᵀ",
+              "oₜ = Σⱼ≤ₜ softmaxⱼ(qₜᵀEₜ⋯Eⱼ₊₁kⱼ) vⱼ, Eₛ = I − βₛwₛwₛᵀ",
               "softmax of Householder-carried scores", _kv, _zero,
-              "n (d_k + d_v): keys carried by each new H", "O(n² d)", "O(n d)", 2, "path"),
+              "n (d_k + d_v): keys carried by each new E", "O(n² d)", "O(n d)", 2, "path"),
     FamilyRow("MesaNet", (10,), ("10_mesanet",), "mesanet_recurrent", "mesanet_parallel", "mesanet_chunkwise",
               "Gₜ = γₜGₜ₋₁ + vₜkₜᵀ, Hₜ = γₜHₜ₋₁ + kₜkₜᵀ, oₜ = Gₜ(Hₜ + Λ)⁻¹qₜ",
               "(Q̂Kᵀ ⊙ Γ) V, q̂ₜ = (Hₜ + Λ)⁻¹qₜ", _zero,
@@ -261,6 +261,52 @@ def family_table(catalog_rows=(), *, d: int = 128, family=FAMILY) -> list:
                          op=op, family=match[0].get("family") if match and op else None,
                          chapters=tuple(zip(m.chapters, m.notebooks)), **forms))
     return rows
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def kernel_sentence(rows) -> str:
+    """One sentence on which models of :func:`family_table`'s ``rows`` have a Triton op in
+    ``kernels``, naming those without one, and reading well when every model has one or none does."""
+    without = [r["model"] for r in rows if not r["op"]]
+    n, k = len(rows), len(rows) - len(without)
+    head = _count(n, "model", "models")
+    if not without:
+        return f"{head}, {'each' if n > 1 else 'it'} with a Triton op in kernels."
+    names = without[0] if len(without) == 1 else ", ".join(without[:-1]) + " and " + without[-1]
+    if k == 0:
+        return f"{head}, none with a Triton op in kernels yet."
+    return (f"{head}, {k} with a Triton op in kernels; {names} "
+            f"{'has' if len(without) == 1 else 'have'} none yet.")
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def family_markdown(rows) -> str:
+    """:func:`family_table`'s rows as a Markdown table of three columns that wrap on a narrow screen:
+    the model (its chapters as links to their notebooks, and its op in ``kernels``, or "no kernel");
+    its recurrence and attention matrix; what it keeps per head (at the ``d`` the rows were built
+    with) and what it costs to train and to decode."""
+    out = ["| model | recurrence; attention matrix | keeps per head; cost |", "|:--|:--|:--|"]
+    for r in rows:
+        chapters = ", ".join(f"[{ch}]({nb}.ipynb)" for ch, nb in r["chapters"])
+        label = "Chapter" if len(r["chapters"]) == 1 else "Chapters"
+        kernel = f"`{r['op']}`" if r["op"] else "no kernel"
+        model = f"**{_cell(r['model'])}** ({label} {chapters}; {kernel})"
+        form = f"{_cell(r['recurrence'])}; matrix: {_cell(r['matrix'])}"
+        if r["grows"]:
+            keep = f"a cache of {r['cache_d']:,} numbers per token ({_cell(r['state_text'])})"
+        else:
+            keep = f"a state of {r['state_d']:,} numbers ({_cell(r['state_text'])})"
+        cost = f"training {r['train']}, decoding {r['decode']} per token"
+        if r["notes"] and r["notes"] not in r["recurrence"]:
+            cost += f" ({_cell(r['notes'])})"
+        out.append(f"| {model} | {form} | {keep}; {cost} |")
+    return "\n".join(out)
 
 
 @dataclass(frozen=True)

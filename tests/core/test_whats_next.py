@@ -271,3 +271,33 @@ def test_survey_decode_functions_on_cpu():
         survey.main(["--parts", "nonsense"])
     if not torch.cuda.is_available():      # no GPU: the command says so and times nothing
         assert survey.main(["--parts", "train"]) == 2
+
+
+def test_kernel_sentence_reads_well_for_every_count():
+    """The chapter's computed sentence: no empty list after a colon, whatever the catalog holds."""
+    rows = wn.family_table()                     # no catalog: no model has an op
+    none = wn.kernel_sentence(rows)
+    assert none == f"{len(rows)} models, none with a Triton op in kernels yet."
+    ops = [dict(r, op=f"op_{i}") for i, r in enumerate(rows)]
+    assert wn.kernel_sentence(ops) == f"{len(rows)} models, each with a Triton op in kernels."
+    one = [dict(r, op=None) if i == 2 else r for i, r in enumerate(ops)]
+    s = wn.kernel_sentence(one)
+    assert s.endswith(f"; {rows[2]['model']} has none yet.") and f"{len(rows) - 1} with" in s
+    two = [dict(r, op=None) if i in (0, 3) else r for i, r in enumerate(ops)]
+    assert wn.kernel_sentence(two).endswith(f"{rows[0]['model']} and {rows[3]['model']} have none yet.")
+    for s in (none, wn.kernel_sentence(ops), s):
+        assert ": ." not in s and ":." not in s and not s.endswith(" .")
+
+
+def test_family_markdown_is_a_three_column_table_of_every_row():
+    from kernels.catalog import model_map
+    rows = wn.family_table(model_map(check_notebooks=False))
+    lines = wn.family_markdown(rows).splitlines()
+    assert lines[0].count("|") == 4 and set(lines[1]) <= set("|:-")
+    assert len(lines) == 2 + len(rows)
+    for line, r in zip(lines[2:], rows):
+        assert line.count(" | ") == 2                       # three cells, no stray pipe in a formula
+        assert f"**{r['model']}**" in line and r["recurrence"] in line
+        assert all(f"({nb}.ipynb)" in line for _, nb in r["chapters"])
+        assert (f"`{r['op']}`" if r["op"] else "no kernel") in line
+        assert (f"{r['cache_d']:,} numbers per token" if r["grows"] else f"{r['state_d']:,} numbers") in line
