@@ -6,7 +6,10 @@ date and library versions; the median times against ``T`` (one figure per pass);
 time to the peer's per shape, with the family's goals marked met or not; the largest error of each
 implementation (of each op, when the records hold several) against the float64 reference; and the
 peer's recorded refusals. Chapters, the
-benchmarks appendix and the README's numbers all come through here.
+benchmarks appendix and the README's numbers all come through here. :func:`show_family` is the
+compact form the benchmarks appendix uses, one family per subsection: the device line, one figure
+(:func:`benchmark_figure`: the passes stacked, one legend below) and one Markdown table
+(:func:`goal_table`: one row per shape, both passes side by side, each ratio marked against its goal).
 
 The goals in a results file's ``config["goals"]`` are our time over a peer's: either per pass,
 ``{"fwd": 1.0, ...}``, set against fla and marked only in a comparison with fla (``peer="fla"``), or
