@@ -376,16 +376,19 @@ def benchmark_figure(data: dict, *, title: str | None = None, select=None, passe
 def _shape_text(row: dict, fields) -> str:
     def val(v):
         return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
-    return ", ".join(f"{f} {val(row[f])}" for f in fields if row.get(f) is not None)
+    bt = " × ".join(val(row[f]) for f in ("B", "T") if f in fields and row.get(f) is not None)
+    rest = [f"{f} {val(row[f])}" for f in fields if f not in ("B", "T") and row.get(f) is not None]
+    return ", ".join(([bt] if bt else []) + rest)
 
 
 def goal_table(data: dict, *, ours: str = "ours", peer="fla", select=None) -> str:
-    """A compact Markdown table of our median time over the peer's: one row per op and shape (the
-    shape's fields that vary within the op), the forward and the forward + backward side by side,
-    each ratio marked against the stored goal (``met`` / ``not met``); the goals in the op's cell.
-    ``peer`` may be a sequence (one block of rows per peer, named in the op's cell)."""
+    """A compact Markdown table of our median time over the peer's, three columns that fit a phone:
+    the shape (``B × T`` and the fields that vary within the op), the forward and the forward +
+    backward side by side, each ratio marked against the stored goal (``met`` / ``not met``). Each
+    op opens with a row naming it, the peer and its goals. ``peer`` may be a sequence (one block
+    per peer and op); an op the peer never timed is left out."""
     peers = (peer,) if isinstance(peer, str) else tuple(peer)
-    head = ["| op | shape | forward | forward + backward |", "|:--|:--|--:|--:|"]
+    head = ["| shape (B × T) | fwd | fwd + bwd |", "|:--|--:|--:|"]
     body = []
     for p in peers:
         rows = [r for r in ratio_rows(data, ours=ours, peer=p) if select is None or select(r)]
@@ -399,12 +402,15 @@ def goal_table(data: dict, *, ours: str = "ours", peer="fla", select=None) -> st
                              - {"pass", "ours", "peer", "ratio", "goal", "note", "op", "B", "T"}
                              if len({str(r.get(c)) for r in block}) > 1)
             goals = {r["pass"]: r["goal"] for r in block if r["goal"] is not None}
-            name = f"`{op}` over {p}"
+            # a long op name may break after an underscore (a zero-width space), so that it wraps
+            # in a phone's narrow column instead of widening the table
+            shown = str(op).replace("_", "_\u200b") if len(str(op)) > 16 else op
+            name = f"**{shown}** over {p}"
             if goals:
-                name += " (goals: " + ", ".join(f"{'fwd+bwd' if k == 'fwdbwd' else k} ≤ {g:g}"
+                name += " (goals: " + ", ".join(f"{'fwd + bwd' if k == 'fwdbwd' else k} ≤ {g:g}"
                                                 for k, g in goals.items()) + ")"
-            shapes = list(dict.fromkeys(_shape_text(r, fields) for r in block))
-            for i, shape in enumerate(shapes):
+            body.append(f"| {name} | | |")
+            for shape in dict.fromkeys(_shape_text(r, fields) for r in block):
                 cells = []
                 for pass_ in ("fwd", "fwdbwd"):
                     r = next((r for r in block if r["pass"] == pass_ and _shape_text(r, fields) == shape), None)
@@ -414,7 +420,7 @@ def goal_table(data: dict, *, ours: str = "ours", peer="fla", select=None) -> st
                         cells.append(f"{r['ratio']:.2f}")
                     else:
                         cells.append(f"{r['ratio']:.2f} " + ("met" if r["ratio"] <= r["goal"] else "**not met**"))
-                body.append(f"| {name if i == 0 else ''} | {shape} | {cells[0]} | {cells[1]} |")
+                body.append(f"| {shape} | {cells[0]} | {cells[1]} |")
     if not body:
         return "(no records with both times)"
     return "\n".join(head + body)

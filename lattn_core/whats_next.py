@@ -287,25 +287,25 @@ def _cell(text: str) -> str:
 
 
 def family_markdown(rows) -> str:
-    """:func:`family_table`'s rows as a Markdown table of three columns that wrap on a narrow screen:
-    the model (its chapters as links to their notebooks, and its op in ``kernels``, or "no kernel");
-    its recurrence and attention matrix; what it keeps per head (at the ``d`` the rows were built
-    with) and what it costs to train and to decode."""
-    out = ["| model | recurrence; attention matrix | keeps per head; cost |", "|:--|:--|:--|"]
+    """:func:`family_table`'s rows as a Markdown table of two columns that wrap on a narrow screen:
+    the model with its chapters (links to their notebooks), and one cell that names, in turn, its
+    recurrence, its attention matrix, what it keeps per head (at the ``d`` the rows were built
+    with), what it costs to train and to decode, and its op in ``kernels`` (or "none")."""
+    out = ["| model | recurrence, attention matrix, memory, cost, kernel |", "|:--|:--|"]
     for r in rows:
         chapters = ", ".join(f"[{ch}]({nb}.ipynb)" for ch, nb in r["chapters"])
         label = "Chapter" if len(r["chapters"]) == 1 else "Chapters"
-        kernel = f"`{r['op']}`" if r["op"] else "no kernel"
-        model = f"**{_cell(r['model'])}** ({label} {chapters}; {kernel})"
-        form = f"{_cell(r['recurrence'])}; matrix: {_cell(r['matrix'])}"
+        model = f"**{_cell(r['model'])}** ({label} {chapters})"
         if r["grows"]:
-            keep = f"a cache of {r['cache_d']:,} numbers per token ({_cell(r['state_text'])})"
+            keep = f"a cache of {r['cache_d']:,} numbers per token, {_cell(r['state_text'])}"
         else:
-            keep = f"a state of {r['state_d']:,} numbers ({_cell(r['state_text'])})"
+            keep = f"a state of {r['state_d']:,} numbers, {_cell(r['state_text'])}"
         cost = f"training {r['train']}, decoding {r['decode']} per token"
         if r["notes"] and r["notes"] not in r["recurrence"]:
             cost += f" ({_cell(r['notes'])})"
-        out.append(f"| {model} | {form} | {keep}; {cost} |")
+        kernel = f"`{r['op']}`" if r["op"] else "none"
+        out.append(f"| {model} | **recurrence** {_cell(r['recurrence'])}; **matrix** {_cell(r['matrix'])}; "
+                   f"**keeps** {keep}; **costs** {cost}; **kernel** {kernel} |")
     return "\n".join(out)
 
 

@@ -289,15 +289,15 @@ def test_kernel_sentence_reads_well_for_every_count():
         assert ": ." not in s and ":." not in s and not s.endswith(" .")
 
 
-def test_family_markdown_is_a_three_column_table_of_every_row():
+def test_family_markdown_is_a_two_column_table_of_every_row():
     from kernels.catalog import model_map
     rows = wn.family_table(model_map(check_notebooks=False))
     lines = wn.family_markdown(rows).splitlines()
-    assert lines[0].count("|") == 4 and set(lines[1]) <= set("|:-")
+    assert lines[0].count("|") == 3 and set(lines[1]) <= set("|:-")
     assert len(lines) == 2 + len(rows)
     for line, r in zip(lines[2:], rows):
-        assert line.count(" | ") == 2                       # three cells, no stray pipe in a formula
+        assert line.count(" | ") == 1                       # two cells, no stray pipe in a formula
         assert f"**{r['model']}**" in line and r["recurrence"] in line
         assert all(f"({nb}.ipynb)" in line for _, nb in r["chapters"])
-        assert (f"`{r['op']}`" if r["op"] else "no kernel") in line
+        assert ("**kernel** " + (f"`{r['op']}`" if r["op"] else "none")) in line
         assert (f"{r['cache_d']:,} numbers per token" if r["grows"] else f"{r['state_d']:,} numbers") in line

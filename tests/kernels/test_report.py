@@ -181,21 +181,23 @@ def test_plot_tradeoff_one_line_per_implementation_in_sweep_order():
 
 
 def test_goal_table_is_one_row_per_shape_with_both_passes():
-    """The appendix's compact table: a Markdown table, one row per op and shape, the forward and
-    the forward + backward side by side, each ratio marked against its goal; the shape names only the
-    fields that vary; a block where the peer never has a time is left out."""
+    """The appendix's compact table: a Markdown table of three columns, a row naming each op, its
+    peer and goals, then one row per shape, the forward and the forward + backward side by side, each
+    ratio marked against its goal; the shape names only the fields that vary; a block where the peer
+    never has a time is left out."""
     table = report.goal_table(_data())
     lines = table.splitlines()
-    assert lines[0] == "| op | shape | forward | forward + backward |"
-    body = lines[2:]
+    assert lines[0] == "| shape (B × T) | fwd | fwd + bwd |"
+    assert lines[2] == "| **op_a** over fla (goals: fwd ≤ 0.4, fwd + bwd ≤ 1) | | |"
+    body = lines[3:]
     assert len(body) == 6                                   # 3 shapes x 2 gate dtypes, passes side by side
-    assert body[0].startswith("| `op_a` over fla (goals: fwd ≤ 0.4, fwd+bwd ≤ 1) | B 32, T 2,048, gates float32 |")
-    assert all("0.50 **not met**" in l and l.endswith("| — |") for l in body)   # 1.0 / 2.0 > 0.4; no fla bwd
-    assert all(l.startswith("|  |") for l in body[1:])      # the op named once
+    assert body[0] == "| 32 × 2,048, gates float32 | 0.50 **not met** | — |"      # 1.0 / 2.0 > 0.4; no fla bwd
+    assert all("0.50 **not met**" in l and l.endswith("| — |") for l in body)
     sdpa = [dict(r, impl="sdpa") for r in _data()["records"] if r["impl"] == "fla"]
     two = dict(_data(), records=_data()["records"] + sdpa)
     rows = report.goal_table(two, peer=("sdpa", "fla")).splitlines()[2:]
-    assert len(rows) == 12 and "over sdpa |" in rows[0] and "0.50 |" in rows[0]   # no goal against sdpa
+    assert len(rows) == 14 and rows[0] == "| **op_a** over sdpa | | |"      # no goal against sdpa
+    assert rows[1].endswith("| 0.50 | — |") and "over fla (goals" in rows[7]
     none = dict(_data(), records=[r for r in _data()["records"] if r["impl"] == "ours"])
     assert report.goal_table(none) == "(no records with both times)"
 
@@ -217,7 +219,7 @@ def test_show_family_prints_two_lines_and_one_figure(capsys, monkeypatch):
     assert len(fig.axes) == 2 and all(ax.get_legend() is None for ax in fig.axes) and len(fig.legends) == 1
     assert fig.get_size_inches()[0] <= 7.5
     md = shown[0].data
-    assert "| `op_a` over fla" in md and "ours 1.0e-03 (o)" in md and "fla: RuntimeError: refused" in md
+    assert "| **op_a** over fla" in md and "ours 1.0e-03 (o)" in md and "fla: RuntimeError: refused" in md
     assert report.show_family("no_such_family") is None
 
 
