@@ -37,7 +37,9 @@ MARK_COLORS = {True: "var(--pst-color-success, var(--jp-success-color0, #1a7f37)
 
 @dataclass(frozen=True)
 class IdentityCheck:
-    """The outcome of checking one identity."""
+    """The outcome of checking one identity.
+
+    Used throughout the book."""
 
     name: str
     kind: str            # "numeric" or "symbolic"
@@ -89,7 +91,9 @@ class IdentityCheck:
 
 
 def max_abs_error(a, b) -> float:
-    """max |a - b| over all entries (float64); inf if shapes differ or anything is non-finite."""
+    """max |a - b| over all entries (float64); inf if shapes differ or anything is non-finite.
+
+    Used throughout the book."""
     a = np.asarray(a, dtype=np.complex128 if np.iscomplexobj(a) or np.iscomplexobj(b) else np.float64)
     b = np.asarray(b, dtype=a.dtype)
     if a.shape != b.shape:
@@ -103,7 +107,9 @@ def max_abs_error(a, b) -> float:
 
 
 def max_rel_error(a, b) -> float:
-    """max |a - b| / max |b|: the error relative to the size of the reference ``b``."""
+    """max |a - b| / max |b|: the error relative to the size of the reference ``b``.
+
+    Used throughout the book."""
     scale = float(np.max(np.abs(np.asarray(b)))) if np.size(b) else 0.0
     err = max_abs_error(a, b)
     return err / scale if scale > 0 else err
@@ -116,6 +122,8 @@ def check_close(name: str, lhs, rhs, tol: float, *, relative: bool = False,
     State ``tol`` with its reason at the call site (float64 round-off on a small problem is ~1e-12;
     a float32 kernel is ~1e-5; bf16 is ~1e-2). Raises ``AssertionError`` if the check fails (unless
     ``raise_on_fail=False``, used where a notebook *shows* a failing identity on purpose).
+
+    Used throughout the book.
     """
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not tol > 0:
         raise ValueError(f"tol must be a positive number; got {tol!r}")
@@ -128,7 +136,9 @@ def check_close(name: str, lhs, rhs, tol: float, *, relative: bool = False,
 
 
 def check_symbolic(name: str, lhs, rhs, *, raise_on_fail: bool = True) -> IdentityCheck:
-    """Check ``lhs == rhs`` exactly with SymPy (scalars or matrices of symbols)."""
+    """Check ``lhs == rhs`` exactly with SymPy (scalars or matrices of symbols).
+
+    Used throughout the book."""
     import sympy as sp
 
     diff = sp.Matrix(lhs) - sp.Matrix(rhs) if hasattr(lhs, "shape") or hasattr(rhs, "shape") \
