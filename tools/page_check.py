@@ -268,11 +268,13 @@ async (args) => {
           { snippet: text.slice(0, 120) });
   }
   for (const cell of article.querySelectorAll('div.cell')) {
+    // a figure: an image of the output (not an icon of a button, such as the copy button, not math)
     const imgs = Array.from(cell.querySelectorAll('.cell_output img, .cell_output svg'))
-      .filter(i => !i.closest(MATH) && !(i.tagName.toLowerCase() === 'svg' && i.parentElement.closest('svg')));
+      .filter(i => !i.closest(MATH) && !i.closest('button, .copybtn, a.headerlink')
+                   && !(i.tagName.toLowerCase() === 'svg' && i.parentElement.closest('svg')));
     if (!imgs.length) continue;
     const next = cell.nextElementSibling;
-    if (!isCaption(next) || !NUMBERED.test(readText(next)))
+    if (!isCaption(next))   // (a caption that is there but misnumbered is reported above)
       add(cell, 'caption', 'figure without its caption ("Figure <chapter>.<k>: ..." right after the cell)', 0,
           { snippet: 'img ' + (imgs[0].getAttribute('src') || imgs[0].tagName).slice(0, 80) + ', then: ' +
                      (next ? readText(next).slice(0, 80) : '(nothing)') });
