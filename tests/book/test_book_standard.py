@@ -481,14 +481,16 @@ def _title(path) -> str:
 
 
 def _defined_in():
+    """``(where it is defined, its public names, (chapter, title))`` once per object."""
     from tests.core.test_defined_in import back_links, public_objects
-    by_obj = {}
+    names, objs = {}, {}
     for m, name, obj in public_objects():
-        by_obj.setdefault(id(obj), set()).add(name)
-    for m, name, obj in public_objects():
+        names.setdefault(id(obj), set()).add(name)
+        objs[id(obj)] = obj
+    for key, obj in objs.items():
         for link in back_links(obj):
             if link is not None:
-                yield f"{m}.{name}", by_obj[id(obj)], link
+                yield f"{obj.__module__}.{obj.__qualname__}", names[key], link
 
 
 def test_defined_in_names_a_chapter_that_teaches_the_name():

@@ -253,3 +253,15 @@ def test_an_empty_sentence_fails(reading):
     assert any("kernel: ." in s for s in snippets), found
     assert any(", ." in s for s in snippets), found
     assert any("0 without: ." in s and "printed" in f["problem"] for s, f in zip(snippets, found)), found
+
+
+def test_ignore_lists_a_kind_apart_without_failing(tmp_path):
+    """``--ignore KIND`` (for a merge while chapters are being fixed): the run passes, and says what
+    it did not check."""
+    (tmp_path / "index.html").write_text('<meta http-equiv="refresh" content="0; url=length_bad.html">')
+    (tmp_path / "length_bad.html").write_text(_reading_page(READING_BAD["length_bad.html"]))
+    args = ["--html", str(tmp_path), "--out", str(tmp_path / "out"), "--no-screenshots", "--widths", "1280"]
+    assert page_check.main(args) == 1
+    assert page_check.main(args + ["--ignore", "length"]) == 0
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "NOT checked this run (--ignore), found: length 2" in summary
