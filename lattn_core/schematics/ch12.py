@@ -10,7 +10,9 @@ def draw_rereading(n: int = 4):
     """Top: an ordinary RNN, one state carried along the tokens, each token read once. Bottom: the
     re-reading RNN: for every new token ``i`` a fresh state reads tokens ``i, i−1, …, 1`` (one row
     per output), with ``q_i`` in hand; ``n(n+1)/2`` reads, one state at a time. The two panels are
-    stacked, so that the figure stays legible on a narrow screen."""
+    stacked, so that the figure stays legible on a narrow screen.
+
+    Defined in Chapter 12 (What's next)."""
     if not isinstance(n, int) or not 2 <= n <= 6:
         raise ValueError(f"n must be an integer in [2, 6]; got {n!r}")
     w = 1.55 * (n + 1) + 1.6                      # the re-reading rows set the width
