@@ -503,7 +503,16 @@ def plot_bars(data: dict, *, value: str = "copy_fraction", select=None, ax=None,
     if ax is None:
         _, ax = plt.subplots(figsize=(6.4, 0.5 + 0.42 * len(groups) * max(1, len(impls))),
                              layout="constrained")
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    # the palette's colours, as series_colors gives them: our implementation in the model's colour,
+    # a peer's in its shades, a reference that is no model (a copy) in greys
+    from lattn_core.palette import color_of
+    used: dict = {}
+    colors = {}
+    for impl in sorted(impls, key=lambda i: i != "ours"):
+        model = _model_of(next(r for r in recs if r["impl"] == impl), data)
+        k = used.get(model, 0)
+        used[model] = k + 1
+        colors[impl] = _shade(color_of(model), k) if model else _shade("#7F7F7F", k)
     h = 0.8 / max(1, len(impls))
     for j, impl in enumerate(impls):
         ys, xs = [], []
@@ -513,7 +522,7 @@ def plot_bars(data: dict, *, value: str = "copy_fraction", select=None, ax=None,
             if r is not None:
                 ys.append(i + (j - (len(impls) - 1) / 2) * h)
                 xs.append(r[value])
-        ax.barh(ys, xs, height=h, label=impl, color=cycle[j % len(cycle)])
+        ax.barh(ys, xs, height=h, label=impl, color=colors[impl])
     ax.set_yticks(range(len(groups)), [f"{_PASS_NAMES.get(p, p)}\n{shape}" for p, shape in groups], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(xlabel or value.replace("_", " "))
