@@ -32,7 +32,7 @@ def row_softmax(S) -> np.ndarray:
     ``(n, m)``, no NaN or ``+inf``, at least one finite entry per row (a causal score matrix always
     has its diagonal). Returns the ``(n, m)`` probabilities, rows summing to 1.
 
-    Defined in Chapter 7 (Feeding back).
+    Defined in Chapter 1 (The quadratic cost).
     """
     S = as_array(S, "S", ("n", "m"), finite=False)
     if np.isnan(S).any() or np.isposinf(S).any():
