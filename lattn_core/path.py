@@ -91,7 +91,9 @@ def _factor(w, b):
 def householder_product(W, beta, i: int, j: int) -> np.ndarray:
     """``R_ij = E_i E_{i-1} ... E_{j+1}`` as a ``(d, d)`` matrix (``I`` when ``i == j``), multiplied
     out factor by factor; ``0 <= j <= i < n``, ``beta`` ``None`` (ones) or ``(n,)`` in ``[0, 2]``
-    as for :func:`path_attention`."""
+    as for :func:`path_attention`.
+
+    Defined in Chapter 9 (PaTH)."""
     W, beta, i, j = _transition_inputs(W, beta, i, j)
     R = np.eye(W.shape[1])
     for t in range(j + 1, i + 1):
@@ -103,7 +105,9 @@ def path_transition(W, beta, i: int, j: int) -> np.ndarray:
     """The closed form of :func:`householder_product`:
     ``R_ij = I - W_s^T (I + B_s)^{-1} Diag(beta_s) W_s``, ``B_s = Diag(beta_s)(W_s W_s^T ⊙ M^-)``, with
     ``W_s = W_[j:i]`` the rows ``j+1 .. i`` (DeltaNet's inverse trick with the values set to zero);
-    arguments as :func:`householder_product`'s."""
+    arguments as :func:`householder_product`'s.
+
+    Defined in Chapter 9 (PaTH)."""
     W, beta, i, j = _transition_inputs(W, beta, i, j)
     d = W.shape[1]
     Ws, bs = W[j + 1:i + 1], beta[j + 1:i + 1]
@@ -116,7 +120,9 @@ def path_transition(W, beta, i: int, j: int) -> np.ndarray:
 
 def path_scores_recurrent(Q, K, W, beta=None) -> np.ndarray:
     """The definition: key ``j`` is carried forward, ``x <- E_t x`` for ``t = j+1, j+2, ...``, and
-    read by query ``t`` as ``A_tj = q_t·x``. ``(n, n)``, ``-inf`` above the diagonal."""
+    read by query ``t`` as ``A_tj = q_t·x``. ``(n, n)``, ``-inf`` above the diagonal.
+
+    Defined in Chapter 9 (PaTH)."""
     Q, K, W, beta = _path_inputs(Q, K, W, beta)
     n = K.shape[0]
     A = np.full((n, n), -np.inf)
@@ -131,7 +137,9 @@ def path_scores_recurrent(Q, K, W, beta=None) -> np.ndarray:
 
 def path_scores_parallel(Q, K, W, beta=None) -> np.ndarray:
     """The article's closed form (see the module docstring), one triangular solve; ``-inf`` above
-    the diagonal. ``O(n^3)`` as written: the solve has ``n`` right-hand sides."""
+    the diagonal. ``O(n^3)`` as written: the solve has ``n`` right-hand sides.
+
+    Defined in Chapter 9 (PaTH)."""
     Q, K, W, beta = _path_inputs(Q, K, W, beta)
     n = K.shape[0]
     lower = np.tril(np.ones((n, n), dtype=bool))
@@ -153,7 +161,9 @@ def _block_wy(Wb, bb):
 
 def path_scores_chunkwise(Q, K, W, beta=None, *, chunk_size: int = 64) -> np.ndarray:
     """Blocks of ``chunk_size`` tokens (see the module docstring): at most one ``C × C`` inverse at a
-    time, ``O(n^2 d + n C^2)`` work. ``-inf`` above the diagonal."""
+    time, ``O(n^2 d + n C^2)`` work. ``-inf`` above the diagonal.
+
+    Defined in Chapter 9 (PaTH)."""
     Q, K, W, beta = _path_inputs(Q, K, W, beta)
     C = check_chunk_size(chunk_size)
     n = K.shape[0]
@@ -199,26 +209,34 @@ def _check_v(V, n):
 
 def path_attention_recurrent(Q, K, V, W, beta=None, *, gamma=None) -> np.ndarray:
     """Row softmax over ``j <= i`` of :func:`path_scores_recurrent`, times ``V``; ``gamma``: FoX's
-    forget gates ``(n,)`` in ``(0, 1]`` (PaTH-FoX), default none."""
+    forget gates ``(n,)`` in ``(0, 1]`` (PaTH-FoX), default none.
+
+    Defined in Chapter 9 (PaTH)."""
     A = path_scores_recurrent(Q, K, W, beta)
     return _softmax_values(A, _check_v(V, A.shape[0]), gamma)
 
 
 def path_attention_parallel(Q, K, V, W, beta=None, *, gamma=None) -> np.ndarray:
-    """Row softmax over ``j <= i`` of the closed-form scores, times ``V`` (``gamma``: PaTH-FoX)."""
+    """Row softmax over ``j <= i`` of the closed-form scores, times ``V`` (``gamma``: PaTH-FoX).
+
+    Defined in Chapter 9 (PaTH)."""
     A = path_scores_parallel(Q, K, W, beta)
     return _softmax_values(A, _check_v(V, A.shape[0]), gamma)
 
 
 def path_attention_chunkwise(Q, K, V, W, beta=None, *, gamma=None, chunk_size: int = 64) -> np.ndarray:
-    """Row softmax over ``j <= i`` of the blocked scores, times ``V`` (``gamma``: PaTH-FoX)."""
+    """Row softmax over ``j <= i`` of the blocked scores, times ``V`` (``gamma``: PaTH-FoX).
+
+    Defined in Chapter 9 (PaTH)."""
     A = path_scores_chunkwise(Q, K, W, beta, chunk_size=chunk_size)
     return _softmax_values(A, _check_v(V, A.shape[0]), gamma)
 
 
 def path_attention(Q, K, V, W, beta=None, *, gamma=None) -> np.ndarray:
     """PaTH attention (API.md): row softmax over ``j <= i`` of :func:`path_attention_scores`, times
-    ``V``; ``gamma`` adds FoX's forget gates (PaTH-FoX)."""
+    ``V``; ``gamma`` adds FoX's forget gates (PaTH-FoX).
+
+    Defined in Chapter 9 (PaTH)."""
     return path_attention_parallel(Q, K, V, W, beta, gamma=gamma)
 
 
@@ -237,7 +255,9 @@ def path_score_terms(Q, K, W, beta, i: int, j: int) -> dict:
     (``Σ_p Σ_l Σ_r Σ_s Q_ip W_lp T_lr β_r W_rs K_js`` over ``l, r`` in the slice), ``"sum over l <= i,
     r > j"`` (the ranges widened, free because ``T`` is lower triangular), ``"indicators"`` (every
     ``l, r`` with ``χ_{l<=i} χ_{r>j}``), ``"masked products"`` (the ``p`` and ``s`` sums done first:
-    ``Σ_l Σ_r (Q Wᵀ ⊙ M)_il T_lr β_r (W Kᵀ ⊙ M⁻)_rj``) and ``"closed form"`` (the matrix formula)."""
+    ``Σ_l Σ_r (Q Wᵀ ⊙ M)_il T_lr β_r (W Kᵀ ⊙ M⁻)_rj``) and ``"closed form"`` (the matrix formula).
+
+    Defined in Chapter 9 (PaTH)."""
     Q, K, W, beta = _path_inputs(Q, K, W, beta)
     n = K.shape[0]
     i, j = _pair(i, j, n)
@@ -273,7 +293,9 @@ def path_qk_terms(X, W, beta, i: int) -> dict:
     ``"sum over r < n"`` (``r`` widened to every token: ``T`` is lower triangular), ``"indicators"``
     (every ``l`` with ``χ_{l<=i}``), ``"masked products"`` (``Σ_l (X Wᵀ ⊙ M)_il (T Diag(β) W)_ls``) and
     ``"DeltaNet"`` (row ``i`` of ``X − DeltaNet(X, W, W)``, :func:`path_qk_transform`). Each a ``(d,)``
-    vector; ``X`` ``(n, d)`` (queries or keys), ``W`` ``(n, d)``, ``beta`` as for :func:`path_attention`."""
+    vector; ``X`` ``(n, d)`` (queries or keys), ``W`` ``(n, d)``, ``beta`` as for :func:`path_attention`.
+
+    Defined in Chapter 9 (PaTH)."""
     X = as_array(X, "X", ("n", "d"))
     n = X.shape[0]
     W = as_array(W, "W", X.shape)
@@ -306,7 +328,9 @@ def path_qk_terms(X, W, beta, i: int) -> dict:
 def path_qk_transform(X, W, beta=None) -> np.ndarray:
     """``X - DeltaNet(X, W, W)``: row ``i`` is ``x_iᵀ R_i`` with ``R_i = E_i ... E_0`` (the second
     special case: with orthogonal factors, queries and keys so transformed turn PaTH into plain
-    softmax attention, as RoPE's absolute rotations do)."""
+    softmax attention, as RoPE's absolute rotations do).
+
+    Defined in Chapter 9 (PaTH)."""
     X = as_array(X, "X", ("n", "d"))
     W = as_array(W, "W", X.shape)
     return X - deltanet_parallel(X, W, W, beta)
@@ -315,7 +339,9 @@ def path_qk_transform(X, W, beta=None) -> np.ndarray:
 def path_absolute_scores(Q, K, W, beta=None) -> np.ndarray:
     """``Q̃ K̃ᵀ`` (causal, ``-inf`` above the diagonal) with ``Q̃, K̃`` from :func:`path_qk_transform`:
     equal to PaTH's scores exactly when every ``E_t`` is orthogonal (``β_t |w_t|² = 2``), otherwise
-    the "Canon layer" reading: a position signal added to ``Q`` and ``K`` by a long convolution."""
+    the "Canon layer" reading: a position signal added to ``Q`` and ``K`` by a long convolution.
+
+    Defined in Chapter 9 (PaTH)."""
     Q, K, W, beta = _path_inputs(Q, K, W, beta)
     A = path_qk_transform(Q, W, beta) @ path_qk_transform(K, W, beta).T
     return np.where(np.tril(np.ones(A.shape, dtype=bool)), A, -np.inf)
@@ -323,7 +349,9 @@ def path_absolute_scores(Q, K, W, beta=None) -> np.ndarray:
 
 def reflection_rotation(a, b) -> np.ndarray:
     """``E_b E_a`` for two reflections ``E_x = I - 2 x xᵀ/|x|²``: a rotation by twice the angle from
-    ``a`` to ``b`` in their plane (RoPE's ``Ω`` as a product of two PaTH factors)."""
+    ``a`` to ``b`` in their plane (RoPE's ``Ω`` as a product of two PaTH factors).
+
+    Defined in Chapter 9 (PaTH)."""
     a = as_array(a, "a", ("d",))
     b = as_array(b, "b", a.shape)
     for name, x in (("a", a), ("b", b)):

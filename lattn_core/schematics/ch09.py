@@ -32,7 +32,9 @@ def draw_reflection(angle: float = 0.35, x=(1.9, 1.1)):
     """One factor with a unit direction ``w`` at ``angle`` (radians) from the horizontal acting on the
     vector ``x``: the mirror (the line orthogonal to ``w``), ``w`` itself, ``x``, and ``E x`` for
     ``β = 1`` (the projection onto the mirror) and ``β = 2`` (the reflection), with the path of
-    ``E x`` as ``β`` runs from 0 to 2 (a segment along ``w``)."""
+    ``E x`` as ``β`` runs from 0 to 2 (a segment along ``w``).
+
+    Defined in Chapter 9 (PaTH)."""
     fig, ax = canvas(6.4, 3.6, xlim=(-3.2, 3.6), ylim=(-1.75, 2.1))
     w = np.array([np.cos(angle), np.sin(angle)])
     x = np.asarray(x, dtype=float)
@@ -61,7 +63,9 @@ def draw_reflection(angle: float = 0.35, x=(1.9, 1.1)):
 def draw_transport(n_steps: int = 5, seed: int = 2):
     """A key ``k_j`` in the plane carried through ``n_steps`` factors ``E_{j+1}, …, E_i`` (random unit
     directions, ``β`` between 1.6 and 2): each circle shows ``R_{tj} k_j`` at token ``t`` with the mirror
-    of ``E_t`` dashed; at token ``i`` the query ``q_i`` reads it, ``A_ij = q_iᵀ R_ij k_j``."""
+    of ``E_t`` dashed; at token ``i`` the query ``q_i`` reads it, ``A_ij = q_iᵀ R_ij k_j``.
+
+    Defined in Chapter 9 (PaTH)."""
     from matplotlib.patches import Circle
     rng = np.random.default_rng(seed)
     ang = rng.uniform(0, np.pi, size=n_steps + 1)
@@ -106,7 +110,9 @@ def draw_block_walk(n_blocks: int = 5):
     their own scores come from stage 1 (``A_loc``); then, at each earlier block ``l``, last first,
     the carried queries ``X`` take their scores against the block's keys pushed to its end,
     ``X K̂_lᵀ`` (into the online softmax), and cross the block, ``X ← X − (X W_lᵀ) Y_l``, before
-    moving on to block ``l − 1``."""
+    moving on to block ``l − 1``.
+
+    Defined in Chapter 9 (PaTH)."""
     fig, ax = canvas(6.4, 3.4, xlim=(0, 13), ylim=(0, 7.2))
     w, h, gap = 2.0, 1.2, 0.6
     x0 = (13 - (n_blocks * w + (n_blocks - 1) * gap)) / 2
