@@ -496,8 +496,8 @@ def deltaformer_parallel(Q, K, V, normalize: bool = False, beta=None) -> np.ndar
     """The matrix form ``O = P (I + Diag(beta) B)^{-1} V`` (:func:`deltaformer_matrices`,
     :func:`delta_attention`). O(n^2) memory."""
     Q, K, V, normalize, beta = _deltaformer_inputs(Q, K, V, normalize, beta)
-    A, B = deltaformer_matrices(Q, K, normalize=normalize)
-    return delta_attention(A, B, V, beta)
+    P, B = deltaformer_matrices(Q, K, normalize=normalize)
+    return delta_attention(P, B, V, beta)
 
 
 def deltaformer_qk(Q, K, V, normalize: bool = False, beta=None) -> np.ndarray:
