@@ -3,7 +3,9 @@
 #   make test       pytest over tests/ and nbval over every notebook
 #   make book       the HTML book in _build/html, every notebook executed (cached), warnings are errors
 #   make pagecheck  the built book in headless Chromium at 1280 px and 390 px (tools/page_check.py):
-#                   fails on anything wider than the text column, MathJax errors, widgets shown twice
+#                   fails on anything wider than the text column, MathJax errors, widgets shown twice,
+#                   uncaptioned or misnumbered figures, raw TeX, progress bars, outputs over 30 lines
+#                   and empty sentences
 #   make pageshots  the same check, keeping a full-page screenshot of every page (for a reviewer's eye)
 #   make colab      rewrite the Colab edition (colab/*.ipynb) from notebooks/ (tools/colab_edition.py)
 VENV    ?= .venv

@@ -23,10 +23,10 @@ __all__ = ["RESULTS_DIR", "TrainConfig", "mlp_block", "residual_stack", "fit", "
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
-#: One colour per model across the book's experiment figures (matplotlib's first five, colour-blind
-#: safe), and the name a figure or a sentence gives each model.
-MODEL_COLORS = {"linear": "#1f77b4", "decay": "#ff7f0e", "deltanet": "#2ca02c", "gated_deltanet": "#d62728",
-                "mesanet": "#9467bd"}
+#: The colour of each model, from the book's one palette (lattn_core.palette), and the name a figure
+#: or a sentence gives each model.
+from lattn_core.palette import color_of  # noqa: E402
+MODEL_COLORS = {m: color_of(m) for m in ("linear", "decay", "deltanet", "gated_deltanet", "mesanet")}
 MODEL_NAMES = {"linear": "linear attention", "decay": "decay", "deltanet": "DeltaNet",
                "gated_deltanet": "Gated DeltaNet", "mesanet": "MesaNet"}
 

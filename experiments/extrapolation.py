@@ -412,7 +412,8 @@ def seed_summary(records: list[dict], field: str = "accuracy") -> dict:
     return summarize_seeds([dict(r, accuracy=r[field]) for r in records], "encoding", "eval_lens")
 
 
-COLORS = {"nope": "C0", "alibi": "C1", "fox": "C2"}     # one colour per encoding in every figure
+from lattn_core.palette import color_of  # noqa: E402  (the book's one colour per model)
+COLORS = {enc: color_of(enc) for enc in NAMES}     # one colour per encoding in every figure
 
 
 def plot_summary(summary: dict, ax, train_len: int, title: str, ylabel: str = "accuracy at the queries"):

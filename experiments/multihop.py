@@ -694,8 +694,8 @@ def seed_summary(records: list[dict]) -> dict:
     return out
 
 
-COLORS = {"softmax": "C0", "softmax2": "C2", "deltaformer": "C1", "deltaformer_free": "C3",
-          "deltanet": "C4"}   # one colour per model in every figure of the experiment
+from lattn_core.palette import color_of  # noqa: E402  (the book's one colour per model)
+COLORS = {m: color_of(m) for m in NAMES}   # one colour per model in every figure of the experiment
 
 
 def plot_summary(summary: dict, ax, title: str):

@@ -108,7 +108,8 @@ VARIANTS = ("none", "untied", "k", "q", "v", "qkv")
 CPU_VARIANTS = VARIANTS[:3]    # the live run: tied, untied, tied with a convolution on K (time)
 NAMES = {"none": "tied (K = V)", "untied": "untied (K ≠ V)", "k": "tied + conv on K", "q": "tied + conv on Q",
          "v": "tied + conv on V", "qkv": "tied + conv on Q, K, V"}
-COLORS = {"none": "C0", "untied": "C1", "k": "C2", "q": "C3", "v": "C4", "qkv": "C5"}   # one colour per variant
+from lattn_core.palette import color_of  # noqa: E402  (the book's one colour per model)
+COLORS = {v: color_of(f"short_conv_{v}") for v in VARIANTS}   # one colour per variant
 CONVS = {"none": "", "q": "q", "k": "k", "v": "v", "qkv": "qkv", "untied": ""}
 
 

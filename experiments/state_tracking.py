@@ -131,7 +131,8 @@ MODELS = ("path", "rope", "nope", "rope_deep")
 CPU_MODELS = ("path", "nope", "rope_deep")   # the live run leaves out RoPE of PaTH's depth (time)
 MIXER_OF = {"path": "path", "rope": "rope", "nope": "nope", "rope_deep": "rope"}
 NAMES = {"path": "PaTH", "rope": "RoPE", "nope": "NoPE", "rope_deep": "RoPE's best shot"}
-COLORS = {"path": "C0", "rope": "C1", "nope": "C2", "rope_deep": "C3"}   # one colour per model, every figure
+from lattn_core.palette import color_of  # noqa: E402  (the book's one colour per model)
+COLORS = {m: color_of(m) for m in MODELS}   # one colour per model, every figure
 INTERVENTIONS = ("none", "beta2", "log_length", "both", "float64")
 IGNORE = -100                   # target at BOS, which is not scored
 BOS = 0                         # the first token of every sequence
@@ -718,7 +719,7 @@ def plot_summary(summary: dict, ax, train_len: int, title: str):
 
 INTERVENTION_NAMES = {"none": "as trained", "beta2": "β = 2 (reflections)",
                       "log_length": "queries × ln(i+1)/ln(n+1)", "both": "both", "float64": "float64"}
-INTERVENTION_COLORS = {"none": "C0", "beta2": "C4", "log_length": "C5", "both": "C6", "float64": "k"}
+INTERVENTION_COLORS = {k: color_of("path" if k == "none" else f"path_{k}") for k in INTERVENTION_NAMES}
 
 
 def plot_interventions(records: list[dict], ax, n_cups: int, train_len: int, title: str):

@@ -173,10 +173,10 @@ def ratio_table(data: dict, *, ours: str = "ours", peer: str = "fla", goals: boo
     return "\n".join(lines)
 
 
-def _series(data: dict, *, x: str, pass_, select) -> dict:
-    """``{label: [(x, ms, main_tokens)]}``: one series per implementation (and per op and other
-    varying field when a file mixes several); ``main_tokens`` is False for points at another token
-    count ``B·T`` than the file's most common one (the single long sequence, ``B = 1``)."""
+def _series_records(data: dict, *, x: str, pass_, select) -> tuple[dict, int]:
+    """``({label: [record, ...]}, main_tokens)``: the timed records of one series per implementation
+    (and per op and other varying field when a file mixes several), and the file's most common token
+    count ``B·T``."""
     recs = [r for r in data["records"] if (pass_ is None or r.get("pass") == pass_) and _num(r.get("ms"))
             and (select is None or select(r))]
     allr = [r for r in data["records"] if select is None or select(r)]
@@ -187,17 +187,69 @@ def _series(data: dict, *, x: str, pass_, select) -> dict:
     series: dict = {}
     for r in recs:
         label = ", ".join([r["impl"]] + [str(r[k]) for k in vary if r.get(k) is not None])
-        series.setdefault(label, []).append((r[x], r["ms"], (r.get("B") or 0) * (r.get("T") or 0) == main))
-    return series
+        series.setdefault(label, []).append(r)
+    return series, main
+
+
+def _series(data: dict, *, x: str, pass_, select) -> dict:
+    """``{label: [(x, ms, main_tokens)]}``: one series per implementation (and per op and other
+    varying field when a file mixes several); ``main_tokens`` is False for points at another token
+    count ``B·T`` than the file's most common one (the single long sequence, ``B = 1``)."""
+    series, main = _series_records(data, x=x, pass_=pass_, select=select)
+    return {label: [(r[x], r["ms"], (r.get("B") or 0) * (r.get("T") or 0) == main) for r in recs]
+            for label, recs in series.items()}
+
+
+# Implementations that are references, not a model (drawn in greys): a plain memory copy.
+_REFERENCE_IMPLS = {"copy"}
+
+
+def _model_of(record: dict, data: dict):
+    """The palette's model key (:func:`lattn_core.palette.model_key`) of a timed record: PyTorch's
+    SDPA is its own, every other implementation is the model of its op (or of the file, when the
+    op is no model's name); ``None`` for a reference that is no model (a memory copy)."""
+    from lattn_core.palette import model_key
+    if record.get("impl") in _REFERENCE_IMPLS:
+        return None
+    for name in (record.get("impl"), record.get("op"), data.get("name")):
+        if isinstance(name, str) and name != "ours":
+            try:
+                return model_key(name)
+            except ValueError:
+                continue
+    return None
+
+
+def _shade(color: str, k: int) -> str:
+    """The ``k``-th shade of a hex colour: ``k = 0`` the colour itself, then alternately darker and
+    lighter, further each time (the other implementations or settings of one model)."""
+    rgb = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+    if k:
+        t = 1 - 0.75 ** ((k + 1) // 2)
+        target = 0 if k % 2 else 255
+        rgb = [round(c + (target - c) * t) for c in rgb]
+    return "#" + "".join(f"{c:02X}" for c in rgb)
 
 
 def series_colors(data: dict, *, x: str = "T", select=None) -> dict:
-    """One colour per series label, the same in every pass's figure (matplotlib's default cycle, in
-    the sorted order of the labels)."""
-    import matplotlib.pyplot as plt
-    labels = sorted({lab for p in (None, "fwd", "fwdbwd") for lab in _series(data, x=x, pass_=p, select=select)})
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    return {lab: cycle[i % len(cycle)] for i, lab in enumerate(labels)}
+    """One colour per series label, the same in every pass's figure: the model's colour from the
+    book's palette (:func:`lattn_core.palette.color_of`; SDPA its own, so softmax attention's kernel
+    and PyTorch's differ), our implementation in the model's colour and the other implementations
+    or settings of the same model in its shades (sorted by label); a reference that is no model (a
+    memory copy) in greys."""
+    from lattn_core.palette import color_of
+    labels: dict = {}
+    for p in (None, "fwd", "fwdbwd"):
+        for label, recs in _series_records(data, x=x, pass_=p, select=select)[0].items():
+            labels.setdefault(label, _model_of(recs[0], data))
+    colors, used = {}, {}
+    ours_first = sorted(labels, key=lambda lab: (not lab.startswith("ours"), lab))
+    for label in ours_first:
+        model = labels[label]
+        k = used.get(model, 0)
+        used[model] = k + 1
+        colors[label] = _shade(color_of(model), k) if model else _shade("#7F7F7F", k)
+    return colors
 
 
 def plot_tradeoff(data: dict, *, op: str, param: str, err_key: str = "o", pass_: str = "fwd", ax=None,

@@ -27,6 +27,8 @@ def as_array(x, name: str, shape: tuple | None, *, finite: bool = True) -> np.nd
     of axes. Complex input raises (even with a zero imaginary part: NumPy would drop it with only a
     warning), so do NaN and inf unless ``finite=False``, and empty arrays. Returns a float64
     ``ndarray``.
+
+    Used throughout the book.
     """
     spec = "any shape" if shape is None else f"shape {_fmt_shape(shape)}"
     try:
@@ -59,6 +61,8 @@ def check_qkv(Q, K, V):
 
     ``Q`` and ``K`` must be ``(n, d_k)``, ``V`` must be ``(n, d_v)``, all finite. Returns float64
     copies ``(Q, K, V)``.
+
+    Used throughout the book.
     """
     K = as_array(K, "K", ("n", "d_k"))
     n, d_k = K.shape
@@ -72,6 +76,8 @@ def check_gate(g, name: str, shape: tuple, *, low: float = 0.0, high: float = 1.
     """Validate a gate (forget factor, learning rate, ...) of a given shape and range.
 
     The default range is ``(0, 1]``, the convention for forget gates in this book. Returns float64.
+
+    Used throughout the book.
     """
     arr = as_array(g, name, shape)
     lo_ok = arr >= low if low_inclusive else arr > low
@@ -84,12 +90,16 @@ def check_gate(g, name: str, shape: tuple, *, low: float = 0.0, high: float = 1.
 
 
 def check_positive(x, name: str, shape: tuple) -> np.ndarray:
-    """Validate a strictly positive array (a scalar if ``shape == ()``)."""
+    """Validate a strictly positive array (a scalar if ``shape == ()``).
+
+    Used throughout the book."""
     return check_gate(x, name, shape, low=0.0, high=np.inf, high_inclusive=False)
 
 
 def check_int(x, name: str, low: int = 1) -> int:
-    """An integer ``>= low`` (``bool`` is not one); returns it as an ``int``."""
+    """An integer ``>= low`` (``bool`` is not one); returns it as an ``int``.
+
+    Used throughout the book."""
     if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < low:
         raise ValueError(f"{name} must be an integer >= {low}; got {x!r}")
     return int(x)
@@ -98,7 +108,9 @@ def check_int(x, name: str, low: int = 1) -> int:
 def check_symbolic_finite(x, name: str):
     """``x`` (a SymPy matrix, or anything SymPy can read as one, or a sequence of expressions) with
     no NaN and no infinity among its entries; symbols pass, whatever they stand for. Returns the
-    entries as a list of SymPy expressions."""
+    entries as a list of SymPy expressions.
+
+    Used throughout the book."""
     import sympy as sp
     entries = list(x) if isinstance(x, (list, tuple)) else list(sp.Matrix(x))
     entries = [sp.sympify(e) for e in entries]
@@ -110,7 +122,9 @@ def check_symbolic_finite(x, name: str):
 
 
 def check_chunk_size(chunk_size) -> int:
-    """``chunk_size`` must be a positive integer (it need not divide ``n``)."""
+    """``chunk_size`` must be a positive integer (it need not divide ``n``).
+
+    Used throughout the book."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer; got {chunk_size!r}")
     return int(chunk_size)

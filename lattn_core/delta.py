@@ -85,6 +85,8 @@ def forward_substitution(A, B) -> np.ndarray:
     Row by row, ``x_i = b_i - sum_{j<i} A_ij x_j``: ``O(n^2 d)`` operations for ``A`` ``(n, n)`` and
     ``B`` ``(n, d)`` (or ``(n,)``), with no inverse formed. Entries of ``A`` on or above the diagonal
     must be zero (a ``ValueError`` says otherwise).
+
+    Defined in Chapter 6 (The inverse trick).
     """
     A = as_array(A, "A", ("n", "n"))
     n = A.shape[0]
@@ -111,6 +113,8 @@ def blockwise_unit_lower_inverse(A, block: int = 16) -> np.ndarray:
         T_II = (I + A_II)^{-1},      T_IJ = -T_II sum_{J <= M < I} A_IM T_MJ      (J < I).
 
     ``n`` need not be a multiple of ``block`` (the last tile is smaller).
+
+    Defined in Chapter 6 (The inverse trick).
     """
     A = as_array(A, "A", ("n", "n"))
     n = A.shape[0]
@@ -156,6 +160,8 @@ def deltanet_recurrent(Q, K, V, beta=None) -> np.ndarray:
 
     ``Q, K``: ``(n, d_k)``; ``V``: ``(n, d_v)``; ``beta``: ``(n,)`` in ``(0, 2]`` (default all ones).
     Keys are used as given: L2-normalise them for a contractive (stable) update.
+
+    Defined in Chapter 5 (The delta rule).
     """
     Q, K, V = check_qkv(Q, K, V)
     beta = _beta(beta, K.shape[0])
@@ -166,6 +172,8 @@ def deltanet_parallel(Q, K, V, beta=None) -> np.ndarray:
     """DeltaNet in the article's matrix form ``O = (QK^T ⊙ M)(I + Diag(beta)KK^T ⊙ M^-)^{-1} Diag(beta) V``.
 
     The inverse is applied by :func:`forward_substitution` (``O(n^2 d)``), never formed.
+
+    Defined in Chapter 6 (The inverse trick).
     """
     Q, K, V = check_qkv(Q, K, V)
     beta = _beta(beta, K.shape[0])
@@ -179,6 +187,8 @@ def deltanet_attention_matrix(Q, K, beta=None) -> np.ndarray:
     ``(n, n)`` and lower triangular: :func:`deltanet_parallel` is ``P V``. The inverse is applied by
     :func:`forward_substitution` to ``Diag(beta)`` (``O(n^3)``: for showing the matrix, not for
     computing outputs). Chapter 6: Gated DeltaNet's attention matrix is ``P ⊙ Γ``.
+
+    Defined in Chapter 6 (The inverse trick).
     """
     Q, K, _ = check_qkv(Q, K, K)
     beta = _beta(beta, K.shape[0])
@@ -187,7 +197,9 @@ def deltanet_attention_matrix(Q, K, beta=None) -> np.ndarray:
 
 
 def deltanet_chunkwise(Q, K, V, beta=None, *, chunk_size: int = 64) -> np.ndarray:
-    """DeltaNet chunk by chunk in the WY/UT form (see the module docstring for the equations)."""
+    """DeltaNet chunk by chunk in the WY/UT form (see the module docstring for the equations).
+
+    Defined in Chapter 6 (The inverse trick)."""
     Q, K, V = check_qkv(Q, K, V)
     beta = _beta(beta, K.shape[0])
     C = check_chunk_size(chunk_size)
@@ -201,6 +213,8 @@ def gated_deltanet_recurrent(Q, K, V, alpha, beta=None) -> np.ndarray:
     """Gated DeltaNet: ``S_t = alpha_t S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = S_t q_t``.
 
     ``alpha``: ``(n,)`` in ``(0, 1]``; ``beta``: ``(n,)`` in ``(0, 2]`` (default all ones).
+
+    Defined in Chapter 6 (The inverse trick).
     """
     Q, K, V = check_qkv(Q, K, V)
     n = K.shape[0]
@@ -220,6 +234,8 @@ def gated_deltanet_parallel(Q, K, V, alpha, beta=None) -> np.ndarray:
 
     ``Γ_ij = prod_{tau=j+1..i} alpha_tau = exp(b_i - b_j)`` for ``j <= i``, from differences of the
     log cumulative sum ``b`` (so every exponent is ``<= 0``).
+
+    Defined in Chapter 6 (The inverse trick).
     """
     Q, K, V = check_qkv(Q, K, V)
     n = K.shape[0]
@@ -257,6 +273,8 @@ def gated_deltanet_chunkwise(Q, K, V, alpha, beta=None, *, chunk_size: int = 64)
     """Gated DeltaNet chunk by chunk (WY/UT form with in-chunk log decays; see the module docstring).
 
     Here ``W = T Diag(beta) Diag(exp(b)) K``: the entering state is seen through the in-chunk decay.
+
+    Defined in Chapter 6 (The inverse trick).
     """
     Q, K, V = check_qkv(Q, K, V)
     n = K.shape[0]
@@ -273,6 +291,8 @@ def comba_recurrent(Q, K, V, gamma, eta) -> np.ndarray:
     The forget factor multiplies only the first ``S_{t-1}``: this is SGD on
     ``1/2 ||S k - v||^2 + lam/2 ||S||_F^2`` with ``gamma = 1 - eta lam``. ``gamma``: ``(n,)`` in
     ``(0, 1]``; ``eta``: ``(n,)``, positive.
+
+    Defined in Chapter 6 (The inverse trick).
     """
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
@@ -296,6 +316,8 @@ def gated_deltanet_to_comba(K, V, alpha, beta=None):
     ``alpha S (I - beta k k^T) + beta v k^T = alpha S + (alpha beta)(v / alpha - S k) k^T``, so
     Comba with ``gamma = alpha``, ``eta = alpha beta`` and values ``v / alpha`` (keys and queries
     unchanged). Returns ``(K, V', gamma, eta)``.
+
+    Defined in Chapter 6 (The inverse trick).
     """
     K = as_array(K, "K", ("n", "d_k"))
     n = K.shape[0]
@@ -312,6 +334,8 @@ def comba_to_gated_deltanet(K, V, gamma, eta):
     ``k' = c k`` with ``c = sqrt(eta / (2 gamma))``, so that ``beta' = eta / (gamma c^2) = 2`` and the
     value becomes ``v' = gamma c v`` (the state, hence ``o_t = S_t q_t`` with ``q`` unchanged, is the
     same). Returns ``(K', V', alpha, beta)``.
+
+    Defined in Chapter 6 (The inverse trick).
     """
     K = as_array(K, "K", ("n", "d_k"))
     n = K.shape[0]
@@ -327,7 +351,9 @@ def comba_to_gated_deltanet(K, V, gamma, eta):
 def comba_parallel(Q, K, V, gamma, eta) -> np.ndarray:
     """Comba in matrix form: Gated DeltaNet's :func:`gated_deltanet_parallel` on the inputs
     :func:`comba_to_gated_deltanet` maps Comba's to (the two recurrences have the same states, so the
-    same attention matrix after the change of variables). Arguments as :func:`comba_recurrent`."""
+    same attention matrix after the change of variables). Arguments as :func:`comba_recurrent`.
+
+    Defined in Chapter 6 (The inverse trick)."""
     Q = as_array(Q, "Q", ("n", "d_k"))
     K2, V2, alpha, beta = comba_to_gated_deltanet(K, V, gamma, eta)
     return gated_deltanet_parallel(Q, K2, V2, alpha, beta)
@@ -335,7 +361,9 @@ def comba_parallel(Q, K, V, gamma, eta) -> np.ndarray:
 
 def comba_chunkwise(Q, K, V, gamma, eta, *, chunk_size: int = 64) -> np.ndarray:
     """Comba chunk by chunk: :func:`gated_deltanet_chunkwise` on the mapped inputs, as
-    :func:`comba_parallel`."""
+    :func:`comba_parallel`.
+
+    Defined in Chapter 6 (The inverse trick)."""
     Q = as_array(Q, "Q", ("n", "d_k"))
     K2, V2, alpha, beta = comba_to_gated_deltanet(K, V, gamma, eta)
     return gated_deltanet_chunkwise(Q, K2, V2, alpha, beta, chunk_size=chunk_size)
@@ -364,6 +392,8 @@ def deltaproduct_recurrent(Q, K, V, beta, alpha=None) -> np.ndarray:
     ``S <- S (I - beta_{t,i} k_{t,i} k_{t,i}^T) + beta_{t,i} v_{t,i} k_{t,i}^T``; finally ``o_t = S q_t``.
     The state transition per token is a product of ``m`` generalised Householder matrices.
     ``m = 1`` is DeltaNet (Gated DeltaNet with ``alpha``).
+
+    Defined in Chapter 6 (The inverse trick).
     """
     Q, K, V, beta, alpha = _deltaproduct_inputs(Q, K, V, beta, alpha)
     n, m, d_k = K.shape
@@ -396,14 +426,18 @@ def deltaproduct_parallel(Q, K, V, beta, alpha=None) -> np.ndarray:
     """DeltaProduct in matrix form: :func:`gated_deltanet_parallel` over the ``n·m`` micro-steps
     (one per Householder factor), read at the last micro-step of each token. The product of ``m``
     factors per token is ``m`` rows of the one unit lower-triangular solve. Arguments as
-    :func:`deltaproduct_recurrent`."""
+    :func:`deltaproduct_recurrent`.
+
+    Defined in Chapter 6 (The inverse trick)."""
     Qs, Ks, Vs, a, b, m = _deltaproduct_steps(Q, K, V, beta, alpha)
     return gated_deltanet_parallel(Qs, Ks, Vs, a, b)[m - 1::m]
 
 
 def deltaproduct_chunkwise(Q, K, V, beta, alpha=None, *, chunk_size: int = 64) -> np.ndarray:
     """DeltaProduct chunk by chunk over the micro-steps (``chunk_size`` of them per chunk), as
-    :func:`deltaproduct_parallel`; the kernel ``chunk_gated_delta_product`` takes the same route."""
+    :func:`deltaproduct_parallel`; the kernel ``chunk_gated_delta_product`` takes the same route.
+
+    Defined in Chapter 6 (The inverse trick)."""
     Qs, Ks, Vs, a, b, m = _deltaproduct_steps(Q, K, V, beta, alpha)
     return gated_deltanet_chunkwise(Qs, Ks, Vs, a, b, chunk_size=chunk_size)[m - 1::m]
 
@@ -420,6 +454,8 @@ def gated_deltanet_via_cumulative_alpha(Q, K, V, alpha, beta=None, *, dtype=np.f
     ``abar_t`` underflows and ``1/abar_t`` overflows once ``sum log alpha`` passes the ``dtype``'s
     exponent range (see :func:`cumulative_alpha_breakdown`). ``dtype``: the floating type the
     rescaling and the recurrence run in (float64 or float32); the result is returned as float64.
+
+    Defined in Chapter 6 (The inverse trick).
     """
     Q, K, V = check_qkv(Q, K, V)
     n = K.shape[0]
@@ -449,6 +485,8 @@ def cumulative_alpha_breakdown(lengths, alpha: float, *, d_k: int = 8, d_v: int 
 
     Returns ``{"lengths", "log10_abar", "error": {dtype: array}, "overflow_length": {dtype: float},
     "underflow_length": {dtype: float}}``.
+
+    Defined in Chapter 6 (The inverse trick).
     """
     lengths = [int(x) for x in lengths]
     if not lengths or min(lengths) < 1:
@@ -493,6 +531,8 @@ def overwrite_experiment(n_interfering: int, *, beta: float = 1.0, where: str = 
     Keys are unit vectors in ``d_k`` dimensions. Returns ``{"linear": reads, "delta": reads}``, one
     read per trial: plain linear attention (``S_t = S_{t-1} + v_t k_t^T``, so the read is
     ``sum_j (k_j . k_x) v_j``) and DeltaNet with the given ``beta`` (all writes).
+
+    Defined in Chapter 5 (The delta rule).
     """
     if where not in ("between", "after"):
         raise ValueError(f"where must be 'between' or 'after'; got {where!r}")

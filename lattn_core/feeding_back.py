@@ -73,7 +73,9 @@ __all__ = [
 @dataclass(frozen=True)
 class ModelShape:
     """The attention shape of a published model: layers, query heads, key-value heads, head width,
-    and the key of its paper in ``book/references.bib``. ``attention`` says which sharing it uses."""
+    and the key of its paper in ``book/references.bib``. ``attention`` says which sharing it uses.
+
+    Defined in Chapter 7 (Feeding back)."""
 
     name: str
     layers: int
@@ -105,7 +107,9 @@ def kv_cache_size(layers: int, kv_heads: int, head_dim: int, n: int, *, batch: i
                   bytes_per_number: int = 2) -> int:
     """Bytes of the KV cache after ``n`` tokens: a key and a value of ``head_dim`` numbers per token,
     per key-value head and per layer, ``2 · layers · kv_heads · head_dim · n · batch`` numbers
-    (``bytes_per_number = 2``: 16-bit). Grows linearly in ``n``."""
+    (``bytes_per_number = 2``: 16-bit). Grows linearly in ``n``.
+
+    Defined in Chapter 7 (Feeding back)."""
     for name, val in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim),
                       ("batch", batch), ("bytes_per_number", bytes_per_number)):
         check_int(val, name, 1)
@@ -116,7 +120,9 @@ def kv_cache_size(layers: int, kv_heads: int, head_dim: int, n: int, *, batch: i
 def linear_state_size(layers: int, heads: int, d_k: int, d_v: int, *, batch: int = 1,
                       bytes_per_number: int = 2) -> int:
     """Bytes of the states of a linear attention with the same layers and heads: one ``d_v x d_k``
-    state per head and layer, ``layers · heads · d_k · d_v · batch`` numbers, whatever ``n``."""
+    state per head and layer, ``layers · heads · d_k · d_v · batch`` numbers, whatever ``n``.
+
+    Defined in Chapter 7 (Feeding back)."""
     for name, val in (("layers", layers), ("heads", heads), ("d_k", d_k), ("d_v", d_v),
                       ("batch", batch), ("bytes_per_number", bytes_per_number)):
         check_int(val, name, 1)
@@ -126,7 +132,9 @@ def linear_state_size(layers: int, heads: int, d_k: int, d_v: int, *, batch: int
 def cache_state_crossover(shape: ModelShape) -> float:
     """The number of tokens whose KV cache holds as many numbers as the linear-attention state of
     the same shape: ``heads · head_dim / (2 · kv_heads)`` (from ``kv_cache_size = linear_state_size``
-    with ``d_k = d_v = head_dim``; the layers cancel)."""
+    with ``d_k = d_v = head_dim``; the layers cancel).
+
+    Defined in Chapter 7 (Feeding back)."""
     if not isinstance(shape, ModelShape):
         raise ValueError(f"shape must be a ModelShape; got {type(shape).__name__}")
     return shape.heads * shape.head_dim / (2 * shape.kv_heads)
@@ -169,6 +177,8 @@ def attention_matrices(Q, K, gamma) -> dict:
     matrices and ``gamma`` a sequence of ``n`` expressions; ``Γ`` is then the products themselves
     and the inverses are SymPy's, so the table can be checked symbolically. The ``softmax`` row is
     ``exp`` as written (it overflows for large scores: a formula to compare, not a stable form).
+
+    Defined in Chapter 7 (Feeding back).
     """
     if _is_sympy(Q) or _is_sympy(K):
         import sympy as sp
@@ -225,6 +235,8 @@ def symbolic_recurrence(Q, K, V, gamma=None, *, delta: bool = False):
     (``n`` expressions) the gated forms. ``Q``, ``K``: ``(n, d_k)``; ``V``: ``(n, d_v)``.
     Returns ``O`` as an ``(n, d_v)`` SymPy matrix, entries expanded. Symbols may stand for
     anything; numeric NaN or infinities in any input raise.
+
+    Defined in Chapter 7 (Feeding back).
     """
     import sympy as sp
     Q, K, V = sp.Matrix(Q), sp.Matrix(K), sp.Matrix(V)
@@ -257,6 +269,8 @@ def taylor_feature_count(d: int, order: int, *, symmetric: bool = False) -> int:
     ``symmetric=True`` counts the distinct monomials instead (a tensor power repeats each monomial
     of degree ``s`` in every order of its factors): ``C(d + order, order)``, still ``~ d^order /
     order!`` for large ``d``.
+
+    Defined in Chapter 7 (Feeding back).
     """
     d, order = check_int(d, "d", 1), check_int(order, "order", 0)
     if symmetric:
@@ -273,6 +287,8 @@ def taylor_feature_map(X, order: int) -> np.ndarray:
     ``exp(q.k)`` (``⟨x^{⊗s}, y^{⊗s}⟩ = (x.y)^s``). ``X``: ``(n, d)``; returns
     ``(n, taylor_feature_count(d, order))``. The exact map (``order = ∞``) has infinitely many
     features: this is the article's ``phi`` with ``exp(Q K^T) = phi(Q) phi(K)^T``.
+
+    Defined in Chapter 7 (Feeding back).
     """
     X = as_array(X, "X", ("n", "d"))
     order = check_int(order, "order", 0)
@@ -287,7 +303,9 @@ def taylor_feature_map(X, order: int) -> np.ndarray:
 
 def taylor_remainder_bound(score_max: float, order: int) -> float:
     """An upper bound on ``|exp(s) - sum_{r <= order} s^r / r!|`` over ``|s| <= score_max``:
-    Lagrange's remainder, ``score_max^{order+1} exp(score_max) / (order + 1)!``."""
+    Lagrange's remainder, ``score_max^{order+1} exp(score_max) / (order + 1)!``.
+
+    Defined in Chapter 7 (Feeding back)."""
     score_max = float(as_array(score_max, "score_max", ()))
     if not score_max >= 0:
         raise ValueError(f"score_max must be a finite number >= 0; got {score_max!r}")
@@ -298,7 +316,9 @@ def taylor_remainder_bound(score_max: float, order: int) -> float:
 def taylor_feature_error(Q, K, orders) -> np.ndarray:
     """Relative error ``|phi(Q) phi(K)^T - exp(Q K^T)|_F / |exp(Q K^T)|_F`` of the truncated Taylor
     features, one value per entry of ``orders``. Deterministic: no sampling, unlike Chapter 2's
-    :func:`lattn_core.random_feature_error`."""
+    :func:`lattn_core.random_feature_error`.
+
+    Defined in Chapter 7 (Feeding back)."""
     Q = as_array(Q, "Q", ("n", "d"))
     K = as_array(K, "K", ("n_k", Q.shape[1]))
     orders = [check_int(int(z) if isinstance(z, np.integer) else z, "orders entry", 0)
@@ -319,14 +339,18 @@ def _fox_inputs(Q, K, V, gamma):
 def fox_attention_matrix(Q, K, gamma) -> np.ndarray:
     """FoX's attention probabilities ``softmax(Q K^T + log Γ)``, row by row over ``j <= i``:
     ``(n, n)``, zero above the diagonal. ``log Γ`` is :func:`lattn_core.log_decay_mask` (finite
-    on and below the diagonal for any gates in ``(0, 1]``)."""
+    on and below the diagonal for any gates in ``(0, 1]``).
+
+    Defined in Chapter 7 (Feeding back)."""
     Q, K, _, _ = _fox_inputs(Q, K, K, gamma)
     return row_softmax(attention_scores(Q, K) + log_decay_mask(gamma))
 
 
 def fox_attention_parallel(Q, K, V, gamma) -> np.ndarray:
     """The matrix form: ``O = softmax(Q K^T + log Γ) V`` (:func:`fox_attention_matrix`), i.e.
-    ``o_t = sum_{j<=t} exp(q_t.k_j) Γ_tj v_j / sum_{j<=t} exp(q_t.k_j) Γ_tj``. O(n^2) memory."""
+    ``o_t = sum_{j<=t} exp(q_t.k_j) Γ_tj v_j / sum_{j<=t} exp(q_t.k_j) Γ_tj``. O(n^2) memory.
+
+    Defined in Chapter 7 (Feeding back)."""
     Q, K, V, _ = _fox_inputs(Q, K, V, gamma)
     return fox_attention_matrix(Q, K, gamma) @ V
 
@@ -340,6 +364,8 @@ def fox_attention(Q, K, V, gamma) -> np.ndarray:
 
     ``gamma``: ``(n,)`` in ``(0, 1]``; a constant ``gamma`` is ALiBi (:func:`alibi_gates`). Computed
     in log space (:func:`fox_attention_parallel`): finite for gates near 0 and long sequences.
+
+    Defined in Chapter 7 (Feeding back).
     """
     return fox_attention_parallel(Q, K, V, gamma)
 
@@ -351,6 +377,8 @@ def fox_attention_recurrent(Q, K, V, gamma) -> np.ndarray:
     appends ``(k_t, v_t, a_t = 0)``, and reads the cache with an online softmax over the scores
     ``q_t.k_j + a_j``: a running max, numerator and denominator, O(d_v) memory besides the cache.
     O(n^2) Python steps: the definition, not a fast form.
+
+    Defined in Chapter 7 (Feeding back).
     """
     Q, K, V, logg = _fox_inputs(Q, K, V, gamma)
     n, d_v = V.shape
@@ -372,7 +400,9 @@ def fox_attention_chunkwise(Q, K, V, gamma, *, chunk_size: int = 64) -> np.ndarr
     with one more term per tile): query and key blocks of ``chunk_size``, an online softmax over the
     key blocks, and each tile's bias ``sum_{tau=j+1..i} log gamma_tau`` taken as a difference of
     sums that start at the tile's first key (so near the diagonal it is a difference of small
-    numbers). Only ``chunk_size x chunk_size`` scores exist at a time."""
+    numbers). Only ``chunk_size x chunk_size`` scores exist at a time.
+
+    Defined in Chapter 7 (Feeding back)."""
     Q, K, V, logg = _fox_inputs(Q, K, V, gamma)
     return _blocked_attention(Q, K, V, check_chunk_size(chunk_size), logg)
 
@@ -387,6 +417,8 @@ def feature_fox_attention(Q, K, V, gamma, feature_map) -> np.ndarray:
     ``p x (d_v + 1)`` numbers for ``p`` features. With ``phi(Q) phi(K)^T = exp(Q K^T)`` exactly it
     is :func:`fox_attention`; a truncated ``feature_map`` (a callable, ``(n, d) -> (n, p)``)
     approximates it.
+
+    Defined in Chapter 7 (Feeding back).
     """
     Q, K, V, _ = _fox_inputs(Q, K, V, gamma)
     if not callable(feature_map):
@@ -408,7 +440,9 @@ def alibi_slopes(n_heads: int) -> np.ndarray:
     """ALiBi's slopes for ``n_heads`` heads (Press et al., 2022): for a power of two ``H`` the
     geometric sequence ``2^(-8/H), 2^(-16/H), ..., 2^(-8)``; otherwise the slopes of the largest
     power of two below ``H``, then every other slope of the next power of two, as the paper's code
-    does (in that order). Returns ``(n_heads,)``."""
+    does (in that order). Returns ``(n_heads,)``.
+
+    Defined in Chapter 7 (Feeding back)."""
     H = check_int(n_heads, "n_heads", 1)
     geometric = lambda h: 2.0 ** (-8.0 * np.arange(1, h + 1) / h)
     base = 2 ** int(math.floor(math.log2(H)))
@@ -426,13 +460,17 @@ def _check_slope(slope) -> float:
 
 def alibi_gates(n: int, slope: float) -> np.ndarray:
     """ALiBi as a forget gate: the constant ``gamma_t = exp(-slope)`` for ``n`` tokens, so that
-    ``log Γ_ij = -slope (i - j)``, ALiBi's bias (:func:`alibi_bias`). ``slope >= 0`` (0: no bias)."""
+    ``log Γ_ij = -slope (i - j)``, ALiBi's bias (:func:`alibi_bias`). ``slope >= 0`` (0: no bias).
+
+    Defined in Chapter 7 (Feeding back)."""
     return np.full(check_int(n, "n", 1), math.exp(-_check_slope(slope)))
 
 
 def alibi_bias(n: int, slope: float) -> np.ndarray:
     """ALiBi's bias as its paper defines it: ``-slope · (i - j)`` for ``j <= i``, ``-inf`` above
-    (the causal mask), ``(n, n)``. Added to ``Q K^T`` before the softmax."""
+    (the causal mask), ``(n, n)``. Added to ``Q K^T`` before the softmax.
+
+    Defined in Chapter 7 (Feeding back)."""
     n, slope = check_int(n, "n", 1), _check_slope(slope)
     i, j = np.indices((n, n))
     return np.where(j <= i, -slope * (i - j), -np.inf)
@@ -469,7 +507,9 @@ def deltaformer_matrices(Q, K, *, normalize: bool = False) -> tuple[np.ndarray, 
     """DeltaFormer's two ``(n, n)`` matrices, returned as ``(P, B)``: ``P = exp(Q K^T + log M)``
     (keys ``j <= i``; the article's ``A``) and ``B = exp(K K^T + log M^-)`` (keys ``j < i``:
     strictly lower, its first row empty); with ``normalize`` each ``exp`` becomes a row softmax
-    over those positions. ``Q, K``: ``(n, d_k)``."""
+    over those positions. ``Q, K``: ``(n, d_k)``.
+
+    Defined in Chapter 8 (DeltaFormer)."""
     Q, K, _ = check_qkv(Q, K, K)
     A = _masked_exp_rows(attention_scores(Q, K), causal_mask(Q.shape[0]).astype(bool), bool(normalize))
     B = _masked_exp_rows(K @ K.T, strict_causal_mask(K.shape[0]).astype(bool), bool(normalize))
@@ -478,9 +518,12 @@ def deltaformer_matrices(Q, K, *, normalize: bool = False) -> tuple[np.ndarray, 
 
 def delta_attention(A, B, V, beta=None) -> np.ndarray:
     """``A (I + Diag(beta) B)^{-1} V`` for a lower-triangular ``A`` (DeltaFormer's ``P``) and a
-    strictly lower-triangular ``B`` (both ``(n, n)``), the solve by a library triangular solver (``I + Diag(beta) B`` is unit
-    lower triangular). DeltaFormer is this with exponentiated scores; DeltaNet (Chapter 6) is it with
-    ``A = QK^T ⊙ M``, ``B = KK^T ⊙ M^-`` and ``Diag(beta) V`` for ``V``."""
+    strictly lower-triangular ``B`` (both ``(n, n)``), the solve by a library triangular solver
+    (``I + Diag(beta) B`` is unit lower triangular). DeltaFormer is this with exponentiated scores;
+    DeltaNet (Chapter 6) is it with ``A = QK^T ⊙ M``, ``B = KK^T ⊙ M^-`` and ``Diag(beta) V`` for
+    ``V``.
+
+    Defined in Chapter 8 (DeltaFormer)."""
     from scipy.linalg import solve_triangular
     V = as_array(V, "V", ("n", "d_v"))
     n = V.shape[0]
@@ -494,7 +537,9 @@ def delta_attention(A, B, V, beta=None) -> np.ndarray:
 
 def deltaformer_parallel(Q, K, V, normalize: bool = False, beta=None) -> np.ndarray:
     """The matrix form ``O = P (I + Diag(beta) B)^{-1} V`` (:func:`deltaformer_matrices`,
-    :func:`delta_attention`). O(n^2) memory."""
+    :func:`delta_attention`). O(n^2) memory.
+
+    Defined in Chapter 8 (DeltaFormer)."""
     Q, K, V, normalize, beta = _deltaformer_inputs(Q, K, V, normalize, beta)
     P, B = deltaformer_matrices(Q, K, normalize=normalize)
     return delta_attention(P, B, V, beta)
@@ -504,7 +549,9 @@ def deltaformer_qk(Q, K, V, normalize: bool = False, beta=None) -> np.ndarray:
     """The variant fla's naive reference computes: the pseudo-values scored with ``q_t·k_j``
     (``B' = exp(Q K^T + log M^-)``) instead of the article's ``k_t·k_j``. With ``Q = K`` the two
     coincide; otherwise the pseudo-value of token ``t`` depends on its query, so it is no longer a
-    function of the keys and values alone (the property that lets MQA share it across heads)."""
+    function of the keys and values alone (the property that lets MQA share it across heads).
+
+    Defined in Chapter 8 (DeltaFormer)."""
     Q, K, V, normalize, beta = _deltaformer_inputs(Q, K, V, normalize, beta)
     A, _ = deltaformer_matrices(Q, K, normalize=normalize)
     Bqk = _masked_exp_rows(attention_scores(Q, K), strict_causal_mask(K.shape[0]).astype(bool), normalize)
@@ -516,7 +563,9 @@ def neumann_terms(A, B, V, terms: int, beta=None) -> np.ndarray:
     ``A sum_{m=0}^{terms-1} (-Diag(beta) B)^m V``, computed as ``terms`` products with ``B`` (each
     "attention over the keys" applied to the previous term), then one with ``A``. ``Diag(beta) B`` is
     strictly lower triangular, hence nilpotent: its ``L``-th power vanishes for ``L`` the
-    :func:`dependency_chain_length` of ``B``, so ``L`` terms give the exact result."""
+    :func:`dependency_chain_length` of ``B``, so ``L`` terms give the exact result.
+
+    Defined in Chapter 8 (DeltaFormer)."""
     V = as_array(V, "V", ("n", "d_v"))
     n = V.shape[0]
     A, B = as_array(A, "A", (n, n)), as_array(B, "B", (n, n))
@@ -532,7 +581,9 @@ def neumann_terms(A, B, V, terms: int, beta=None) -> np.ndarray:
 def neumann_errors(A, B, V, beta=None, max_terms=None) -> np.ndarray:
     """The largest absolute error of :func:`neumann_terms` with ``1, 2, ..., max_terms`` terms
     against :func:`delta_attention` (default ``max_terms``: :func:`dependency_chain_length` of
-    ``B``, where the series becomes exact). Returns an array of ``max_terms`` errors."""
+    ``B``, where the series becomes exact). Returns an array of ``max_terms`` errors.
+
+    Defined in Chapter 8 (DeltaFormer)."""
     exact = delta_attention(A, B, V, beta)
     L = dependency_chain_length(B) if max_terms is None else check_int(max_terms, "max_terms", 1)
     return np.array([np.abs(neumann_terms(A, B, V, m, beta) - exact).max()
@@ -543,7 +594,9 @@ def dependency_chain_length(B) -> int:
     """The number of tokens on the longest chain ``t_1 > t_2 > ... > t_L`` with every
     ``B[t_i, t_{i+1}] != 0``: the index of nilpotency of a strictly lower-triangular ``B``
     (``B^L = 0``, ``B^{L-1} != 0``), so the number of Neumann terms :func:`neumann_terms` needs.
-    ``n`` for a dense ``B`` of ``n`` tokens, 1 for ``B = 0``."""
+    ``n`` for a dense ``B`` of ``n`` tokens, 1 for ``B = 0``.
+
+    Defined in Chapter 8 (DeltaFormer)."""
     B = as_array(B, "B", ("n", "n"))
     n = B.shape[0]
     if B.shape[1] != n or np.any(np.triu(B) != 0):
@@ -561,7 +614,9 @@ def deltaformer(Q, K, V, normalize: bool = False, beta=None) -> np.ndarray:
     ``B = exp(K K^T + log M^-)``; ``normalize=True`` replaces each ``exp`` by a row softmax over its
     allowed positions (the first row of ``B`` is empty). ``beta``: ``(n,)`` in ``(0, 2]``, default 1.
     The pseudo-values ``U = (I + Diag(beta) B)^{-1} V`` are scored with ``k·k``, as in the article.
-    Computed in the matrix form (:func:`deltaformer_parallel`)."""
+    Computed in the matrix form (:func:`deltaformer_parallel`).
+
+    Defined in Chapter 8 (DeltaFormer)."""
     return deltaformer_parallel(Q, K, V, normalize, beta)
 
 
@@ -569,7 +624,9 @@ def deltaformer_recurrent(Q, K, V, normalize: bool = False, beta=None) -> np.nda
     """Token by token: the pseudo-value ``u_t = v_t - beta_t sum_{j<t} B_tj u_j`` (forward
     substitution; ``B_tj`` from ``k_t`` and the earlier keys), then ``o_t = sum_{j<=t} P_tj u_j``,
     ``P_tj`` from ``q_t`` and the keys up to ``t``, attention of ``q_t`` over the pseudo-values.
-    The cache holds keys and pseudo-values."""
+    The cache holds keys and pseudo-values.
+
+    Defined in Chapter 8 (DeltaFormer)."""
     Q, K, V, normalize, beta = _deltaformer_inputs(Q, K, V, normalize, beta)
     n = K.shape[0]
     U = np.empty_like(V)
@@ -594,8 +651,10 @@ def deltaformer_chunkwise(Q, K, V, normalize: bool = False, beta=None, *, chunk_
     """Blocked, as a GPU would: for each block of ``chunk_size`` tokens, the previous blocks'
     pseudo-values enter the right-hand side (``V_c - Diag(beta_c) B_{c,<c} U_{<c}``), a
     ``chunk_size``-sized forward substitution solves the block (:func:`lattn_core.forward_substitution`),
-    and the block's outputs are ``P_{c,<=c} U_{<=c}``. Only ``chunk_size x n`` slabs of ``A`` and
-    ``B`` exist at a time (rows of a normalised matrix need every earlier key)."""
+    and the block's outputs are ``P_{c,<=c} U_{<=c}``. Only ``chunk_size x n`` slabs of ``P`` and
+    ``B`` exist at a time (rows of a normalised matrix need every earlier key).
+
+    Defined in Chapter 8 (DeltaFormer)."""
     Q, K, V, normalize, beta = _deltaformer_inputs(Q, K, V, normalize, beta)
     C = check_chunk_size(chunk_size)
     n = K.shape[0]
@@ -624,7 +683,9 @@ def deltaformer_work(n: int, d_k: int, d_v: int, n_heads: int, kv_heads: int) ->
     (``n(n+1)/2 · d_k``) and ``A U`` (``n(n+1)/2 · d_v``). Returns ``{"kv_part", "query_part",
     "shared", "unshared", "saved"}``: the work when ``n_heads`` query heads share ``kv_heads``
     key-value heads (MQA/GQA: the pseudo-values are computed once per key-value head), the work if
-    every query head computed its own, and the fraction saved."""
+    every query head computed its own, and the fraction saved.
+
+    Defined in Chapter 8 (DeltaFormer)."""
     n, d_k, d_v = check_int(n, "n", 1), check_int(d_k, "d_k", 1), check_int(d_v, "d_v", 1)
     H, H_kv = check_int(n_heads, "n_heads", 1), check_int(kv_heads, "kv_heads", 1)
     if H % H_kv:

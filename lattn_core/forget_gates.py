@@ -49,6 +49,8 @@ def log_decay_mask(gamma) -> np.ndarray:
     Never the log of :func:`decay_mask`: an entry of ``Γ`` that underflows to 0 has a finite log
     here (``-1e4`` is a fine exponent to add to a score, ``log 0 = -inf`` is not). ``gamma``:
     ``(n,)`` in ``(0, 1]``. Chapter 7 adds this to softmax scores (ALiBi, FoX).
+
+    Defined in Chapter 7 (Feeding back).
     """
     g = as_array(gamma, "gamma", ("n",))
     g = _check_scalar_gate(g, g.shape[0])
@@ -63,6 +65,8 @@ def decay_mask(gamma) -> np.ndarray:
     Computed as ``exp(c_i - c_j)`` with ``c = cumsum(log gamma)`` (:func:`log_decay_mask`): every
     exponent is ``<= 0``, so entries underflow gracefully to 0 and never become NaN. ``gamma``:
     ``(n,)`` in ``(0, 1]``.
+
+    Defined in Chapter 3 (Forget gates).
     """
     return np.exp(log_decay_mask(gamma))
 
@@ -73,6 +77,8 @@ def decay_mask_naive(gamma) -> np.ndarray:
     Mathematically equal to :func:`decay_mask`, numerically broken: once ``P`` underflows to 0
     (e.g. 0.01^162 rounds to 0 in float64) the ratio is ``0/0 = NaN``, and before that it loses accuracy.
     Kept to show the failure; never use it.
+
+    Defined in Chapter 3 (Forget gates).
     """
     g = as_array(gamma, "gamma", ("n",))
     g = _check_scalar_gate(g, g.shape[0])
@@ -89,6 +95,8 @@ def decay_attention_recurrent(Q, K, V, gamma) -> np.ndarray:
     """``S_t = gamma_t S_{t-1} + v_t k_t^T``, ``o_t = S_t q_t``. ``gamma``: ``(n,)`` in ``(0, 1]``.
 
     A constant ``gamma`` is RetNet's retention; a data-dependent ``gamma_t`` is Mamba2's scalar gate.
+
+    Defined in Chapter 3 (Forget gates).
     """
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
@@ -102,7 +110,9 @@ def decay_attention_recurrent(Q, K, V, gamma) -> np.ndarray:
 
 
 def decay_attention_parallel(Q, K, V, gamma) -> np.ndarray:
-    """``O = (Q K^T ⊙ Γ) V`` with the decay mask ``Γ`` of :func:`decay_mask`."""
+    """``O = (Q K^T ⊙ Γ) V`` with the decay mask ``Γ`` of :func:`decay_mask`.
+
+    Defined in Chapter 3 (Forget gates)."""
     Q, K, V = check_qkv(Q, K, V)
     _check_scalar_gate(gamma, K.shape[0])
     return ((Q @ K.T) * decay_mask(gamma)) @ V
@@ -115,6 +125,8 @@ def decay_attention_chunkwise(Q, K, V, gamma, *, chunk_size: int = 64) -> np.nda
         S  <- e^{b_C} S + V_c^T Diag(e^{b_C - b}) K_c
 
     Every exponent is a difference ``<= 0``: no overflow, no ``0/0``, for any gates and any ``n``.
+
+    Defined in Chapter 3 (Forget gates).
     """
     Q, K, V = check_qkv(Q, K, V)
     C = check_chunk_size(chunk_size)
@@ -141,6 +153,8 @@ def decay_attention_rescaled(Q, K, V, gamma) -> np.ndarray:
     multiplies ``Q``, divides ``K`` elementwise). ``1/P`` overflows (and ``P`` underflows) once the
     cumulative product leaves float64's range, giving inf/NaN; even before that, ``q_i P_i`` and
     ``k_j / P_j`` differ by up to ``1/P_n`` in size, so round-off is amplified. Shown, not used.
+
+    Defined in Chapter 3 (Forget gates).
     """
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
@@ -155,7 +169,9 @@ def decay_attention_rescaled(Q, K, V, gamma) -> np.ndarray:
 # Vector decay (GLA): S_t = S_{t-1} Diag(gamma_t) + v_t k_t^T
 # --------------------------------------------------------------------------------------------
 def gla_attention_recurrent(Q, K, V, gamma) -> np.ndarray:
-    """``S_t = S_{t-1} Diag(gamma_t) + v_t k_t^T``, ``o_t = S_t q_t``. ``gamma``: ``(n, d_k)``."""
+    """``S_t = S_{t-1} Diag(gamma_t) + v_t k_t^T``, ``o_t = S_t q_t``. ``gamma``: ``(n, d_k)``.
+
+    Defined in Chapter 3 (Forget gates)."""
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
     g = _check_vector_gate(gamma, n, d_k)
@@ -177,7 +193,9 @@ def _gla_scores(q, k, b):
 
 def gla_attention_parallel(Q, K, V, gamma) -> np.ndarray:
     """``o_i = sum_{j<=i} (sum_c q_ic k_jc prod_{tau=j+1..i} gamma_tau,c) v_j``: one decay mask per
-    key dimension (an ``(n, n, d_k)`` tensor, from cumulative-log differences)."""
+    key dimension (an ``(n, n, d_k)`` tensor, from cumulative-log differences).
+
+    Defined in Chapter 3 (Forget gates)."""
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
     c = np.cumsum(np.log(_check_vector_gate(gamma, n, d_k)), axis=0)
@@ -189,6 +207,8 @@ def gla_attention_chunkwise(Q, K, V, gamma, *, chunk_size: int = 16) -> np.ndarr
 
         o_i = S (e^{b_i} ⊙ q_i) + sum_{j<=i in chunk} (sum_c q_ic k_jc e^{b_ic - b_jc}) v_j
         S  <- S Diag(e^{b_C}) + V_c^T (K_c ⊙ e^{b_C - b})
+
+    Defined in Chapter 3 (Forget gates).
     """
     Q, K, V = check_qkv(Q, K, V)
     C = check_chunk_size(chunk_size)
@@ -212,6 +232,8 @@ def chunk_pair_levels(chunk_size: int) -> np.ndarray:
     ``h = 2^(l-1)``, with ``i`` in the block's second half and ``j`` in its first, and the last row of
     the first half, ``rho = (i // 2h) * 2h + h - 1``, satisfies ``j <= rho < i``. The diagonal is 0,
     the entries above it -1. A chunk of ``C`` rows has ``ceil(log2 C)`` levels.
+
+    Defined in Chapter 3 (Forget gates).
     """
     C = check_chunk_size(chunk_size)
     i, j = np.arange(C)[:, None], np.arange(C)[None, :]
@@ -228,6 +250,8 @@ def gla_scores_by_levels(Q, K, gamma) -> np.ndarray:
     scores are ONE product of the ``(C, d_k)`` matrices ``Q ⊙ e^{b - b_rho}`` (rows in second halves)
     and ``K ⊙ e^{b_rho - b}`` (rows in first halves), masked to the level's pairs. Every exponent is
     ``<= 0``: finite for any gates. ``Q``, ``K``, ``gamma``: ``(C, d_k)``, gates in ``(0, 1]``.
+
+    Defined in Chapter 3 (Forget gates).
     """
     K = as_array(K, "K", ("C", "d_k"))
     Q = as_array(Q, "Q", K.shape)
@@ -257,7 +281,9 @@ def _check_theta(theta, d_k):
 
 def rope_rotate(X, theta) -> np.ndarray:
     """Rotary position embedding: rotate the pair ``(x_{t,2m}, x_{t,2m+1})`` of row ``t`` (``t = 1..n``)
-    by the angle ``t theta_m``. ``X``: ``(n, d)`` with ``d`` even; ``theta``: ``(d/2,)``."""
+    by the angle ``t theta_m``. ``X``: ``(n, d)`` with ``d`` even; ``theta``: ``(d/2,)``.
+
+    Defined in Chapter 3 (Forget gates)."""
     X = as_array(X, "X", ("n", "d"))
     theta = _check_theta(theta, X.shape[1])
     ang = np.arange(1, X.shape[0] + 1)[:, None] * theta[None, :]
@@ -278,6 +304,8 @@ def rope_decay_attention_complex(Q, K, V, gamma, theta) -> np.ndarray:
 
     Unrolled, ``o_t = sum_j v_j gamma_{j+1..t} Re(sum_m q~_tm conj(k~_jm) e^{i (t-j) theta_m})``, which
     is exactly the score of RoPE-rotated ``q_t, k_j`` times the real decay.
+
+    Defined in Chapter 3 (Forget gates).
     """
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
@@ -296,7 +324,9 @@ def rope_decay_attention_complex(Q, K, V, gamma, theta) -> np.ndarray:
 
 def rope_decay_attention_rotated(Q, K, V, gamma, theta) -> np.ndarray:
     """The real form: rotate ``q`` and ``k`` by position (:func:`rope_rotate`), then scalar decay
-    attention ``(R(Q) R(K)^T ⊙ Γ) V``. Equal to :func:`rope_decay_attention_complex`."""
+    attention ``(R(Q) R(K)^T ⊙ Γ) V``. Equal to :func:`rope_decay_attention_complex`.
+
+    Defined in Chapter 3 (Forget gates)."""
     Q, K, V = check_qkv(Q, K, V)
     return decay_attention_chunkwise(rope_rotate(Q, theta), rope_rotate(K, theta), V, gamma)
 
@@ -351,6 +381,8 @@ def compose_affine(second, first):
     since ``A_2 (A_1 h + b_1) + b_2 = (A_2 A_1) h + (A_2 b_1 + b_2)``. Works on NumPy arrays (batched
     over a leading axis with ``@``) and on SymPy matrices alike; it is associative, which is all a
     parallel prefix scan needs.
+
+    Defined in Chapter 3 (Forget gates).
     """
     (A2, b2), (A1, b1) = second, first
     return A2 @ A1, A2 @ b1 + b2
@@ -362,6 +394,8 @@ def linear_recurrence_loop(A, B, *, kind: str | None = None, h0=None) -> np.ndar
     ``A``: ``(n,)`` (scalar gate), ``(n, m)`` (diagonal), ``(n, m, m)`` (full matrix) or, with
     ``kind="elementwise"``, the shape of ``B`` (a gate multiplying the state entry by entry).
     ``B``: ``(n, m)`` or ``(n, m, p)``. Returns every ``h_t``, shape of ``B``.
+
+    Defined in Chapter 3 (Forget gates).
     """
     A, B, kind, h0 = _check_recurrence(A, B, kind, h0)
     h = np.zeros(B.shape[1:]) if h0 is None else h0.copy()
@@ -386,6 +420,8 @@ def linear_recurrence_scan(A, B, *, kind: str | None = None, h0=None, return_rou
     Work is ``O(n log n)`` compositions (Blelloch's two-sweep variant gets ``O(n)``), depth ``O(log n)``.
     Gates may be any real numbers here; products of small gates underflow to 0 harmlessly (no
     division). Same shapes as :func:`linear_recurrence_loop`.
+
+    Defined in Chapter 3 (Forget gates).
     """
     A, B, kind, h0 = _check_recurrence(A, B, kind, h0)
     n = B.shape[0]
@@ -413,6 +449,8 @@ def gated_attention_scan(Q, K, V, gamma=None) -> np.ndarray:
     ``(n, d_k, d_k)`` (a full matrix gate, ``S_t = S_{t-1} A_t + v_t k_t^T``). The scan runs on the
     transposed state ``H_t = S_t^T`` (``(d_k, d_v)``, fla's orientation), for which the recurrence
     is ``H_t = A_t^T H_{t-1} + k_t v_t^T``; then ``o_t = H_t^T q_t``.
+
+    Defined in Chapter 3 (Forget gates).
     """
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
@@ -437,7 +475,9 @@ def gated_attention_scan(Q, K, V, gamma=None) -> np.ndarray:
 # Gates that do not factor: full matrices, and elementwise gates that are not outer products
 # --------------------------------------------------------------------------------------------
 def matrix_gate_attention_recurrent(Q, K, V, A) -> np.ndarray:
-    """``S_t = S_{t-1} A_t + v_t k_t^T``, ``o_t = S_t q_t`` with a full ``(d_k, d_k)`` gate ``A_t``."""
+    """``S_t = S_{t-1} A_t + v_t k_t^T``, ``o_t = S_t q_t`` with a full ``(d_k, d_k)`` gate ``A_t``.
+
+    Defined in Chapter 3 (Forget gates)."""
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
     A = as_array(A, "A", (n, d_k, d_k))
@@ -453,6 +493,8 @@ def pairwise_transitions(A) -> np.ndarray:
     """``T_ij = A_{j+1} A_{j+2} ... A_i`` for ``j <= i`` (``T_ii = I``), 0 above: ``(n, n, d, d)``.
 
     Built row by row, ``T_ij = T_{i-1,j} A_i``: ``O(n^2 d^3)`` time and ``O(n^2 d^2)`` memory.
+
+    Defined in Chapter 3 (Forget gates).
     """
     A = as_array(A, "A", ("n", "d", "d"))
     n, d, d2 = A.shape
@@ -473,6 +515,8 @@ def matrix_gate_attention_parallel(Q, K, V, A) -> np.ndarray:
     For a diagonal gate ``T_ij = Diag(prod gamma)`` collapses to the factored score
     ``(q_i ⊙ P_i).(k_j / P_j)``; for non-commuting matrices there is no per-position factor with a
     stable log-difference form, so each pair needs its own ``d_k × d_k`` product.
+
+    Defined in Chapter 3 (Forget gates).
     """
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
@@ -491,6 +535,8 @@ def elementwise_gate_attention_recurrent(Q, K, V, G) -> np.ndarray:
     The general "diagonal" gate on the flattened state (Mamba-1's ``exp(Δ_t A)`` is of this kind).
     ``G``: ``(n, d_v, d_k)`` in ``(0, 1]``. Scalar decay is ``G_t = gamma_t 1 1^T``, GLA is
     ``G_t = 1 gamma_t^T``.
+
+    Defined in Chapter 3 (Forget gates).
     """
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
@@ -506,7 +552,9 @@ def elementwise_gate_attention_recurrent(Q, K, V, G) -> np.ndarray:
 def elementwise_gate_attention_parallel(Q, K, V, G) -> np.ndarray:
     """The parallel form of an elementwise gate: ``o_ip = sum_j v_jp sum_c q_ic k_jc D_ij[p, c]`` with
     ``D_ij = prod_{tau=j+1..i} G_tau`` (log-differences). One score matrix *per value channel p*:
-    the work needs the ``(n, n, d_v, d_k)`` tensor ``D``, not a single ``n × n`` matmul."""
+    the work needs the ``(n, n, d_v, d_k)`` tensor ``D``, not a single ``n × n`` matmul.
+
+    Defined in Chapter 3 (Forget gates)."""
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
     d_v = V.shape[1]
@@ -525,6 +573,8 @@ def is_outer_product_gate(G, *, tol: float = 1e-10):
     ``log G`` (0 for an exact outer product), ``alpha`` ``(n, d_v)`` and ``beta`` ``(n, d_k)`` the
     factors with ``max_c beta_t[c] = 1`` (meaningful only when ``ok``). Scalar decay and GLA are
     outer products; Mamba-1's ``exp(Δ_t[p] A[p, c])`` is not.
+
+    Defined in Chapter 3 (Forget gates).
     """
     G = as_array(G, "G", ("n", "d_v", "d_k"))
     G = check_gate(G, "G", G.shape)
@@ -550,6 +600,8 @@ def outer_gate_attention_chunkwise(Q, K, V, alpha, beta, *, chunk_size: int = 16
 
     (the within-chunk term is kept in its stable pairwise form here). ``alpha``: ``(n, d_v)``,
     ``beta``: ``(n, d_k)``, both in ``(0, 1]``.
+
+    Defined in Chapter 3 (Forget gates).
     """
     Q, K, V = check_qkv(Q, K, V)
     C = check_chunk_size(chunk_size)
@@ -579,7 +631,9 @@ def topic_recall(n: int, topic_len: int, d_k: int, *, gamma=None, seeds: int = 4
     the current one. Each of its pairs is read back with its own key, as in
     :func:`lattn_core.recall_experiment` (``d_v = d_k``, ``gamma``: ``None``, a constant or one gate
     per token). Returns the cosine between recalled and stored value for each pair of the current
-    topic, oldest first, averaged over ``seeds`` draws."""
+    topic, oldest first, averaged over ``seeds`` draws.
+
+    Defined in Chapter 3 (Forget gates)."""
     if isinstance(topic_len, bool) or not isinstance(topic_len, (int, np.integer)) \
             or not 1 <= topic_len <= n:
         raise ValueError(f"topic_len must be an integer in [1, n = {n}]; got {topic_len!r}")

@@ -26,6 +26,8 @@ def linear_attention_recurrent(Q, K, V) -> np.ndarray:
     """The RNN form, token by token: ``S_t = S_{t-1} + v_t k_t^T``, ``o_t = S_t q_t`` (``S_0 = 0``).
 
     O(1) memory in ``n`` (one ``d_v × d_k`` state), O(n d_k d_v) time.
+
+    Defined in Chapter 2 (Linear attention).
     """
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
@@ -38,14 +40,18 @@ def linear_attention_recurrent(Q, K, V) -> np.ndarray:
 
 
 def linear_attention_parallel(Q, K, V) -> np.ndarray:
-    """The matrix form ``O = (Q K^T ⊙ M) V`` (M the causal mask): O(n^2) time and memory."""
+    """The matrix form ``O = (Q K^T ⊙ M) V`` (M the causal mask): O(n^2) time and memory.
+
+    Defined in Chapter 2 (Linear attention)."""
     Q, K, V = check_qkv(Q, K, V)
     return np.tril(Q @ K.T) @ V
 
 
 def linear_attention_nocausal(Q, K, V, *, order: str = "right") -> np.ndarray:
     """Non-causal linear attention, either ``(Q K^T) V`` (``order="left"``, O(n^2 d)) or
-    ``Q (K^T V)`` (``order="right"``, O(n d^2)): equal by associativity of the matrix product."""
+    ``Q (K^T V)`` (``order="right"``, O(n d^2)): equal by associativity of the matrix product.
+
+    Defined in Chapter 2 (Linear attention)."""
     Q, K, V = check_qkv(Q, K, V)
     if order == "left":
         return (Q @ K.T) @ V
@@ -62,6 +68,8 @@ def linear_attention_chunkwise(Q, K, V, *, chunk_size: int = 64) -> np.ndarray:
         O_c = Q_c S^T + (Q_c K_c^T ⊙ M) V_c,      S <- S + V_c^T K_c
 
     O(n C d + n d^2) time for chunk size ``C``; ``chunk_size`` need not divide ``n``.
+
+    Defined in Chapter 2 (Linear attention).
     """
     Q, K, V = check_qkv(Q, K, V)
     C = check_chunk_size(chunk_size)
@@ -76,7 +84,9 @@ def linear_attention_chunkwise(Q, K, V, *, chunk_size: int = 64) -> np.ndarray:
 
 
 def linear_attention_state(K, V) -> np.ndarray:
-    """The final state ``S_n = sum_j v_j k_j^T = V^T K`` (``(d_v, d_k)``)."""
+    """The final state ``S_n = sum_j v_j k_j^T = V^T K`` (``(d_v, d_k)``).
+
+    Defined in Chapter 2 (Linear attention)."""
     K = as_array(K, "K", ("n", "d_k"))
     V = as_array(V, "V", (K.shape[0], "d_v"))
     return V.T @ K
@@ -89,6 +99,8 @@ def elu_plus_one(X) -> np.ndarray:
     """``phi(x) = elu(x) + 1`` elementwise (x + 1 for x > 0, exp(x) otherwise): positive everywhere.
 
     The feature map of Katharopoulos et al. (2020). ``X``: ``(n, d)``.
+
+    Defined in Chapter 2 (Linear attention).
     """
     X = as_array(X, "X", ("n", "d"))
     return np.where(X > 0, X + 1.0, np.exp(np.minimum(X, 0.0)))
@@ -99,6 +111,8 @@ def draw_random_features(m: int, d: int, *, seed: int = 0, orthogonal: bool = Fa
 
     ``orthogonal=True`` draws them in blocks of ``d`` mutually orthogonal directions whose norms
     are again chi-distributed (Performer's variance reduction).
+
+    Defined in Chapter 2 (Linear attention).
     """
     for name, val in (("m", m), ("d", d)):
         if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
@@ -121,6 +135,8 @@ def random_feature_map(X, omega) -> np.ndarray:
 
     For ``w ~ N(0, I)``, ``E[exp(w.q - |q|^2/2) exp(w.k - |k|^2/2)] = exp(q.k)``, so
     ``phi(Q) phi(K)^T`` is an unbiased Monte-Carlo estimate of ``exp(Q K^T)``. Returns ``(n, m)``.
+
+    Defined in Chapter 2 (Linear attention).
     """
     X = as_array(X, "X", ("n", "d"))
     omega = as_array(omega, "omega", ("m", X.shape[1]))
@@ -134,6 +150,8 @@ def random_feature_error(Q, K, feature_counts, *, n_seeds: int = 8, seed: int = 
     count in ``feature_counts``, averaged over ``n_seeds`` independent draws. Returns an array.
 
     For an unbiased Monte-Carlo estimate the error falls like ``1/sqrt(m)``.
+
+    Defined in Chapter 2 (Linear attention).
     """
     Q = as_array(Q, "Q", ("n", "d"))
     K = as_array(K, "K", ("n_k", Q.shape[1]))
@@ -161,6 +179,8 @@ def normalized_linear_attention(Q, K, V, feature_map=None) -> np.ndarray:
     ``feature_map`` is a callable applied to ``Q`` and ``K`` (``None``: the identity, in which case
     the denominator can be zero or negative and the output blows up: that is why the original
     needs a positive ``phi``). The denominator is the numerator with ``V`` replaced by ones.
+
+    Defined in Chapter 2 (Linear attention).
     """
     Q, K, V = check_qkv(Q, K, V)
     if feature_map is not None:
@@ -201,6 +221,8 @@ def recall_experiment(n: int, d_k: int = 64, d_v: int = 64, *, gamma=None, seed:
     Returns a dict of ``(n,)`` arrays indexed by ``j``: ``age`` (``n - j``, 0 for the newest),
     ``cosine`` (``cos(r_j, v_j)``) and ``rel_error`` (``|r_j / w_j - v_j| / |v_j|``: crosstalk
     relative to the signal, after undoing the known decay).
+
+    Defined in Chapter 3 (Forget gates).
     """
     for name, val in (("n", n), ("d_k", d_k), ("d_v", d_v)):
         if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
@@ -224,6 +246,8 @@ def recall_error_theory(n: int, d_k: int, *, gamma=None) -> np.ndarray:
     With random unit keys, ``E[(k_i.k_j)^2] = 1/d_k``, so the crosstalk-to-signal ratio is
     ``rel_error_j ≈ sqrt(sum_{i != j} (w_i / w_j)^2 / d_k)``; without decay this is
     ``sqrt((n - 1) / d_k)`` for every ``j``: it grows without bound as ``n`` grows.
+
+    Defined in Chapter 2 (Linear attention).
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be a positive integer; got {n!r}")
@@ -241,7 +265,9 @@ def recall_error_theory(n: int, d_k: int, *, gamma=None) -> np.ndarray:
 def recall_vs_length(lengths, d_k: int = 64, d_v: int = 64, *, gamma=None, n_seeds: int = 4,
                      seed: int = 0) -> dict:
     """Mean recall ``rel_error`` and ``cosine`` over all stored pairs and ``n_seeds`` draws, for each
-    ``n`` in ``lengths`` (see :func:`recall_experiment`). Returns ``{"n", "rel_error", "cosine"}``."""
+    ``n`` in ``lengths`` (see :func:`recall_experiment`). Returns ``{"n", "rel_error", "cosine"}``.
+
+    Defined in Chapter 2 (Linear attention)."""
     ns = [int(x) for x in np.atleast_1d(lengths)]
     n_seeds = check_int(n_seeds, "n_seeds", 1)
     rel, cos = [], []

@@ -13,10 +13,14 @@ def _check_n(n) -> int:
 
 
 def causal_mask(n: int) -> np.ndarray:
-    """``M``: the ``(n, n)`` lower-triangular 0/1 matrix, ``M_ij = 1`` for ``j <= i``."""
+    """``M``: the ``(n, n)`` lower-triangular 0/1 matrix, ``M_ij = 1`` for ``j <= i``.
+
+    Defined in Chapter 1 (The quadratic cost)."""
     return np.tril(np.ones((_check_n(n),) * 2))
 
 
 def strict_causal_mask(n: int) -> np.ndarray:
-    """``M^-``: the ``(n, n)`` strictly lower-triangular 0/1 matrix, ``M^-_ij = 1`` for ``j < i``."""
+    """``M^-``: the ``(n, n)`` strictly lower-triangular 0/1 matrix, ``M^-_ij = 1`` for ``j < i``.
+
+    Defined in Chapter 1 (The quadratic cost)."""
     return np.tril(np.ones((_check_n(n),) * 2), k=-1)

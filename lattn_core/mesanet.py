@@ -122,6 +122,8 @@ def mesanet_recurrent(Q, K, V, gamma, lam, *, beta=None) -> np.ndarray:
 
     ``gamma``: ``(n,)`` in ``(0, 1]``; ``lam``: a positive scalar or ``(d_k,)``; ``beta``: ``None``
     (all ones, the article's form) or ``(n,)`` in ``[0, inf)`` (fla's per-token weight).
+
+    Defined in Chapter 10 (MesaNet).
     """
     Q, K, V, g, lam, beta = _inputs(Q, K, V, gamma, lam, beta)
     n, d_k = K.shape
@@ -138,7 +140,9 @@ def mesanet_recurrent(Q, K, V, gamma, lam, *, beta=None) -> np.ndarray:
 
 def regression_weights(gamma, t: int, beta=None) -> np.ndarray:
     """``w_tj = beta_j Gamma_tj`` for ``j = 0 .. t``: the weight pair ``j`` has in the loss at token
-    ``t`` (``Gamma_tj`` the product of the gates after ``j`` up to ``t``, from log-gate differences)."""
+    ``t`` (``Gamma_tj`` the product of the gates after ``j`` up to ``t``, from log-gate differences).
+
+    Defined in Chapter 10 (MesaNet)."""
     g = as_array(gamma, "gamma", ("n",))
     n = g.shape[0]
     g = _gamma(g, n)
@@ -151,7 +155,9 @@ def regression_weights(gamma, t: int, beta=None) -> np.ndarray:
 
 def mesanet_parallel(Q, K, V, gamma, lam, *, beta=None) -> np.ndarray:
     """The matrix form: ``H_t = K^T Diag(w_t) K`` for every ``t`` at once, the solved queries
-    ``x_t = (H_t + Lambda)^{-1} q_t`` stacked as ``X``, then ``O = (X K^T ⊙ Γ) Diag(beta) V``."""
+    ``x_t = (H_t + Lambda)^{-1} q_t`` stacked as ``X``, then ``O = (X K^T ⊙ Γ) Diag(beta) V``.
+
+    Defined in Chapter 10 (MesaNet)."""
     Q, K, V, g, lam, beta = _inputs(Q, K, V, gamma, lam, beta)
     W = decay_mask(g) * beta[None, :]                     # w_tj = β_j Γ_tj, 0 above the diagonal
     H = np.einsum("tj,jk,jl->tkl", W, K, K)
@@ -179,7 +185,9 @@ def _states_by_reads(K, Values, g, C):
 def mesanet_states(K, V, gamma, beta=None, *, chunk_size: int = 64):
     """Every ``G_t`` ``(n, d_v, d_k)`` and ``H_t`` ``(n, d_k, d_k)``, from Chapter 3's chunked gated
     sums (:func:`~lattn_core.forget_gates.decay_attention_chunkwise`): column ``i`` of all of them at
-    once is the read with the query ``e_i``."""
+    once is the read with the query ``e_i``.
+
+    Defined in Chapter 10 (MesaNet)."""
     K = as_array(K, "K", ("n", "d_k"))
     n, _ = K.shape
     V = as_array(V, "V", (n, "d_v"))
@@ -192,7 +200,9 @@ def mesanet_states(K, V, gamma, beta=None, *, chunk_size: int = 64):
 def mesanet_chunkwise(Q, K, V, gamma, lam, chunk_size: int = 64, *, beta=None) -> np.ndarray:
     """The chunkwise form (API.md): every ``H_t`` from Chapter 3's chunked gated sums, each
     ``(H_t + Diag(lam)) x_t = q_t`` solved exactly, and the outputs ``o_t = G_t x_t`` as one more
-    chunked pass, gated linear attention read with ``x_t`` (``G_t`` is never formed)."""
+    chunked pass, gated linear attention read with ``x_t`` (``G_t`` is never formed).
+
+    Defined in Chapter 10 (MesaNet)."""
     Q, K, V, g, lam, beta = _inputs(Q, K, V, gamma, lam, beta)
     C = check_chunk_size(chunk_size)
     H = _states_by_reads(K, beta[:, None] * K, g, C)
@@ -247,6 +257,8 @@ def conjugate_gradient(A, b, iterations: int, x0=None, *, return_iterates: bool 
     with ``return_iterates=True`` an array ``(iterations + 1, ..., d)`` of every iterate from ``x0``
     on. In exact arithmetic ``x`` is exact after at most ``d`` steps (after as many steps as ``A``
     has distinct eigenvalues); in floating point it is close after that.
+
+    Defined in Chapter 10 (MesaNet).
     """
     A, b = _check_spd_system(A, b)
     iterations = check_int(iterations, "iterations", 0)
@@ -260,7 +272,9 @@ def conjugate_gradient(A, b, iterations: int, x0=None, *, return_iterates: bool 
 def cg_bound(kappa, iterations) -> np.ndarray:
     """The textbook bound on conjugate gradients after ``m`` steps:
     ``|x_m - x*|_A <= 2 ((sqrt(kappa) - 1)/(sqrt(kappa) + 1))^m |x_0 - x*|_A`` (``kappa >= 1`` the
-    condition number of ``A``); ``iterations`` a count or an array of counts."""
+    condition number of ``A``); ``iterations`` a count or an array of counts.
+
+    Defined in Chapter 10 (MesaNet)."""
     kappa = as_array(kappa, "kappa", None, finite=False)
     if not np.all(np.isfinite(kappa)) or np.any(kappa < 1):
         raise ValueError(f"kappa must be a finite condition number >= 1; got {kappa!r}")
@@ -275,7 +289,9 @@ def cg_convergence(A, b, iterations: int, x0=None) -> dict:
     """Conjugate gradients on one system ``A x = b`` (``A`` ``(d, d)``), measured: ``"error"`` is
     ``|x_m - x*|_A / |x_0 - x*|_A`` for ``m = 0 .. iterations`` (``x*`` from a direct solve),
     ``"kappa"`` the condition number of ``A``, ``"bound"`` :func:`cg_bound` at each ``m``,
-    ``"eigenvalues"`` those of ``A`` (ascending)."""
+    ``"eigenvalues"`` those of ``A`` (ascending).
+
+    Defined in Chapter 10 (MesaNet)."""
     A = as_array(A, "A", ("d", "d"))
     b = as_array(b, "b", (A.shape[0],))
     xs = conjugate_gradient(A, b, iterations, x0, return_iterates=True)
@@ -303,6 +319,8 @@ def mesanet_cg(Q, K, V, gamma, lam, iterations: int, *, beta=None, x0="zero", ch
     ``"jacobi"`` (``q_t / diag(H_t + Lambda)``, the diagonal of each ``H_t`` from one more pass) or
     an ``(n, d_k)`` array. Returns ``O`` ``(n, d_v)``; with ``return_iterates=True`` an array
     ``(iterations + 1, n, d_v)`` of the outputs after ``0 .. iterations`` steps.
+
+    Defined in Chapter 10 (MesaNet).
     """
     Q, K, V, g, lam, beta = _inputs(Q, K, V, gamma, lam, beta)
     C = check_chunk_size(chunk_size)
@@ -332,7 +350,9 @@ def mesanet_cg(Q, K, V, gamma, lam, iterations: int, *, beta=None, x0="zero", ch
 # --------------------------------------------------------------------------------------------
 def mesanet_loss(S, K, V, gamma, lam, t: int, beta=None) -> float:
     """``L_t(S) = 1/2 sum_{j<=t} w_tj |S k_j - v_j|^2 + 1/2 sum_i lam_i |S e_i|^2`` with the weights
-    of :func:`regression_weights`; ``S`` is ``(d_v, d_k)``."""
+    of :func:`regression_weights`; ``S`` is ``(d_v, d_k)``.
+
+    Defined in Chapter 10 (MesaNet)."""
     K = as_array(K, "K", ("n", "d_k"))
     n, d_k = K.shape
     V = as_array(V, "V", (n, "d_v"))
@@ -348,7 +368,9 @@ def ridge_lstsq(K, V, weights, lam) -> np.ndarray:
     least-squares solver (``numpy.linalg.lstsq``) on the stacked system: rows ``sqrt(w_j) k_j^T``
     with targets ``sqrt(w_j) v_j^T``, then rows ``sqrt(lam_i) e_i^T`` with targets 0. ``K``:
     ``(m, d_k)``, ``V``: ``(m, d_v)``, ``weights``: ``(m,)`` non-negative. Returns ``S``
-    ``(d_v, d_k)``. No normal equations are formed: an independent route to the same answer."""
+    ``(d_v, d_k)``. No normal equations are formed: an independent route to the same answer.
+
+    Defined in Chapter 10 (MesaNet)."""
     K = as_array(K, "K", ("m", "d_k"))
     m, d_k = K.shape
     V = as_array(V, "V", (m, "d_v"))
@@ -362,7 +384,9 @@ def ridge_lstsq(K, V, weights, lam) -> np.ndarray:
 
 def sherman_morrison(A_inv, u, v) -> np.ndarray:
     """``(A + u v^T)^{-1}`` from ``A^{-1}``:
-    ``A^{-1} - A^{-1} u v^T A^{-1} / (1 + v^T A^{-1} u)`` (needs ``1 + v^T A^{-1} u != 0``)."""
+    ``A^{-1} - A^{-1} u v^T A^{-1} / (1 + v^T A^{-1} u)`` (needs ``1 + v^T A^{-1} u != 0``).
+
+    Defined in Chapter 10 (MesaNet)."""
     A_inv = as_array(A_inv, "A_inv", ("d", "d"))
     d = A_inv.shape[0]
     u = as_array(u, "u", (d,))
@@ -385,6 +409,8 @@ def mesanet_rls(Q, K, V, gamma, lam, *, beta=None, return_states: bool = False):
     regulariser fades with the gates. With every ``gamma_t = 1`` it is MesaNet exactly (up to
     round-off). Returns ``O``; with ``return_states=True`` also ``(S, P)``, the ``(n, d_v, d_k)`` and
     ``(n, d_k, d_k)`` arrays of every ``S_t`` and ``P_t``.
+
+    Defined in Chapter 10 (MesaNet).
     """
     Q, K, V, g, lam, beta = _inputs(Q, K, V, gamma, lam, beta)
     n, d_k = K.shape
@@ -421,6 +447,8 @@ def regression_race(n: int = 96, *, d_k: int = 16, d_v: int = 4, noise: float = 
     Runs MesaNet (no gates, ``lam``) and DeltaNet (``beta_delta``) on the same streams. Returns
     ``{"mesanet": e, "deltanet": e, "pairs": 1..n}``, ``e`` of shape ``(n,)``: the relative error
     ``mean |o_t - W q_t|^2 / mean |W q_t|^2`` after ``t`` pairs, averaged over ``trials``.
+
+    Defined in Chapter 10 (MesaNet).
     """
     n, d_k, d_v, trials = (check_int(x, name, 1) for x, name in
                            ((n, "n"), (d_k, "d_k"), (d_v, "d_v"), (trials, "trials")))
@@ -465,6 +493,8 @@ def reassignment_experiment(gammas, *, n_facts: int = 20, d_k: int = 32, lam: fl
     Returns ``{"gammas", "mesa_x" (mean read of x per gamma), "mesa_fact_rmse" (root mean square
     error of the facts' reads per gamma), "delta_x", "delta_fact_rmse", "example"}`` where
     ``"example"`` holds one trial's keys, values and the reads, for a figure.
+
+    Defined in Chapter 10 (MesaNet).
     """
     gammas = np.atleast_1d(np.asarray(gammas, dtype=np.float64))
     gammas = check_gate(gammas, "gammas", (gammas.shape[0],))

@@ -19,7 +19,9 @@ __all__ = ["setup", "on_gpu", "gpu_dtype", "show_widget", "live_control_note", "
 
 
 def on_gpu() -> bool:
-    """True when PyTorch sees a CUDA device (then chapters run and time their Triton kernels)."""
+    """True when PyTorch sees a CUDA device (then chapters run and time their Triton kernels).
+
+    Used throughout the book."""
     try:
         import torch
         return bool(torch.cuda.is_available())
@@ -29,7 +31,9 @@ def on_gpu() -> bool:
 
 def gpu_dtype():
     """The 16-bit dtype the chapters' GPU cells use: bfloat16 where the GPU has bf16 tensor cores
-    (compute capability 8.0 or newer: A100, L4, H100/H200), float16 otherwise (a Colab T4)."""
+    (compute capability 8.0 or newer: A100, L4, H100/H200), float16 otherwise (a Colab T4).
+
+    Used throughout the book."""
     import torch
     if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8:
         return torch.bfloat16
@@ -41,7 +45,9 @@ def setup(seed: int = 0, *, quiet: bool = False) -> dict:
 
     Without a GPU it also sets ``TRITON_INTERPRET=1``, so that the chapters' Triton kernels run
     through Triton's interpreter: the variable must be set before anything imports Triton, and a
-    chapter that trains a torch model first would otherwise have PyTorch import it."""
+    chapter that trains a torch model first would otherwise have PyTorch import it.
+
+    Used throughout the book."""
     import os
     import platform
     if not on_gpu():
@@ -77,6 +83,8 @@ def live_control_note(controls) -> str:
     """The one line the rendered book shows where a live notebook shows the controls.
 
     At most ``LINE_WIDTH`` characters (the controls' names are left out if they make it longer).
+
+    Used throughout the book.
     """
     names = ", ".join(getattr(c, "description", "") or name for name, c in controls.items())
     line = f"{LIVE_PREFIX}{names}) when this notebook runs in Jupyter or Colab."
@@ -102,6 +110,8 @@ def show_widget(draw, **controls):
     :func:`live_control_note`, which is what the rendered book shows instead (``_config.yml`` takes
     the widget mime type out of the HTML priority and does not embed widget state). Returns the
     box of controls (or ``None`` without ipywidgets).
+
+    Used throughout the book.
     """
     import matplotlib.pyplot as plt
     from IPython.display import display
@@ -155,6 +165,8 @@ def time_cpu(fn, *args, repeats: int = 5, min_time: float = 0.02, **kwargs) -> f
 
     Each of ``repeats`` samples loops until ``min_time`` seconds have passed and reports the mean
     per call, so short functions are not dominated by timer resolution.
+
+    Used throughout the book.
     """
     samples = []
     for _ in range(repeats):
@@ -171,7 +183,9 @@ def time_cpu(fn, *args, repeats: int = 5, min_time: float = 0.02, **kwargs) -> f
 
 def peak_bytes(fn, *args, **kwargs) -> int:
     """Peak bytes allocated during one call of ``fn(*args, **kwargs)``, from Python's allocator
-    tracer (``tracemalloc``; NumPy reports its arrays to it), measured on this machine, now."""
+    tracer (``tracemalloc``; NumPy reports its arrays to it), measured on this machine, now.
+
+    Used throughout the book."""
     import tracemalloc
     tracemalloc.start()
     try:
@@ -185,7 +199,9 @@ def source_lines(obj, start: str | None = None, stop: str | None = None) -> list
     """The lines of ``obj``'s source (a function, a Triton kernel, a module) from the first line that
     contains ``start`` through the first later line that contains ``stop`` (the whole source without
     them), dedented. ``ValueError`` names a marker that is not in the source, so an excerpt shown in
-    the book cannot silently drift from the code."""
+    the book cannot silently drift from the code.
+
+    Used throughout the book."""
     import inspect
     import textwrap
     fn = getattr(obj, "fn", obj)            # a triton.jit kernel keeps the Python function in .fn
@@ -278,7 +294,9 @@ def show_source(obj, start: str | None = None, stop: str | None = None, *,
                 width: int | None = LINE_WIDTH) -> None:
     """Print an excerpt of real source (:func:`source_lines`), headed by where it comes from. Lines
     wider than ``width`` (default: the book's column) are broken as :func:`_fit_lines` says, and
-    the heading then says so; ``width=None`` prints the lines as they are."""
+    the heading then says so; ``width=None`` prints the lines as they are.
+
+    Used throughout the book."""
     import inspect
     fn = getattr(obj, "fn", obj)
     lines = source_lines(obj, start, stop)

@@ -82,7 +82,9 @@ def _factor(w, b):
 def householder_product(W, beta, i: int, j: int) -> np.ndarray:
     """``R_ij = H_i H_{i-1} ... H_{j+1}`` as a ``(d, d)`` matrix (``I`` when ``i == j``), multiplied
     out factor by factor; ``0 <= j <= i < n``, ``beta`` ``None`` (ones) or ``(n,)`` in ``[0, 2]``
-    as for :func:`path_attention`."""
+    as for :func:`path_attention`.
+
+    Defined in Chapter 9 (PaTH)."""
     W, beta, i, j = _transition_inputs(W, beta, i, j)
     R = np.eye(W.shape[1])
     for t in range(j + 1, i + 1):
@@ -94,7 +96,9 @@ def path_transition(W, beta, i: int, j: int) -> np.ndarray:
     """The closed form of :func:`householder_product`:
     ``R_ij = I - W_s^T (I + Diag(beta_s)(W_s W_s^T ⊙ M^-))^{-1} Diag(beta_s) W_s`` with
     ``W_s = W_[j:i]`` the rows ``j+1 .. i`` (DeltaNet's inverse trick with the values set to zero);
-    arguments as :func:`householder_product`'s."""
+    arguments as :func:`householder_product`'s.
+
+    Defined in Chapter 9 (PaTH)."""
     W, beta, i, j = _transition_inputs(W, beta, i, j)
     d = W.shape[1]
     Ws, bs = W[j + 1:i + 1], beta[j + 1:i + 1]
@@ -106,7 +110,9 @@ def path_transition(W, beta, i: int, j: int) -> np.ndarray:
 
 def path_scores_recurrent(Q, K, W, beta=None) -> np.ndarray:
     """The definition: key ``j`` is carried forward, ``x <- H_t x`` for ``t = j+1, j+2, ...``, and
-    read by query ``t`` as ``A_tj = q_t·x``. ``(n, n)``, ``-inf`` above the diagonal."""
+    read by query ``t`` as ``A_tj = q_t·x``. ``(n, n)``, ``-inf`` above the diagonal.
+
+    Defined in Chapter 9 (PaTH)."""
     Q, K, W, beta = _path_inputs(Q, K, W, beta)
     n = K.shape[0]
     A = np.full((n, n), -np.inf)
@@ -121,7 +127,9 @@ def path_scores_recurrent(Q, K, W, beta=None) -> np.ndarray:
 
 def path_scores_parallel(Q, K, W, beta=None) -> np.ndarray:
     """The article's closed form (see the module docstring), one triangular solve; ``-inf`` above
-    the diagonal."""
+    the diagonal.
+
+    Defined in Chapter 9 (PaTH)."""
     Q, K, W, beta = _path_inputs(Q, K, W, beta)
     n = K.shape[0]
     lower = np.tril(np.ones((n, n), dtype=bool))
@@ -141,7 +149,9 @@ def _block_ut(Wb, bb):
 
 def path_scores_chunkwise(Q, K, W, beta=None, *, chunk_size: int = 64) -> np.ndarray:
     """Blocks of ``chunk_size`` tokens (see the module docstring): at most one ``C × C`` inverse at a
-    time, ``O(n^2 d)`` work. ``-inf`` above the diagonal."""
+    time, ``O(n^2 d)`` work. ``-inf`` above the diagonal.
+
+    Defined in Chapter 9 (PaTH)."""
     Q, K, W, beta = _path_inputs(Q, K, W, beta)
     C = check_chunk_size(chunk_size)
     n = K.shape[0]
@@ -187,26 +197,34 @@ def _check_v(V, n):
 
 def path_attention_recurrent(Q, K, V, W, beta=None, *, gamma=None) -> np.ndarray:
     """Row softmax over ``j <= i`` of :func:`path_scores_recurrent`, times ``V``; ``gamma``: FoX's
-    forget gates ``(n,)`` in ``(0, 1]`` (PaTH-FoX), default none."""
+    forget gates ``(n,)`` in ``(0, 1]`` (PaTH-FoX), default none.
+
+    Defined in Chapter 9 (PaTH)."""
     A = path_scores_recurrent(Q, K, W, beta)
     return _softmax_values(A, _check_v(V, A.shape[0]), gamma)
 
 
 def path_attention_parallel(Q, K, V, W, beta=None, *, gamma=None) -> np.ndarray:
-    """Row softmax over ``j <= i`` of the closed-form scores, times ``V`` (``gamma``: PaTH-FoX)."""
+    """Row softmax over ``j <= i`` of the closed-form scores, times ``V`` (``gamma``: PaTH-FoX).
+
+    Defined in Chapter 9 (PaTH)."""
     A = path_scores_parallel(Q, K, W, beta)
     return _softmax_values(A, _check_v(V, A.shape[0]), gamma)
 
 
 def path_attention_chunkwise(Q, K, V, W, beta=None, *, gamma=None, chunk_size: int = 64) -> np.ndarray:
-    """Row softmax over ``j <= i`` of the blocked scores, times ``V`` (``gamma``: PaTH-FoX)."""
+    """Row softmax over ``j <= i`` of the blocked scores, times ``V`` (``gamma``: PaTH-FoX).
+
+    Defined in Chapter 9 (PaTH)."""
     A = path_scores_chunkwise(Q, K, W, beta, chunk_size=chunk_size)
     return _softmax_values(A, _check_v(V, A.shape[0]), gamma)
 
 
 def path_attention(Q, K, V, W, beta=None, *, gamma=None) -> np.ndarray:
     """PaTH attention (API.md): row softmax over ``j <= i`` of :func:`path_attention_scores`, times
-    ``V``; ``gamma`` adds FoX's forget gates (PaTH-FoX)."""
+    ``V``; ``gamma`` adds FoX's forget gates (PaTH-FoX).
+
+    Defined in Chapter 9 (PaTH)."""
     return path_attention_parallel(Q, K, V, W, beta, gamma=gamma)
 
 
@@ -216,7 +234,9 @@ def path_score_terms(Q, K, W, beta, i: int, j: int) -> dict:
     slice ``W_[j:i]``), ``"sub-block"`` (with the sub-block ``T_[j:i, j:i]`` of the whole inverse),
     ``"sum over slice"`` / ``"sum over l <= i, r > j"`` / ``"indicators"`` (the component sums of the
     fourth to sixth equalities, as the article writes them) and ``"closed form"`` (the matrix
-    formula). ``beta`` is folded in as ``Diag(β)`` next to ``T``."""
+    formula). ``beta`` is folded in as ``Diag(β)`` next to ``T``.
+
+    Defined in Chapter 9 (PaTH)."""
     Q, K, W, beta = _path_inputs(Q, K, W, beta)
     n = K.shape[0]
     i, j = _pair(i, j, n)
@@ -242,7 +262,9 @@ def path_score_terms(Q, K, W, beta, i: int, j: int) -> dict:
 def path_qk_transform(X, W, beta=None) -> np.ndarray:
     """``X - DeltaNet(X, W, W)``: row ``i`` is ``x_iᵀ R_i`` with ``R_i = H_i ... H_0`` (the second
     special case: with orthogonal factors, queries and keys so transformed turn PaTH into plain
-    softmax attention, as RoPE's absolute rotations do)."""
+    softmax attention, as RoPE's absolute rotations do).
+
+    Defined in Chapter 9 (PaTH)."""
     X = as_array(X, "X", ("n", "d"))
     W = as_array(W, "W", X.shape)
     return X - deltanet_parallel(X, W, W, beta)
@@ -251,7 +273,9 @@ def path_qk_transform(X, W, beta=None) -> np.ndarray:
 def path_absolute_scores(Q, K, W, beta=None) -> np.ndarray:
     """``Q̃ K̃ᵀ`` (causal, ``-inf`` above the diagonal) with ``Q̃, K̃`` from :func:`path_qk_transform`:
     equal to PaTH's scores exactly when every ``H_t`` is orthogonal (``β_t |w_t|² = 2``), otherwise
-    the "Canon layer" reading: a position signal added to ``Q`` and ``K`` by a long convolution."""
+    the "Canon layer" reading: a position signal added to ``Q`` and ``K`` by a long convolution.
+
+    Defined in Chapter 9 (PaTH)."""
     Q, K, W, beta = _path_inputs(Q, K, W, beta)
     A = path_qk_transform(Q, W, beta) @ path_qk_transform(K, W, beta).T
     return np.where(np.tril(np.ones(A.shape, dtype=bool)), A, -np.inf)
@@ -259,7 +283,9 @@ def path_absolute_scores(Q, K, W, beta=None) -> np.ndarray:
 
 def reflection_rotation(a, b) -> np.ndarray:
     """``H_b H_a`` for two reflections ``H_x = I - 2 x xᵀ/|x|²``: a rotation by twice the angle from
-    ``a`` to ``b`` in their plane (RoPE's ``Ω`` as a product of two PaTH factors)."""
+    ``a`` to ``b`` in their plane (RoPE's ``Ω`` as a product of two PaTH factors).
+
+    Defined in Chapter 9 (PaTH)."""
     a = as_array(a, "a", ("d",))
     b = as_array(b, "b", a.shape)
     for name, x in (("a", a), ("b", b)):

@@ -24,6 +24,8 @@ def linear_rnn(x, a, b=1.0, h0=None) -> np.ndarray:
 
     ``x``: ``(n, d)`` inputs; ``a``, ``b``: scalars; ``h0``: ``(d,)`` initial state (default zeros).
     Returns the ``(n, d)`` states ``h_1..h_n``.
+
+    Defined in Chapter 0 (From RNNs to attention).
     """
     x = as_array(x, "x", ("n", "d"))
     a, b = _check_scalar(a, "a"), _check_scalar(b, "b")
@@ -40,6 +42,8 @@ def linear_rnn_unrolled(x, a, b=1.0, h0=None) -> np.ndarray:
 
     The ``(n, n)`` weight matrix ``W_{tj} = a^{t-j} b`` (``j <= t``) mixes all inputs at once, which
     is what makes training parallel when the recurrence is linear.
+
+    Defined in Chapter 0 (From RNNs to attention).
     """
     x = as_array(x, "x", ("n", "d"))
     a, b = _check_scalar(a, "a"), _check_scalar(b, "b")
@@ -58,6 +62,8 @@ def rnn_input_gradient(a, T: int, b=1.0, nonlinearity: str = "linear") -> float:
 
     ``nonlinearity`` is ``"linear"`` (``f`` = identity; the exact answer is ``|a^{T-1} b|``) or
     ``"tanh"``. Inputs are fixed (``x_t = 0.5``), so the measurement is deterministic.
+
+    Defined in Chapter 0 (From RNNs to attention).
     """
     import torch
     a, b = _check_scalar(a, "a"), _check_scalar(b, "b")
@@ -80,6 +86,8 @@ def attention_lookup(q, K, V, temperature=1.0):
 
     ``q``: ``(d_k,)``; ``K``: ``(m, d_k)``; ``V``: ``(m, d_v)``; a smaller ``temperature`` sharpens
     the weights towards the best-matching key. Returns ``(output (d_v,), weights (m,))``.
+
+    Defined in Chapter 0 (From RNNs to attention).
     """
     K = as_array(K, "K", ("m", "d_k"))
     q = as_array(q, "q", (K.shape[1],))

@@ -94,7 +94,9 @@ def _check_state(state, w: int, d: int):
 # ---------------------------------------------------------------------------------------------
 def silu(x) -> np.ndarray:
     """``SiLU(x) = x · sigmoid(x)`` (also called swish) elementwise, float64, stable for large
-    ``|x|``. ``x``: a real, finite, non-empty array of any shape."""
+    ``|x|``. ``x``: a real, finite, non-empty array of any shape.
+
+    Defined in Chapter 11 (Short convolutions)."""
     x = as_array(x, "x", None)
     return x * np.where(x >= 0, 1.0 / (1.0 + np.exp(-np.abs(x))),
                         np.exp(-np.abs(x)) / (1.0 + np.exp(-np.abs(x))))
@@ -111,6 +113,8 @@ def short_conv(X, weight, *, activation=None) -> np.ndarray:
 
     ``X``: ``(n, d)``; ``weight``: ``(w, d)``, ``weight[0]`` for the current token; ``activation``:
     ``None`` or ``"silu"`` (``"swish"``), applied after the sum as the models do. Returns ``(n, d)``.
+
+    Defined in Chapter 11 (Short convolutions).
     """
     X, weight = _conv_inputs(X, weight)
     _check_activation(activation)
@@ -127,6 +131,8 @@ def short_conv_recurrent(X, weight, *, activation=None, initial_state=None, retu
     ``initial_state``: that cache, ``(w - 1, d)`` in time order (last row the newest), default
     zeros. Returns ``Y`` ``(n, d)``, or ``(Y, state)`` with ``return_state=True``: the cache after
     the last token, which continues the sequence exactly (:func:`short_conv_chunkwise` relies on it).
+
+    Defined in Chapter 11 (Short convolutions).
     """
     X, weight = _conv_inputs(X, weight)
     _check_activation(activation)
@@ -149,7 +155,9 @@ def short_conv_grads(X, weight, dY) -> tuple[np.ndarray, np.ndarray]:
         dW_i = sum_t dY_t ⊙ x_{t-i}            (each tap's gradient: a lagged product summed),
 
     with ``dY_t = 0`` for ``t >= n``. Returns ``(dX, dW)`` of the shapes of ``X`` and ``weight``:
-    what a kernel's backward computes (checked against autograd in the tests)."""
+    what a kernel's backward computes (checked against autograd in the tests).
+
+    Defined in Chapter 11 (Short convolutions)."""
     X, weight = _conv_inputs(X, weight)
     dY = as_array(dY, "dY", X.shape)
     n = X.shape[0]
@@ -163,7 +171,9 @@ def short_conv_grads(X, weight, dY) -> tuple[np.ndarray, np.ndarray]:
 
 def shift_matrix(n: int, lag: int = 1) -> np.ndarray:
     """``J^lag``: the ``(n, n)`` matrix that moves a sequence down by ``lag`` rows (``(J x)_t =
-    x_{t-1}``, a zero first row); ones on the ``lag``-th subdiagonal, ``J^0 = I``."""
+    x_{t-1}``, a zero first row); ones on the ``lag``-th subdiagonal, ``J^0 = I``.
+
+    Defined in Chapter 11 (Short convolutions)."""
     n = _check_positive_int(n, "n")
     if isinstance(lag, bool) or not isinstance(lag, numbers.Integral) or lag < 0:
         raise ValueError(f"lag must be a non-negative integer; got {lag!r}")
@@ -173,7 +183,9 @@ def shift_matrix(n: int, lag: int = 1) -> np.ndarray:
 def conv_matrix(w, n: int) -> np.ndarray:
     """The ``(n, n)`` banded lower-triangular Toeplitz matrix ``Psi = sum_i w_i J^i`` of one
     channel's taps ``w`` (shape ``(taps,)``, ``w[0]`` for the current token): ``Psi[t, s] =
-    w[t - s]`` when ``0 <= t - s < taps``, else 0."""
+    w[t - s]`` when ``0 <= t - s < taps``, else 0.
+
+    Defined in Chapter 11 (Short convolutions)."""
     w = as_array(w, "w", ("taps",))
     n = _check_positive_int(n, "n")
     return sum(w[i] * shift_matrix(n, i) for i in range(min(len(w), n)))
@@ -181,7 +193,9 @@ def conv_matrix(w, n: int) -> np.ndarray:
 
 def short_conv_parallel(X, weight, *, activation=None) -> np.ndarray:
     """The matrix form: column ``c`` of ``Y`` is ``Psi_c`` times column ``c`` of ``X``, with
-    ``Psi_c = conv_matrix(weight[:, c], n)`` (one ``n x n`` banded Toeplitz matrix per channel)."""
+    ``Psi_c = conv_matrix(weight[:, c], n)`` (one ``n x n`` banded Toeplitz matrix per channel).
+
+    Defined in Chapter 11 (Short convolutions)."""
     X, weight = _conv_inputs(X, weight)
     _check_activation(activation)
     n, d = X.shape
@@ -192,7 +206,9 @@ def short_conv_parallel(X, weight, *, activation=None) -> np.ndarray:
 def short_conv_chunkwise(X, weight, *, activation=None, chunk_size: int = 64) -> np.ndarray:
     """Blocks of ``chunk_size`` tokens (any positive int; need not divide ``n``): each block is
     convolved with the cache of ``w - 1`` inputs the block before it left (zeros for the first),
-    as a long sequence is processed piece by piece."""
+    as a long sequence is processed piece by piece.
+
+    Defined in Chapter 11 (Short convolutions)."""
     X, weight = _conv_inputs(X, weight)
     _check_activation(activation)
     C = check_chunk_size(chunk_size)
@@ -208,13 +224,17 @@ def short_conv_chunkwise(X, weight, *, activation=None, chunk_size: int = 64) ->
 def conv_weight_to_fla(weight) -> np.ndarray:
     """``(w, d)`` with ``weight[0]`` for the current token → fla's ``causal_conv1d`` layout
     ``(d, w)`` with the last column for the current token (``torch.nn.functional.conv1d`` with
-    ``w - 1`` zeros of left padding and ``groups=d``)."""
+    ``w - 1`` zeros of left padding and ``groups=d``).
+
+    Defined in Chapter 11 (Short convolutions)."""
     weight = as_array(weight, "weight", ("w", "d"))
     return weight[::-1].T.copy()
 
 
 def conv_weight_from_fla(weight) -> np.ndarray:
-    """The inverse of :func:`conv_weight_to_fla`: ``(d, w)``, last column current → ``(w, d)``."""
+    """The inverse of :func:`conv_weight_to_fla`: ``(d, w)``, last column current → ``(w, d)``.
+
+    Defined in Chapter 11 (Short convolutions)."""
     weight = as_array(weight, "weight", ("d", "w"))
     return weight.T[::-1].copy()
 
@@ -222,7 +242,9 @@ def conv_weight_from_fla(weight) -> np.ndarray:
 def shift_weight(d: int, lag: int = 1, width: int | None = None) -> np.ndarray:
     """The weight of a pure shift by ``lag`` tokens in every channel: ``(width, d)`` (default
     ``width = lag + 1``), one in row ``lag``, zeros elsewhere. With ``lag = 1`` the convolution
-    turns the keys ``k_t`` into ``k_{t-1}``: the one-tap shift."""
+    turns the keys ``k_t`` into ``k_{t-1}``: the one-tap shift.
+
+    Defined in Chapter 11 (Short convolutions)."""
     d = _check_positive_int(d, "d")
     if isinstance(lag, bool) or not isinstance(lag, numbers.Integral) or lag < 0:
         raise ValueError(f"lag must be a non-negative integer; got {lag!r}")
@@ -243,7 +265,9 @@ def _beta(beta, n):
 
 def deltanet_states(K, V, beta=None) -> np.ndarray:
     """Every state of DeltaNet, ``S_t = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T`` from
-    ``S_0 = 0``: an ``(n, d_v, d_k)`` array, ``[t]`` the state after token ``t``."""
+    ``S_0 = 0``: an ``(n, d_v, d_k)`` array, ``[t]`` the state after token ``t``.
+
+    Defined in Chapter 11 (Short convolutions)."""
     K = as_array(K, "K", ("n", "d_k"))
     V = as_array(V, "V", (K.shape[0], "d_v"))
     beta = _beta(beta, K.shape[0])
@@ -259,7 +283,9 @@ def tied_deltanet_state(K, beta=None) -> np.ndarray:
     """DeltaNet's state after ``V = K``, in closed form: with ``S_t - I = (S_{t-1} - I)(I -
     beta_t k_t k_t^T)`` and ``S_0 - I = -I``,
     ``S_n = I - (I - beta_1 k_1 k_1^T)(I - beta_2 k_2 k_2^T) ... (I - beta_n k_n k_n^T)``.
-    ``K``: ``(n, d)``; ``beta``: ``(n,)`` in ``(0, 2]``, default ones. Returns ``(d, d)``."""
+    ``K``: ``(n, d)``; ``beta``: ``(n,)`` in ``(0, 2]``, default ones. Returns ``(d, d)``.
+
+    Defined in Chapter 11 (Short convolutions)."""
     K = as_array(K, "K", ("n", "d"))
     beta = _beta(beta, K.shape[0])
     d = K.shape[1]
@@ -272,7 +298,9 @@ def tied_deltanet_state(K, beta=None) -> np.ndarray:
 def least_squares_state(K, V, lam: float) -> np.ndarray:
     """The exact minimiser of ``sum_t ||S k_t - v_t||^2 + lam ||S||_F^2``: ``V^T K (K^T K +
     lam I)^{-1}`` (``(d_v, d_k)``; ``lam > 0``). What an exact test-time trainer (MesaNet, Chapter 10)
-    holds after the tokens of ``K, V``; with ``V = K`` it is ``I - lam (K^T K + lam I)^{-1}``."""
+    holds after the tokens of ``K, V``; with ``V = K`` it is ``I - lam (K^T K + lam I)^{-1}``.
+
+    Defined in Chapter 11 (Short convolutions)."""
     K = as_array(K, "K", ("n", "d_k"))
     V = as_array(V, "V", (K.shape[0], "d_v"))
     lam = float(check_gate(lam, "lam", (), low=0.0, high=np.inf, high_inclusive=False))
@@ -284,7 +312,9 @@ def identity_gap(S, *, scaled: bool = False) -> float:
     """How far a square state is from the identity: ``||S - c I||_F / ||c I||_F`` with ``c = 1``, or
     with ``scaled=True`` the best multiple ``c = tr(S) / d`` (for linear attention, whose state
     grows with the number of tokens). 0 means the state is (a multiple of) the identity and holds
-    nothing about the sequence beyond that multiple; ``inf`` when ``c = 0``."""
+    nothing about the sequence beyond that multiple; ``inf`` when ``c = 0``.
+
+    Defined in Chapter 11 (Short convolutions)."""
     S = as_array(S, "S", ("d", "d"))
     if S.shape[0] != S.shape[1]:
         raise ValueError(f"S must be square, shape (d, d); got {S.shape}")
@@ -311,7 +341,9 @@ def tied_state_curves(n: int = 64, d: int = 16, *, beta: float = 1.0, lam: float
       identity.
 
     Returns ``{"t": 1..n, "deltanet", "least squares", "linear"}``, each an ``(n,)`` array, and the
-    tokens ``"X"``."""
+    tokens ``"X"``.
+
+    Defined in Chapter 11 (Short convolutions)."""
     n, d = _check_positive_int(n, "n"), _check_positive_int(d, "d")
     beta = float(check_gate(beta, "beta", (), low=0.0, high=2.0))
     rng = np.random.default_rng(seed)
@@ -335,7 +367,9 @@ def readout(S, X) -> dict:
     Returns ``{"cos": (n - 1, n) array, "match": (n - 1,) index of the most similar token,
     "self": fraction of readings most similar to x_j itself, "next": fraction most similar to
     x_{j+1}}``: a state that learned the identity reads back the query; one that learned the
-    neighbour pairs reads the token that followed it."""
+    neighbour pairs reads the token that followed it.
+
+    Defined in Chapter 11 (Short convolutions)."""
     X = as_array(X, "X", ("n", "d"))
     S = as_array(S, "S", (X.shape[1], X.shape[1]))
     n = X.shape[0]
@@ -357,7 +391,9 @@ def lag_weights(width: int, d: int, *, shift: int = 0) -> np.ndarray:
 
     With ``shift = 1`` a key ``k_t`` carries pieces of ``x_{t-1}, ..., x_{t-width+1}``; with
     ``shift = 0`` (width one less) a query ``q_t`` carries the same pieces of ``x_t, ..., x_{t-width+2}``,
-    so ``q_t = k_{t+1}``: reading the state at ``t`` finds what was written at ``t + 1``."""
+    so ``q_t = k_{t+1}``: reading the state at ``t`` finds what was written at ``t + 1``.
+
+    Defined in Chapter 11 (Short convolutions)."""
     width, d = _check_positive_int(width, "width"), _check_positive_int(d, "d")
     if shift not in (0, 1):
         raise ValueError(f"shift must be 0 or 1; got {shift!r}")
@@ -385,7 +421,9 @@ def context_recall(width: int, *, n_phrases: int = 12, n_hubs: int = 3, d: int =
     Returns ``{"width", "accuracy", "latest": the accuracy of answering every hub with the
     successor of its most recent occurrence (what a key that sees only the hub can do at best)}``.
     ``2 <= width <= d + 1`` (the key's ``width - 1`` lags each need a channel group of the ``d``);
-    ``n_phrases``, ``n_hubs <= n_phrases`` and ``d`` positive integers."""
+    ``n_phrases``, ``n_hubs <= n_phrases`` and ``d`` positive integers.
+
+    Defined in Chapter 11 (Short convolutions)."""
     width = _check_positive_int(width, "width")
     if width < 2:
         raise ValueError(f"width must be at least 2 (a key needs the previous token); got {width}")

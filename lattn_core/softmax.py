@@ -13,7 +13,9 @@ __all__ = ["softmax_attention", "softmax_attention_recurrent", "softmax_attentio
 
 def attention_scores(Q, K) -> np.ndarray:
     """The causal score matrix ``Q K^T + log M``: entries above the diagonal are ``-inf``.
-    ``Q``, ``K``: ``(n, d_k)``, real and finite."""
+    ``Q``, ``K``: ``(n, d_k)``, real and finite.
+
+    Defined in Chapter 1 (The quadratic cost)."""
     K = as_array(K, "K", ("n", "d_k"))
     Q = as_array(Q, "Q", K.shape)
     n = Q.shape[0]
@@ -28,6 +30,8 @@ def row_softmax(S) -> np.ndarray:
     Stable: each row's largest score is subtracted before ``exp`` (``exp(-inf) = 0``). ``S``:
     ``(n, m)``, no NaN or ``+inf``, at least one finite entry per row (a causal score matrix always
     has its diagonal). Returns the ``(n, m)`` probabilities, rows summing to 1.
+
+    Defined in Chapter 7 (Feeding back).
     """
     S = as_array(S, "S", ("n", "m"), finite=False)
     if np.isnan(S).any() or np.isposinf(S).any():
@@ -46,6 +50,8 @@ def softmax_attention(Q, K, V) -> np.ndarray:
     No implicit ``1/sqrt(d)``: scale ``Q`` yourself. Computed stably by subtracting each row's max
     (:func:`row_softmax` of :func:`attention_scores`).
     ``Q, K``: ``(n, d_k)``; ``V``: ``(n, d_v)``; returns ``(n, d_v)`` float64.
+
+    Defined in Chapter 1 (The quadratic cost).
     """
     Q, K, V = check_qkv(Q, K, V)
     return row_softmax(attention_scores(Q, K)) @ V
@@ -72,6 +78,8 @@ def softmax_attention_recurrent(Q, K, V) -> np.ndarray:
     numerator ``y = sum exp(s_j - m) v_j`` (a ``d_v`` vector) and the denominator
     ``z = sum exp(s_j - m)``. A new key rescales ``y`` and ``z`` by ``exp(m_old - m_new)``. Extra
     memory per query is ``O(d_v)``, independent of ``n``; time is ``O(n^2 d)`` overall.
+
+    Defined in Chapter 1 (The quadratic cost).
     """
     Q, K, V = check_qkv(Q, K, V)
     n, d_v = V.shape
@@ -91,6 +99,8 @@ def causal_block_mask(n: int, chunk_size: int) -> np.ndarray:
     Blocks are ``[b * chunk_size, min((b + 1) * chunk_size, n))``; tile ``(i, j)`` is visited when
     key block ``j`` holds at least one key at or before the last query of block ``i`` (``j <= i``).
     Returns a boolean ``(n_blocks, n_blocks)`` array; the fraction of ``True`` entries tends to 1/2.
+
+    Defined in Chapter 1 (The quadratic cost).
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be a positive integer; got {n!r}")
@@ -109,6 +119,8 @@ def softmax_attention_chunkwise(Q, K, V, chunk_size: int = 64) -> np.ndarray:
     when a block raises the max, the old ``y`` and ``z`` are rescaled by ``exp(m_old - m_new)``.
     Only ``chunk_size x chunk_size`` scores exist at any time: extra memory ``O(chunk_size (chunk_size
     + d_v))`` instead of ``O(n^2)``; time is still ``O(n^2 d)``.
+
+    Defined in Chapter 1 (The quadratic cost).
     """
     Q, K, V = check_qkv(Q, K, V)
     return _blocked_attention(Q, K, V, check_chunk_size(chunk_size))
@@ -148,6 +160,8 @@ def softmax_attention_numerator(Q, K, V) -> np.ndarray:
     product with ``V`` replaced by a column of ones, and an RMSNorm on the output cancels it
     (:func:`rms_norm`). Computed as written (no max subtraction), so large scores overflow to
     ``inf``: it is a definition to reason with, not a stable implementation.
+
+    Defined in Chapter 1 (The quadratic cost).
     """
     Q, K, V = check_qkv(Q, K, V)
     n = Q.shape[0]
@@ -159,6 +173,8 @@ def rms_norm(X, eps: float = 0.0) -> np.ndarray:
     """Row-wise RMSNorm without a learned gain: ``x / sqrt(mean(x**2) + eps)`` for every row of ``X``.
 
     ``X``: ``(n, d)``. A row of zeros with ``eps = 0`` raises ``ValueError``.
+
+    Defined in Chapter 1 (The quadratic cost).
     """
     X = as_array(X, "X", ("n", "d"))
     if not (eps >= 0 and np.isfinite(eps)):

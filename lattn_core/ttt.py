@@ -78,6 +78,8 @@ def ttt_loss(loss: str, S, k, v, lam=0.0, *, ops=_TorchOps):
 
     Written once, for any array type that ``ops`` knows (PyTorch tensors by default; SymPy matrices
     with ``ops=_SympyOps``), so the autodiff and the symbolic derivations differentiate the same loss.
+
+    Defined in Chapter 4 (Test-time training).
     """
     if loss not in TTT_LOSSES:
         raise ValueError(f"loss must be one of {TTT_LOSSES} or a callable; got {loss!r}")
@@ -120,6 +122,8 @@ def ttt_recurrent(Q, K, V, loss="squared", eta=1.0, *, lam=0.0, momentum=0.0, ba
     The gradient of each step comes from ``torch.autograd`` in float64. Returns ``O`` ``(n, d_v)``;
     ``(O, S_n)`` with ``return_state=True``; ``(O, states)`` with ``return_states=True``, ``states``
     of shape ``(n, d_v, d_k)`` holding every ``S_t`` (the training trajectory).
+
+    Defined in Chapter 4 (Test-time training).
     """
     import torch
 
@@ -175,6 +179,8 @@ def ttt_symbolic_step(loss: str, d_v: int = 2, d_k: int = 2):
 
     Returns ``(S_new, syms)`` where ``S_new = S - eta * dL/dS`` (a ``d_v x d_k`` SymPy matrix) and
     ``syms`` holds the symbols ``S`` (matrix), ``k``, ``v`` (column vectors), ``eta``, ``lam``.
+
+    Defined in Chapter 4 (Test-time training).
     """
     import sympy as sp
 
@@ -200,6 +206,8 @@ def ttt_regression_curve(loss="squared", eta=1.0, *, lam=0.0, momentum=0.0, batc
     ``v_t = W k_t + noise * N(0, 1)``, runs :func:`ttt_recurrent` with the given loss and settings, and
     returns the relative test error ``E ||(S_t - W) k||^2 / E ||W k||^2`` of every state ``S_t``
     over 256 fresh unit keys: an ``(n,)`` array (``inf`` where the state overflowed).
+
+    Defined in Chapter 4 (Test-time training).
     """
     for name, x in (("n", n), ("d_k", d_k), ("d_v", d_v)):
         if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 1:
@@ -237,6 +245,8 @@ def ttt_mlp(S, X):
     Works on NumPy arrays (checked: real, finite, those shapes) and on PyTorch tensors (then it is
     differentiable, and unchecked: :func:`ttt_model_recurrent` calls it inside its autodiff loop on
     inputs it has checked).
+
+    Defined in Chapter 4 (Test-time training).
     """
     if type(X).__module__.startswith("torch"):
         import torch
@@ -251,6 +261,8 @@ def ttt_mlp_init(d_k: int, d_v: int, d_h: int, *, scale: float = 1.0, seed: int 
     """Initial weights of :func:`ttt_mlp`: ``S1`` with entries ``scale * N(0, 1)`` and ``S2 = 0``.
 
     The model starts by predicting zero; ``S1`` must not be zero too, or no gradient ever reaches it.
+
+    Defined in Chapter 4 (Test-time training).
     """
     for name, x in (("d_k", d_k), ("d_v", d_v), ("d_h", d_h)):
         if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 1:
@@ -269,6 +281,8 @@ def ttt_mlp_step(S, k, v, eta: float) -> tuple:
 
     Written independently of :func:`ttt_model_recurrent`, which asks autodiff for the same step.
     ``k``: ``(d_k,)``, ``v``: ``(d_v,)``, real and finite; ``eta > 0``.
+
+    Defined in Chapter 4 (Test-time training).
     """
     S1, S2 = _mlp_weights(S)
     k, v = as_array(k, "k", (S1.shape[1],)), as_array(v, "v", (S2.shape[0],))
@@ -288,6 +302,8 @@ def ttt_model_recurrent(Q, K, V, model, initial_state, eta=1.0, *, return_states
     ``eta``: positive, scalar or ``(n,)``. Returns ``O`` ``(n, d_v)``; with ``return_states=True``
     ``(O, states)``, ``states`` a tuple holding, for each weight matrix, its value after every token
     (shape ``(n, *matrix.shape)``).
+
+    Defined in Chapter 4 (Test-time training).
     """
     import torch
 
@@ -335,6 +351,8 @@ def ttt_nonlinear_regression(n: int = 400, *, d_k: int = 2, d_v: int = 2, d_h: i
     "mlp": (n,), "floor": float}``: the relative test error ``E ||f(S_t; k) - v||^2 / E ||v||^2`` of
     every state over ``n_test`` fresh unit keys, and the smallest error any linear state ``S k`` reaches
     on those keys (least squares), which no linear TTT can go below.
+
+    Defined in Chapter 4 (Test-time training).
     """
     for name, x in (("n", n), ("d_k", d_k), ("d_v", d_v), ("d_h", d_h), ("rule_width", rule_width),
                     ("n_test", n_test)):
@@ -371,6 +389,8 @@ def affine_defect(step, S_a, S_b, a: float = 2.0, b: float = -3.0) -> float:
     (0 up to round-off for DeltaNet's update, not for a nonlinear model's). A state is an array or
     a tuple of arrays (the weights of a model with several matrices); ``step`` takes and returns
     states of that kind. States and ``a, b`` must be real and finite.
+
+    Defined in Chapter 4 (Test-time training).
     """
     several = isinstance(S_a, (tuple, list))
 

@@ -46,6 +46,8 @@ class FamilyRow:
     keeps per cached token and in a fixed state. ``train``/``decode``: the cost of training (the whole
     sequence) and of decoding one token, per head, as text; ``train_power``: the power of ``n`` in
     the training cost. ``inputs``: the name of the input recipe of :func:`family_inputs`.
+
+    Defined in Chapter 12 (What's next).
     """
     name: str
     chapters: tuple
@@ -150,7 +152,9 @@ def family_inputs(row: FamilyRow, n: int, d_k: int, d_v: int, rng) -> dict:
     unit keys (the delta rule's stable range) scaled by ``d_k^-1/4`` for the softmax-like models;
     gates in ``[0.8, 1)``, write strengths in ``[0.5, 1]``; DeltaProduct gets two keys per token,
     PaTH unit directions with ``β = 1.99`` (nearly reflections: a factor that shrank a direction would leave
-    old keys barely visible, and the rank hard to read), MesaNet ``λ = 0.5``."""
+    old keys barely visible, and the rank hard to read), MesaNet ``λ = 0.5``.
+
+    Defined in Chapter 12 (What's next)."""
     if not isinstance(row, FamilyRow):
         raise ValueError(f"row must be one of FAMILY's rows; got {type(row).__name__}")
     r = np.random.default_rng(rng)
@@ -189,7 +193,9 @@ def family_inputs(row: FamilyRow, n: int, d_k: int, d_v: int, rng) -> dict:
 
 def run_family(row: FamilyRow, inputs: dict, form: str = "recurrent") -> np.ndarray:
     """Call ``row``'s ``form`` (``"recurrent"``, ``"parallel"`` or ``"chunkwise"``) of ``lattn_core``
-    on ``inputs`` (from :func:`family_inputs`)."""
+    on ``inputs`` (from :func:`family_inputs`).
+
+    Defined in Chapter 12 (What's next)."""
     if form not in FORM_KEYS:
         raise ValueError(f"form must be one of {FORM_KEYS}; got {form!r}")
     name = getattr(row, form)
@@ -211,6 +217,8 @@ def carried_numbers(row: FamilyRow, n_past: int, *, n_future: int = 24, d_k: int
     model (once the past is long enough to fill it), and ``n_past`` times the entries cached per
     token for softmax-like models (while ``n_future · d_v`` is larger). Returns the rank (and the
     singular values with ``return_singular=True``).
+
+    Defined in Chapter 12 (What's next).
     """
     for name, val in (("n_past", n_past), ("n_future", n_future), ("d_k", d_k), ("d_v", d_v)):
         if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
@@ -244,6 +252,8 @@ def family_table(catalog_rows=(), *, d: int = 128, family=FAMILY) -> list:
     reader sees, plus ``state_d`` / ``cache_d`` (numbers per head at ``d_k = d_v = d``), ``op``,
     ``family`` and ``chapters`` as ``(number, notebook)`` pairs. Raises :class:`LookupError` naming a
     ``lattn_core`` function that does not exist.
+
+    Defined in Chapter 12 (What's next).
     """
     lc = importlib.import_module("lattn_core")
     rows = []
@@ -267,7 +277,9 @@ def family_table(catalog_rows=(), *, d: int = 128, family=FAMILY) -> list:
 class ModelConfig:
     """The shape of a decoder: ``layers``, query ``heads`` of size ``head_dim``, ``kv_heads`` key-value
     heads (equal to ``heads`` for multi-head attention), ``d_model``, ``vocab``. Bytes per cached
-    number (16-bit caches) and per state number (float32 states, as the book's ops return them)."""
+    number (16-bit caches) and per state number (float32 states, as the book's ops return them).
+
+    Defined in Chapter 12 (What's next)."""
     name: str
     layers: int
     d_model: int
@@ -294,7 +306,9 @@ def published_config(name: str = "Llama-3-8B") -> ModelConfig:
     """A published model's attention shape from Chapter 7's list (:data:`lattn_core.feeding_back.
     MODEL_SHAPES`) as a :class:`ModelConfig` for :func:`decode_memory`: its layers, heads, key-value
     heads and head width (``d_model = heads · head_dim``; ``vocab`` 0, since only the attention
-    layers' memory is counted, so :meth:`ModelConfig.params` does not describe it)."""
+    layers' memory is counted, so :meth:`ModelConfig.params` does not describe it).
+
+    Defined in Chapter 12 (What's next)."""
     from .feeding_back import MODEL_SHAPES
     shapes = {s.name: s for s in MODEL_SHAPES}
     if name not in shapes:
@@ -308,7 +322,9 @@ def decode_memory(row: FamilyRow, config: ModelConfig, n, *, batch: int = 1, kv_
     """Bytes that ``batch`` sequences hold for ``row``'s attention layers after ``n`` tokens (``n`` an
     int or an array): per layer and head, ``n · cache_per_token`` 16-bit numbers plus the fixed state
     in float32. A cache is kept per key-value head (``kv_heads``, default the config's); a state per
-    query head."""
+    query head.
+
+    Defined in Chapter 12 (What's next)."""
     n = np.asarray(n)
     if np.any(n < 0):
         raise ValueError("n must be a non-negative token count")
@@ -324,7 +340,9 @@ def kv_cache_step(q, k_cache, v_cache, scale: float | None = None):
     """One decoding step of softmax attention: the new token's query ``q`` ``[B, H, D]`` reads the
     cache ``k_cache``, ``v_cache`` ``[B, H, n, D]`` (the new token's key and value already in it);
     returns ``o`` ``[B, H, D_v]``. PyTorch's ``scaled_dot_product_attention`` with one query row (no
-    mask: the cache holds only the past). ``scale`` defaults to ``D^-1/2``."""
+    mask: the cache holds only the past). ``scale`` defaults to ``D^-1/2``.
+
+    Defined in Chapter 12 (What's next)."""
     import torch.nn.functional as F
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.dim() != 4 or k_cache.shape[:2] != q.shape[:2]:
         raise ValueError("q must be [B, H, D] and k_cache, v_cache [B, H, n, D] with the same B, H; got "
@@ -336,7 +354,9 @@ def gated_delta_step(S, q, k, v, alpha, beta):
     """One decoding step of Gated DeltaNet, in place: ``S`` ``[B, H, D_v, D_k]`` becomes
     ``α S (I − β k kᵀ) + β v kᵀ = α S + β (v − α S k) kᵀ`` (one read of the state, one rank-one
     write); returns ``o = S q`` ``[B, H, D_v]``. ``q``, ``k`` ``[B, H, D_k]``, ``v`` ``[B, H, D_v]``,
-    ``alpha``, ``beta`` ``[B, H]``."""
+    ``alpha``, ``beta`` ``[B, H]``.
+
+    Defined in Chapter 12 (What's next)."""
     import torch
     if S.dim() != 4 or q.shape != k.shape or q.shape != (*S.shape[:2], S.shape[3]) or \
             v.shape != S.shape[:3] or alpha.shape != S.shape[:2] or beta.shape != S.shape[:2]:
@@ -353,7 +373,9 @@ def gated_delta_step(S, q, k, v, alpha, beta):
 class SoftmaxCell:
     """Softmax attention as the cell of a re-reading RNN: the state is the running max, denominator
     and numerator of the online softmax; reading key ``k`` and value ``v`` with the current query
-    ``q`` folds in ``exp(q·k)``. The order of reading does not matter."""
+    ``q`` folds in ``exp(q·k)``. The order of reading does not matter.
+
+    Defined in Chapter 12 (What's next)."""
 
     def start(self, q, d_v):
         return (np.float64(-np.inf), 0.0, np.zeros(d_v))
@@ -368,7 +390,9 @@ class SoftmaxCell:
 class StickBreakingCell:
     """Stick-breaking attention as a re-reading RNN: reading from the newest token back, each token
     takes the share ``σ(q·k)`` of the weight still unclaimed. State: the output so far and the
-    unclaimed weight."""
+    unclaimed weight.
+
+    Defined in Chapter 12 (What's next)."""
 
     def start(self, q, d_v):
         return (np.zeros(d_v), 1.0)
@@ -387,7 +411,9 @@ def rereading_rnn(Q, K, V, cell=None, *, backward: bool = True, counter: dict | 
     tokens ``i, i−1, …, 1`` (``backward``; else ``1, …, i``) with ``cell.step(h, q_i, k_j, v_j)``, and
     ``o_i = cell.read(h)``. Memory: one state, whatever ``n``; time: ``n(n+1)/2`` steps. ``cell``
     defaults to :class:`SoftmaxCell`, which makes this softmax attention. ``counter``, if given,
-    gets ``"steps"``, the number of cell steps taken."""
+    gets ``"steps"``, the number of cell steps taken.
+
+    Defined in Chapter 12 (What's next)."""
     Q, K, V = check_qkv(Q, K, V)
     cell = SoftmaxCell() if cell is None else cell
     n, d_v = V.shape
@@ -407,7 +433,9 @@ def rereading_rnn(Q, K, V, cell=None, *, backward: bool = True, counter: dict | 
 def stick_breaking_attention(Q, K, V) -> np.ndarray:
     """Stick-breaking attention in matrix form: ``O = P V`` with
     ``P_ij = σ(s_ij) Π_{j<l≤i} (1 − σ(s_il))``, ``s = QKᵀ``, ``j ≤ i``; computed in log space
-    (``log σ(s)`` and ``log(1 − σ(s)) = log σ(−s)``) from a reversed cumulative sum per row."""
+    (``log σ(s)`` and ``log(1 − σ(s)) = log σ(−s)``) from a reversed cumulative sum per row.
+
+    Defined in Chapter 12 (What's next)."""
     Q, K, V = check_qkv(Q, K, V)
     S = as_array(Q @ K.T, "scores", (None, None))
     n = S.shape[0]

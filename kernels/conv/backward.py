@@ -20,7 +20,7 @@ Two ways to get ``dx``, as the forward has two:
   tiles per program, summed element by element in a ``[BT, BD, W]`` register tile), and
   :func:`_dx_kernel` reads ``dz`` back on the forward's tiles. A tiled single pass would recompute
   ``z`` on ``W`` shifted copies of its tile: slower (``lab/fused_backward.py``, timed by ``lab/sweep.py``;
-  that log was not kept, ``NOTES.md`` records the result).
+  that log was not kept, ``HISTORY.md`` records the result).
 
 (Here ``w_j`` is the tap of lag ``j``, ``weight[:, W - 1 - j]``.)
 """

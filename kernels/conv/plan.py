@@ -47,7 +47,7 @@ class ConvPlan:
     small_bd: int = 128
     red_bp: int = 32
     red_bn: int = 128
-    # measured on the H200 (lab/sweep.py, log not kept, NOTES.md records it; bf16, SiLU, W = 4, D = 2048): the forward's
+    # measured on the H200 (lab/sweep.py, log not kept, HISTORY.md records it; bf16, SiLU, W = 4, D = 2048): the forward's
     # 16 x 128 tile on 2 warps, within 2 % of the fastest of 36 tilings (32 x 128 on 2 warps, which spills
     # with a bias, a residual and a state), and the split backward's 4 x 128 tiles, 64 per program, on
     # 4 warps, within 2 % of the fastest of 72 (8 x 128, which spills in float32); the lab's fused

@@ -1,4 +1,4 @@
-"""Stage: the backward (derivation in ``kernels/delta/NOTES.md``, its appendix, (D9)-(D13)).
+"""Stage: the backward (derivation in ``kernels/delta/DERIVATION.md``, (D9)-(D13)).
 
 The forward keeps ``T``, ``W``, ``P``, the entering state of every chunk and ``v'`` (all in the
 input dtype: every use here feeds a tensor-core product in that dtype anyway). Then:

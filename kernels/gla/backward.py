@@ -1,4 +1,4 @@
-"""Stage: the backward, (K6)-(K10) of ``kernels/gla/NOTES.md``.
+"""Stage: the backward, (K6)-(K10) of ``kernels/gla/DERIVATION.md``.
 
 With the state entering every chunk recomputed (:func:`kernels.gla.march.chunk_states`):
 

@@ -1,7 +1,7 @@
 """Stage: the forward march (state on chip), the segment combine, and the per-chunk states.
 
 One program per (batch·head, V-block) marches over the chunks with the state ``S[K, BV]`` in
-float32 registers, applying (K1) and (K2) of ``kernels/gla/NOTES.md`` chunk after chunk and writing
+float32 registers, applying (K1) and (K2) of ``kernels/gla/DERIVATION.md`` chunk after chunk and writing
 only ``o``. When batch·heads is too small to fill the GPU the sequence is cut into ``NS``
 segments (K3): every segment's own contribution to the state and its total decay, in parallel; a
 short sequential combine for the segments' entering states; then the march per segment.

@@ -66,7 +66,7 @@ class GlaPlan:
 
 
 #: 16-bit inputs with K or V below this run the float32 kernels: on the H200 the tensor-core kernels at
-#: K = 32 returned wrong gradients (and one launch an illegal address), see NOTES.md, "small heads"
+#: K = 32 returned wrong gradients (and one launch an illegal address), see HISTORY.md, "Small heads"
 SMALL_HEAD = 64
 
 

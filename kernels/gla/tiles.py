@@ -1,7 +1,7 @@
 """Jit helpers of the gla family: segmented sums of gates.
 
 ``_gate_mm`` forms the
-segmented sums of gates ``M @ g`` that the vector gate's levels (K5 of ``kernels/gla/NOTES.md``)
+segmented sums of gates ``M @ g`` that the vector gate's levels (K5 of ``kernels/gla/DERIVATION.md``)
 need in the forward's prep stage, on the tensor cores, and ``_gla_level`` gives a level's exponents
 from the cumulative gate as the backward forms them.
 """

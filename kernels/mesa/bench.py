@@ -8,7 +8,7 @@ forward at most 0.6x and forward + backward at most 0.8x fla's time). Op ``mesa_
 trade-off of error and time against the iteration count (``cg`` in 5, 10, 20, 30) at B = 32,
 T = 2048, for both. Op ``mesa_cg_stiff``: the same sweep with ``lamb`` in [0.02, 0.05] (uniform per
 channel), where ``H_t + Λ`` is ill conditioned and the steps matter (at ``mesa_cg``'s ``lamb`` our
-CG reaches the bf16 floor by 5 steps, ``NOTES.md``). Passes: ``fwd`` (no gradients) and ``fwdbwd``.
+CG reaches the bf16 floor by 5 steps, ``HISTORY.md``, round 2). Passes: ``fwd`` (no gradients) and ``fwdbwd``.
 
 Inputs as fla's documentation makes them and MesaNet's layers use them: q, k L2-normalised
 N(0, 1) rows in bfloat16, v ~ N(0, 1) bfloat16, log decays ``g = logsigmoid(N(0, 1))``,

@@ -16,7 +16,9 @@ PALETTE = {"query": "#1f77b4", "key": "#ff7f0e", "value": "#2ca02c", "state": "#
 
 
 def canvas(width: float = 6.4, height: float = 3.2, xlim=(0, 10), ylim=(0, 5)):
-    """A figure with one frameless axes, ``xlim`` × ``ylim`` data units, equal aspect."""
+    """A figure with one frameless axes, ``xlim`` × ``ylim`` data units, equal aspect.
+
+    Used throughout the book."""
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(width, height))
     ax.set_xlim(*xlim)
@@ -28,7 +30,9 @@ def canvas(width: float = 6.4, height: float = 3.2, xlim=(0, 10), ylim=(0, 5)):
 
 def box(ax, x: float, y: float, w: float, h: float, text: str = "", *, color: str = "#ffffff",
         edge: str = "#333333", fontsize: float = 9, alpha: float = 1.0, lw: float = 1.0):
-    """A rectangle with its lower-left corner at ``(x, y)`` and ``text`` centred in it."""
+    """A rectangle with its lower-left corner at ``(x, y)`` and ``text`` centred in it.
+
+    Used throughout the book."""
     from matplotlib.patches import Rectangle
     r = Rectangle((x, y), w, h, facecolor=color, edgecolor=edge, alpha=alpha, lw=lw)
     ax.add_patch(r)
@@ -39,7 +43,9 @@ def box(ax, x: float, y: float, w: float, h: float, text: str = "", *, color: st
 
 def arrow(ax, start, end, text: str = "", *, color: str = "#333333", fontsize: float = 8, offset=(0, 0.15),
           style: str = "-|>", lw: float = 1.0):
-    """An arrow from ``start`` to ``end`` with an optional ``text`` beside its middle."""
+    """An arrow from ``start`` to ``end`` with an optional ``text`` beside its middle.
+
+    Used throughout the book."""
     from matplotlib.patches import FancyArrowPatch
     a = FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=10, color=color, lw=lw,
                         shrinkA=2, shrinkB=2)
@@ -52,7 +58,9 @@ def arrow(ax, start, end, text: str = "", *, color: str = "#333333", fontsize: f
 
 def label(ax, x: float, y: float, text: str, *, fontsize: float = 9, ha: str = "center", va: str = "center",
           color: str = "#111111", **kw):
-    """Text at ``(x, y)`` (a thin wrapper, so every schematic uses the same sizes)."""
+    """Text at ``(x, y)`` (a thin wrapper, so every schematic uses the same sizes).
+
+    Used throughout the book."""
     return ax.text(x, y, text, fontsize=fontsize, ha=ha, va=va, color=color, **kw)
 
 
@@ -61,7 +69,9 @@ def matrix(ax, values, x: float = 0.0, y: float = 0.0, cell: float = 0.25, *, bl
     """Draw a matrix as a grid of coloured cells, row 0 at the top, its top-left corner at
     ``(x, y + rows·cell)``. ``blocks``: a block size (or a list of split points) whose boundaries are
     outlined, e.g. the chunks of a chunkwise computation. Masked entries (``np.nan``) stay white.
-    ``text``: write each entry's value in its cell (small matrices only)."""
+    ``text``: write each entry's value in its cell (small matrices only).
+
+    Used throughout the book."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
     v = np.asarray(values, dtype=float)

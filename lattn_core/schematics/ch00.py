@@ -13,7 +13,9 @@ __all__ = ["draw_relay_and_lookup"]
 
 def draw_relay_and_lookup(n: int = 5):
     """Two rows over the same ``n`` tokens: the RNN's relay ``h_{t-1} -> h_t`` (each step waits for
-    the one before) and attention's direct reads (the last token's query against every key)."""
+    the one before) and attention's direct reads (the last token's query against every key).
+
+    Defined in Chapter 0 (From RNNs to attention)."""
     if n < 2:
         raise ValueError(f"n must be at least 2 tokens; got {n}")
     fig, ax = canvas(6.4, 4.2, xlim=(0, 10.4), ylim=(0, 6.8))

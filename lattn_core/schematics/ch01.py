@@ -18,7 +18,9 @@ __all__ = ["draw_flash_tiling"]
 def draw_flash_tiling(n: int = 16, chunk_size: int = 4, row_block: int = 2):
     """Left: the ``n x n`` causal mask ``M`` (white above the diagonal). Right: the same matrix cut
     into ``C x C`` tiles (``C = chunk_size``); visited tiles shaded, skipped ones hatched, and query
-    block ``row_block`` walking its key blocks left to right with the state ``(m, Y, z)``."""
+    block ``row_block`` walking its key blocks left to right with the state ``(m, Y, z)``.
+
+    Defined in Chapter 1 (The quadratic cost)."""
     visits = causal_block_mask(n, chunk_size)
     nb = visits.shape[0]
     if not 0 <= row_block < nb:

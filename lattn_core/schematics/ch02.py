@@ -25,7 +25,9 @@ def _operand(ax, x, y_mid, rows, cols, unit, text, color, *, fontsize=8):
 
 def draw_association_orders(n: int = 12, d_k: int = 3, d_v: int = 3):
     """Top: ``(Q K^T) V`` builds the ``n x n`` score matrix. Bottom: ``Q (K^T V)`` builds a
-    ``d_k x d_v`` matrix first. Boxes are to scale (one unit per row or column)."""
+    ``d_k x d_v`` matrix first. Boxes are to scale (one unit per row or column).
+
+    Defined in Chapter 2 (Linear attention)."""
     if min(n, d_k, d_v) < 1:
         raise ValueError(f"n, d_k, d_v must be positive; got {n}, {d_k}, {d_v}")
     unit = 3.0 / max(n, d_k, d_v)
@@ -76,7 +78,9 @@ def draw_association_orders(n: int = 12, d_k: int = 3, d_v: int = 3):
 
 def draw_state_memory(d_k: int = 6, d_v: int = 4, n: int = 5, seed: int = 0):
     """The state ``S_n`` (``d_v x d_k``) as the sum of ``n`` outer products ``v_t k_t^T`` (one
-    write drawn), and a read ``o = S q``. Colours: entries of :func:`linear_attention_state`."""
+    write drawn), and a read ``o = S q``. Colours: entries of :func:`linear_attention_state`.
+
+    Defined in Chapter 2 (Linear attention)."""
     rng = np.random.default_rng(seed)
     K = rng.normal(size=(n, d_k))
     V = rng.normal(size=(n, d_v))
@@ -120,7 +124,9 @@ def draw_state_memory(d_k: int = 6, d_v: int = 4, n: int = 5, seed: int = 0):
 
 def draw_chunkwise_march(n_chunks: int = 4):
     """The chunkwise form: the sequence in chunks of ``C`` tokens; inside a chunk the parallel form,
-    across chunks the state, carried from one chunk to the next (on chip in the kernel)."""
+    across chunks the state, carried from one chunk to the next (on chip in the kernel).
+
+    Defined in Chapter 2 (Linear attention)."""
     if n_chunks < 2:
         raise ValueError(f"n_chunks must be at least 2; got {n_chunks}")
     fig, ax = canvas(6.4, 2.7, xlim=(0, 11.0), ylim=(0, 4.6))

@@ -18,7 +18,9 @@ def draw_chunk_march(n: int = 16, chunk_size: int = 4, gamma: float = 0.85):
     """Left: the decay mask ``Γ`` of ``n`` tokens (constant gate ``gamma``) cut into chunks of
     ``chunk_size``; the diagonal blocks are the chunks' score blocks ``P_[c]``, the blocks left of them
     reach the queries through the state. Right: the march, one box per chunk at the height of its
-    rows, the state ``S`` handed from chunk to chunk."""
+    rows, the state ``S`` handed from chunk to chunk.
+
+    Defined in Chapter 3 (Forget gates)."""
     if n % chunk_size:
         raise ValueError(f"n must be a multiple of chunk_size; got n = {n}, chunk_size = {chunk_size}")
     from matplotlib.patches import Rectangle
@@ -67,7 +69,9 @@ def draw_chunk_march(n: int = 16, chunk_size: int = 4, gamma: float = 0.85):
 
 def draw_pair_levels(chunk_size: int = 16, pair=(13, 9)):
     """The pairs ``i > j`` of a chunk coloured by their level (:func:`lattn_core.chunk_pair_levels`),
-    with one pair, its block of ``2h`` rows and its reference row ``rho`` marked."""
+    with one pair, its block of ``2h`` rows and its reference row ``rho`` marked.
+
+    Defined in Chapter 3 (Forget gates)."""
     from matplotlib.patches import Rectangle
 
     levels = chunk_pair_levels(chunk_size).astype(float)

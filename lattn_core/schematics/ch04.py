@@ -9,7 +9,9 @@ __all__ = ["draw_optimizer_rnn", "draw_minibatch"]
 def draw_optimizer_rnn():
     """Two tokens of test-time training drawn as an RNN: the state is the model's weights, the input
     is the pair (k_t, v_t), the update is one gradient step of the loss, the output is the updated
-    model applied to the query."""
+    model applied to the query.
+
+    Defined in Chapter 4 (Test-time training)."""
     fig, ax = canvas(6.4, 3.0, xlim=(0, 12.8), ylim=(0, 6))
     state_w, state_h = 1.7, 1.0
     xs = [0.2, 5.5, 10.9]                      # the states S_{t-1}, S_t, S_{t+1}
@@ -42,7 +44,9 @@ def draw_optimizer_rnn():
 def draw_minibatch(m: int = 4, n_blocks: int = 2):
     """Mini-batch TTT: every token of a block takes its gradient at the state the block started
     from (the arrows), so the block's gradients are independent and computed in parallel; only the
-    step from block to block is sequential."""
+    step from block to block is sequential.
+
+    Defined in Chapter 4 (Test-time training)."""
     fig, ax = canvas(6.4, 2.6, xlim=(0, 12.8), ylim=(0, 5.2))
     tok_w, gap = 0.85, 0.2
     x = 0.3

@@ -12,7 +12,9 @@ def draw_erase_then_write(d_v: int = 3, d_k: int = 4, j: int = 1, seed: int = 3)
     """One DeltaNet step with beta = 1 and the key k_t along coordinate axis j (counted from 0), so
     that "the state along k_t" is column j: the state before, after the erase (the same step with a
     zero value), and after the write. Every matrix is computed by :func:`lattn_core.ttt_recurrent`
-    with the squared loss (DeltaNet, Chapter 4's table); nothing is typed."""
+    with the squared loss (DeltaNet, Chapter 4's table); nothing is typed.
+
+    Defined in Chapter 5 (The delta rule)."""
     from matplotlib.patches import Rectangle
 
     from ..ttt import ttt_recurrent

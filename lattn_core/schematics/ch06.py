@@ -18,7 +18,9 @@ def draw_chunk_blocks(n_blocks: int = 4, block: int = 16):
     the blocks below them full, those above zero. In ``T`` the number in each block is the step at
     which the kernel has it: step 1 inverts every diagonal block by forward substitution (one loop
     for all of them), step ``s > 1`` the blocks ``s − 1`` below the diagonal by block substitution,
-    ``T_IJ = −T_II Σ_R A_IR T_RJ``, which needs only blocks of earlier steps."""
+    ``T_IJ = −T_II Σ_R A_IR T_RJ``, which needs only blocks of earlier steps.
+
+    Defined in Chapter 6 (The inverse trick)."""
     from matplotlib.patches import Polygon
 
     fig, ax = canvas(6.4, 3.3, xlim=(0, 12.8), ylim=(0, 6.6))
@@ -72,7 +74,9 @@ def draw_delta_pipeline():
     (all parallel over chunks), then the march that carries the state on chip from chunk to chunk.
     Without gradients the march applies ``T`` itself (the T form) and ``W``, ``Ũ`` are never formed.
     Backward: a reverse march carries the state's gradient, then every chunk's gradients follow in
-    parallel from what the forward saved."""
+    parallel from what the forward saved.
+
+    Defined in Chapter 6 (The inverse trick)."""
     fig, ax = canvas(6.4, 3.7, xlim=(0, 12.8), ylim=(0, 7.4))
     w, h = 2.95, 1.35
     xs = [0.1, 3.3, 6.5, 9.7]

@@ -19,7 +19,9 @@ __all__ = ["draw_kv_sharing", "draw_fox_decode"]
 def draw_kv_sharing(n_heads: int = 8, groups=(8, 2, 1)):
     """Three panels, one per entry of ``groups`` (the number of key-value heads): ``n_heads``
     query heads on top, the key-value heads below, each query head wired to the key-value head it
-    reads. The cache stores only the key-value heads: ``2 · H_kv · d`` numbers per token and layer."""
+    reads. The cache stores only the key-value heads: ``2 · H_kv · d`` numbers per token and layer.
+
+    Defined in Chapter 7 (Feeding back)."""
     if any(n_heads % g for g in groups):
         raise ValueError(f"every entry of groups must divide n_heads = {n_heads}; got {groups}")
     names = {n_heads: "MHA", 1: "MQA"}
@@ -53,7 +55,9 @@ def draw_fox_decode(gamma=(0.9, 0.5, 0.95, 0.2, 0.9, 0.8)):
     """One decoding step of FoX at ``t = len(gamma)``: the cache of tokens ``1..t-1`` with their
     log decays before the step, the gate adding ``log gamma_t`` to each, the new token appended
     with decay 0, and the read ``softmax_j(q_t.k_j + log Γ_tj)``. The decays are the last two rows of
-    :func:`lattn_core.log_decay_mask` of ``gamma``."""
+    :func:`lattn_core.log_decay_mask` of ``gamma``.
+
+    Defined in Chapter 7 (Feeding back)."""
     g = np.asarray(gamma, dtype=float)
     t = len(g)
     if t < 2:

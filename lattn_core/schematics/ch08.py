@@ -26,7 +26,9 @@ def draw_deltaformer_chain(beta: float = 1.0):
     is the query's entry of ``P``; under each token, its pseudo-value ``u_t = v_t - beta sum_j
     B_tj u_j`` (a multiple of the one-hot vector ``e_5`` or ``e_2``), and the query's output. The
     write strength ``beta`` is the same at every token (the copies' rows of ``B`` are the only
-    nonzero ones, so ``beta`` acts only there)."""
+    nonzero ones, so ``beta`` acts only there).
+
+    Defined in Chapter 8 (DeltaFormer)."""
     n = len(_PROGRAM)
     B = np.zeros((n, n))
     for t, (_, src) in enumerate(_PROGRAM):

@@ -17,7 +17,9 @@ def draw_block_walk(n_blocks: int = 5):
     their own scores come from stage 1 (``A_loc``); then, at each earlier block ``l``, last first,
     the carried queries ``X`` take their scores against the block's keys pushed to its end,
     ``X K̂_lᵀ`` (into the online softmax), and cross the block, ``X ← X − (X W_lᵀ) U_l``, before
-    moving on to block ``l − 1``."""
+    moving on to block ``l − 1``.
+
+    Defined in Chapter 9 (PaTH)."""
     fig, ax = canvas(6.4, 3.4, xlim=(0, 13), ylim=(0, 7.2))
     w, h, gap = 2.0, 1.2, 0.6
     x0 = (13 - (n_blocks * w + (n_blocks - 1) * gap)) / 2

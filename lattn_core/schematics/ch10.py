@@ -15,7 +15,9 @@ __all__ = ["draw_mesanet_chunks"]
 def draw_mesanet_chunks(n_chunks: int = 4):
     """``n_chunks`` chunks of tokens from left to right. Top: the boundary states (sequential over
     chunks). Middle: each chunk's ``m`` conjugate-gradient steps, with the iterate, residual and
-    direction of every token kept on chip (parallel over chunks). Bottom: the outputs."""
+    direction of every token kept on chip (parallel over chunks). Bottom: the outputs.
+
+    Defined in Chapter 10 (MesaNet)."""
     fig, ax = canvas(6.4, 4.0, xlim=(0, 12.8), ylim=(0, 8.0))
     w, gap = 2.8, 0.4
     xs = [0.3 + c * (w + gap) for c in range(n_chunks)]

@@ -12,7 +12,9 @@ __all__ = ["draw_training_pairs", "draw_conv_band"]
 def draw_training_pairs(n: int = 5):
     """Two rows of tokens ``x_1 .. x_n``. Top: with ``K = V`` each token's pair is itself, ``k_t ↦
     v_t = k_t`` (a loop on every token). Bottom: a convolution on the keys that passes the previous
-    token makes the pair ``k_{t-1} ↦ v_t`` (an arrow from each token to the next)."""
+    token makes the pair ``k_{t-1} ↦ v_t`` (an arrow from each token to the next).
+
+    Defined in Chapter 11 (Short convolutions)."""
     from matplotlib.patches import FancyArrowPatch
 
     fig, ax = canvas(6.4, 2.9, xlim=(0, 11), ylim=(0, 5.0))
@@ -41,7 +43,9 @@ def draw_training_pairs(n: int = 5):
 def draw_conv_band(n: int = 8, width: int = 4):
     """The ``n x n`` matrix ``Psi = sum_i psi_i J^i`` of one channel of a width-``width`` causal
     convolution: the diagonal carries ``psi_0`` (the current token), the ``i``-th subdiagonal
-    ``psi_i``, everything else is zero (drawn white)."""
+    ``psi_i``, everything else is zero (drawn white).
+
+    Defined in Chapter 11 (Short convolutions)."""
     fig, ax = canvas(6.4, 3.4, xlim=(0, 10), ylim=(0, 5.2))
     M = np.full((n, n), np.nan)
     for i in range(width):

@@ -9,7 +9,9 @@ __all__ = ["draw_rereading"]
 def draw_rereading(n: int = 4):
     """Left: an ordinary RNN, one state carried along the tokens, each token read once. Right: the
     re-reading RNN: for every new token ``i`` a fresh state reads tokens ``i, i−1, …, 1`` (one row
-    per output), with ``q_i`` in hand; ``n(n+1)/2`` reads, one state at a time."""
+    per output), with ``q_i`` in hand; ``n(n+1)/2`` reads, one state at a time.
+
+    Defined in Chapter 12 (What's next)."""
     if not isinstance(n, int) or not 2 <= n <= 6:
         raise ValueError(f"n must be an integer in [2, 6]; got {n!r}")
     w = 2.2 * n + 3.2

@@ -152,7 +152,10 @@ def test_check_lines_fit_the_text_column(name, form):
         assert f"{result.error:.2e}" in lines[-1] and f"tol {result.tol:.0e}" in lines[-1], \
             "the measured error and the tolerance stay together on one line"
     html = result._repr_html_()
-    assert all(line.replace("&", "&amp;").replace("<", "&lt;") in html for line in lines)
+    import re
+    shown = re.sub(r"<[^>]+>", "", html).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    assert shown == text, "the HTML shows the repr, its mark coloured"
+    assert "color:" not in html.split(">", 1)[0], "the text keeps the page's colour (light and dark themes)"
     if len(f"✓ {name}: ") < 40:
         assert len(lines) == 1, "a short check stays on one line"
 
