@@ -1,4 +1,4 @@
-"""Chapter 3: forget gates. Scalar decay (RetNet, Mamba2), vector decay (GLA), RoPE as a complex
+"""Chapter 3 ("Forget gates"): scalar decay (RetNet, Mamba2), vector decay (GLA), RoPE as a complex
 decay, the decay mask Γ, the associative scan, and which gates admit the chunkwise matmul form.
 
 Convention B throughout: ``S_t`` is ``(d_v, d_k)``, ``o_t = S_t q_t``. Gates are factors in ``(0, 1]``.
@@ -54,8 +54,9 @@ def log_decay_mask(gamma) -> np.ndarray:
     """
     g = as_array(gamma, "gamma", ("n",))
     g = _check_scalar_gate(g, g.shape[0])
-    c = np.cumsum(np.log(g))
+    c = np.cumsum(np.log(g))         # c_i = sum of log gamma_tau, tau <= i
     n = g.shape[0]
+    # c_i - c_j <= 0 for j <= i (ch3-gamma, in logs); -inf above the diagonal
     return np.where(np.tri(n, dtype=bool), c[:, None] - c[None, :], -np.inf)
 
 
@@ -101,11 +102,11 @@ def decay_attention_recurrent(Q, K, V, gamma) -> np.ndarray:
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
     g = _check_scalar_gate(gamma, n)
-    S = np.zeros((V.shape[1], d_k))
+    S = np.zeros((V.shape[1], d_k))              # S_0 = 0
     O = np.empty((n, V.shape[1]))
     for t in range(n):
-        S = g[t] * S + np.outer(V[t], K[t])
-        O[t] = S @ Q[t]
+        S = g[t] * S + np.outer(V[t], K[t])      # forget, then write (ch3-retnet)
+        O[t] = S @ Q[t]                          # read, as in Chapter 2
     return O
 
 
@@ -136,10 +137,13 @@ def decay_attention_chunkwise(Q, K, V, gamma, *, chunk_size: int = 64) -> np.nda
     O = np.empty((n, V.shape[1]))
     for s in range(0, n, C):
         q, k, v = Q[s:s + C], K[s:s + C], V[s:s + C]
-        b = np.cumsum(logg[s:s + C])
+        b = np.cumsum(logg[s:s + C])     # b_i: log gates summed inside the chunk
         L = len(b)
+        # the chunk's block of the decay mask, exp(b_i - b_j) for j <= i, else 0
         G = _masked_exp(b[:, None] - b[None, :], np.tri(L, dtype=bool))
+        # (ch3-chunk): the decayed read of the old state, plus P V in the chunk
         O[s:s + C] = np.exp(b)[:, None] * (q @ S.T) + ((q @ k.T) * G) @ v
+        # (ch3-chunk): decay the state by e^(b_C), add the chunk's decayed writes
         S = np.exp(b[-1]) * S + (v * np.exp(b[-1] - b)[:, None]).T @ k
     return O
 

@@ -1,4 +1,5 @@
-"""Chapter 2: linear attention, its three forms, normalisation, feature maps and its blurring memory.
+"""Chapter 2 ("Linear attention"): linear attention, its three forms, normalisation, feature maps
+and its blurring memory.
 
 All functions follow the book's convention B: ``Q, K`` are ``(n, d_k)``, ``V`` is ``(n, d_v)``, the
 state ``S`` is ``(d_v, d_k)``, a write adds ``v_t k_t^T`` and a read is ``o_t = S_t q_t``. Causal,
@@ -31,11 +32,11 @@ def linear_attention_recurrent(Q, K, V) -> np.ndarray:
     """
     Q, K, V = check_qkv(Q, K, V)
     n, d_k = K.shape
-    S = np.zeros((V.shape[1], d_k))
+    S = np.zeros((V.shape[1], d_k))      # S_0 = 0, a d_v x d_k matrix
     O = np.empty((n, V.shape[1]))
     for t in range(n):
-        S += np.outer(V[t], K[t])
-        O[t] = S @ Q[t]
+        S += np.outer(V[t], K[t])        # write: S_t = S_{t-1} + v_t k_t^T
+        O[t] = S @ Q[t]                  # read: o_t = S_t q_t (ch2-rnn)
     return O
 
 
@@ -44,7 +45,7 @@ def linear_attention_parallel(Q, K, V) -> np.ndarray:
 
     Defined in Chapter 2 (Linear attention)."""
     Q, K, V = check_qkv(Q, K, V)
-    return np.tril(Q @ K.T) @ V
+    return np.tril(Q @ K.T) @ V      # tril is ⊙ M (ch2-linear-attn)
 
 
 def linear_attention_nocausal(Q, K, V, *, order: str = "right") -> np.ndarray:
@@ -74,12 +75,13 @@ def linear_attention_chunkwise(Q, K, V, *, chunk_size: int = 64) -> np.ndarray:
     Q, K, V = check_qkv(Q, K, V)
     C = check_chunk_size(chunk_size)
     n, d_k = K.shape
-    S = np.zeros((V.shape[1], d_k))
+    S = np.zeros((V.shape[1], d_k))      # the state entering the first chunk
     O = np.empty((n, V.shape[1]))
-    for s in range(0, n, C):
+    for s in range(0, n, C):             # chunk [s, s+C), the last maybe shorter
         q, k, v = Q[s:s + C], K[s:s + C], V[s:s + C]
-        O[s:s + C] = q @ S.T + np.tril(q @ k.T) @ v
-        S += v.T @ k
+        # read the earlier chunks from S, plus the parallel form inside the chunk
+        O[s:s + C] = q @ S.T + np.tril(q @ k.T) @ v      # (ch2-chunk), line 1
+        S += v.T @ k                                     # (ch2-chunk), line 2
     return O
 
 

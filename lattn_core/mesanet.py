@@ -30,9 +30,10 @@ whose gradient is ``S (H_t + Lambda) - G_t`` (the normal equations). The forms h
 The regression view: :func:`regression_weights`, :func:`mesanet_loss` and :func:`ridge_lstsq` (the
 same minimiser from a least-squares solver), :func:`mesanet_states` (every ``G_t``, ``H_t``) and
 :func:`mesanet_rls`, recursive least squares: the Sherman-Morrison update (:func:`sherman_morrison`)
-of ``P_t = (H_t + Lambda_t)^{-1}`` in ``O(d_k^2)`` per token, with the gain ``g_t = beta_t P_t k_t``::
+of ``Sigma_t = (H_t + Lambda_t)^{-1}`` (the chapter's Σ_t) in ``O(d_k^2)`` per token, with the gain
+``a_t = beta_t Sigma_t k_t``::
 
-    S_t = S_{t-1} + (v_t - S_{t-1} k_t) g_t^T              (DeltaNet's gain is beta_t k_t)
+    S_t = S_{t-1} + (v_t - S_{t-1} k_t) a_t^T              (DeltaNet's gain is beta_t k_t)
 
 Without gates it equals MesaNet; with gates it is the textbook exponentially weighted RLS, whose
 regulariser fades with the gates (``Lambda_t = gamma_1 ... gamma_t Lambda``), because MesaNet's fixed
@@ -127,14 +128,15 @@ def mesanet_recurrent(Q, K, V, gamma, lam, *, beta=None) -> np.ndarray:
     """
     Q, K, V, g, lam, beta = _inputs(Q, K, V, gamma, lam, beta)
     n, d_k = K.shape
-    G = np.zeros((V.shape[1], d_k))
-    H = np.zeros((d_k, d_k))
+    G = np.zeros((V.shape[1], d_k))            # sum of beta_j v_j k_j^T, gated
+    H = np.zeros((d_k, d_k))                   # sum of beta_j k_j k_j^T, gated
     Lam = np.diag(lam)
     O = np.empty((n, V.shape[1]))
     for t in range(n):
         G = g[t] * G + beta[t] * np.outer(V[t], K[t])
         H = g[t] * H + beta[t] * np.outer(K[t], K[t])
-        O[t] = G @ np.linalg.solve(H + Lam, Q[t])
+        q_hat = np.linalg.solve(H + Lam, Q[t])  # (H_t + Lambda) q_hat = q_t
+        O[t] = G @ q_hat
     return O
 
 
@@ -217,20 +219,20 @@ def _cg_loop(apply_A, b, x, iterations, on_iterate=None):
     """Conjugate gradients for a batch of systems ``A x = b`` (rows of ``b``), all in lockstep.
     A system whose residual is exactly zero stays where it is (no 0/0)."""
     dot = lambda a, c: np.sum(a * c, axis=-1, keepdims=True)
-    r = b - apply_A(x)
-    p = r.copy()
+    r = b - apply_A(x)                      # the residual
+    p = r.copy()                            # the first search direction
     rr = dot(r, r)
     if on_iterate is not None:
         on_iterate(x)
     for _ in range(iterations):
-        Ap = apply_A(p)
+        Ap = apply_A(p)                     # the one product with A per step
         pAp = dot(p, Ap)
         alpha = np.divide(rr, pAp, out=np.zeros_like(rr), where=pAp > 0)
-        x = x + alpha * p
+        x = x + alpha * p                   # the exact minimiser along p
         r = r - alpha * Ap
         rr_new = dot(r, r)
         step = np.divide(rr_new, rr, out=np.zeros_like(rr), where=rr > 0)
-        p = r + step * p
+        p = r + step * p                    # next direction, A-conjugate
         rr = rr_new
         if on_iterate is not None:
             on_iterate(x)
@@ -338,11 +340,14 @@ def mesanet_cg(Q, K, V, gamma, lam, iterations: int, *, beta=None, x0="zero", ch
             raise ValueError(f"x0 must be 'zero', 'jacobi' or an array of shape ({n}, {d_k}); got {x0!r}")
     else:
         x_start = as_array(x0, "x0", (n, d_k))
+    # (H_t + Λ) p_t for every token at once: one chunked gated read, values β_j k_j
     apply_A = lambda P: _gated_sum_reads(P, K, Kb, g, C) + lam * P
+    # o_t = G_t x_t for every token: one more read, values β_j v_j (no G_t formed)
+    read_out = lambda X: _gated_sum_reads(X, K, Vb, g, C)
     outs = []
-    x = _cg_loop(apply_A, Q, x_start, iterations,
-                 (lambda X: outs.append(_gated_sum_reads(X, K, Vb, g, C))) if return_iterates else None)
-    return np.stack(outs) if return_iterates else _gated_sum_reads(x, K, Vb, g, C)
+    keep = (lambda X: outs.append(read_out(X))) if return_iterates else None
+    x = _cg_loop(apply_A, Q, x_start, iterations, keep)
+    return np.stack(outs) if return_iterates else read_out(x)
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,35 +404,35 @@ def sherman_morrison(A_inv, u, v) -> np.ndarray:
 
 
 def mesanet_rls(Q, K, V, gamma, lam, *, beta=None, return_states: bool = False):
-    """Recursive least squares: ``P_t = (H_t + Lambda_t)^{-1}`` by Sherman-Morrison in ``O(d_k^2)``
-    per token and the state by the gain ``g_t = beta_t P_t k_t``::
+    """Recursive least squares: ``Sigma_t = (H_t + Lambda_t)^{-1}`` (the chapter's Σ_t) by
+    Sherman-Morrison in ``O(d_k^2)`` per token and the state by the gain ``a_t = beta_t Sigma_t k_t``::
 
-        P_t = sherman_morrison(P_{t-1} / gamma_t, beta_t k_t, k_t),   P_{-1} = Lambda^{-1}
-        S_t = S_{t-1} + (v_t - S_{t-1} k_t) g_t^T,                      o_t = S_t q_t
+        Sigma_t = sherman_morrison(Sigma_{t-1} / gamma_t, beta_t k_t, k_t),   Sigma_{-1} = Lambda^{-1}
+        S_t = S_{t-1} + (v_t - S_{t-1} k_t) a_t^T,                              o_t = S_t q_t
 
     ``Lambda_t = gamma_0 ... gamma_t Lambda``: the textbook exponentially weighted RLS, whose
     regulariser fades with the gates. With every ``gamma_t = 1`` it is MesaNet exactly (up to
-    round-off). Returns ``O``; with ``return_states=True`` also ``(S, P)``, the ``(n, d_v, d_k)`` and
-    ``(n, d_k, d_k)`` arrays of every ``S_t`` and ``P_t``.
+    round-off). Returns ``O``; with ``return_states=True`` also ``(S, Sigma)``, the ``(n, d_v, d_k)``
+    and ``(n, d_k, d_k)`` arrays of every ``S_t`` and ``Sigma_t``.
 
     Defined in Chapter 10 (MesaNet).
     """
     Q, K, V, g, lam, beta = _inputs(Q, K, V, gamma, lam, beta)
     n, d_k = K.shape
     d_v = V.shape[1]
-    P = np.diag(1.0 / lam)
+    Sigma = np.diag(1.0 / lam)              # Σ before any pair: Λ^{-1}
     S = np.zeros((d_v, d_k))
     O = np.empty((n, d_v))
-    Ss, Ps = (np.empty((n, d_v, d_k)), np.empty((n, d_k, d_k))) if return_states else (None, None)
+    Ss, Sigmas = np.empty((n, d_v, d_k)), np.empty((n, d_k, d_k))
     for t in range(n):
-        P = sherman_morrison(P / g[t], beta[t] * K[t], K[t])
-        P = 0.5 * (P + P.T)                         # keep it symmetric against round-off
-        gain = beta[t] * (P @ K[t])
+        # (ch10-sm): the inverse of γ_t (H_{t-1} + Λ_{t-1}) + β_t k_t k_tᵀ
+        Sigma = sherman_morrison(Sigma / g[t], beta[t] * K[t], K[t])
+        Sigma = 0.5 * (Sigma + Sigma.T)     # symmetric against round-off
+        gain = beta[t] * (Sigma @ K[t])     # a_t; DeltaNet's gain: β_t k_t
         S = S + np.outer(V[t] - S @ K[t], gain)
         O[t] = S @ Q[t]
-        if return_states:
-            Ss[t], Ps[t] = S, P
-    return (O, Ss, Ps) if return_states else O
+        Ss[t], Sigmas[t] = S, Sigma
+    return (O, Ss, Sigmas) if return_states else O
 
 
 # --------------------------------------------------------------------------------------------

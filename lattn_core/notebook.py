@@ -99,6 +99,16 @@ def _new_figures(before):
     return new or ([plt.gcf()] if plt.get_fignums() else [])
 
 
+def _cell_number():
+    """The execution count of the cell running now in IPython, or ``None`` outside IPython."""
+    try:
+        from IPython import get_ipython
+    except Exception:  # pragma: no cover - IPython comes with Jupyter
+        return None
+    shell = get_ipython()
+    return None if shell is None else shell.execution_count
+
+
 def show_widget(draw, **controls):
     """Draw ``draw(**defaults)`` once, then show live controls that redraw that same figure.
 
@@ -109,7 +119,8 @@ def show_widget(draw, **controls):
     place (the display is updated, never a second figure); its ``text/plain`` is one line, from
     :func:`live_control_note`, which is what the rendered book shows instead (``_config.yml`` takes
     the widget mime type out of the HTML priority and does not embed widget state). Returns the
-    box of controls (or ``None`` without ipywidgets).
+    box of controls (or ``None`` without ipywidgets); a cell that ends in the call, without ``;``,
+    still shows the controls once.
 
     Used throughout the book.
     """
@@ -138,6 +149,14 @@ def show_widget(draw, **controls):
             return {"text/plain": note, WIDGET_VIEW_MIME: view}
 
         def _ipython_display_(self, **kwargs):  # ipywidgets 7 (Colab) displays through this
+            # IPython displays through this method first (display() and a cell's value alike). A
+            # cell that ends in show_widget(...) without ';' has the returned box as its value,
+            # which would show the controls, and the book's line, a second time: within the cell
+            # that showed them, the box is shown once (a later cell can show it again).
+            cell = _cell_number()
+            if cell is not None and cell == getattr(self, "_shown_in", None):
+                return
+            self._shown_in = cell
             display(self._repr_mimebundle_(), raw=True)
 
     box = LiveControls(list(controls.values()))

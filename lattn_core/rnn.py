@@ -1,4 +1,5 @@
-"""Chapter 0's small models: a linear RNN (sequential by definition) and attention as a lookup.
+"""Chapter 0 ("From RNNs to attention"), its small models: a linear RNN (sequential by definition)
+and attention as a lookup.
 
 ``linear_rnn`` runs ``h_t = a h_{t-1} + b x_t`` token by token; ``linear_rnn_unrolled`` writes the same
 states as one matrix product with the weights ``a^{t-j} b`` (what unrolling the recurrence gives);
@@ -31,8 +32,8 @@ def linear_rnn(x, a, b=1.0, h0=None) -> np.ndarray:
     a, b = _check_scalar(a, "a"), _check_scalar(b, "b")
     h = np.zeros(x.shape[1]) if h0 is None else as_array(h0, "h0", (x.shape[1],)).copy()
     out = np.empty_like(x)
-    for t in range(x.shape[0]):
-        h = a * h + b * x[t]
+    for t in range(x.shape[0]):      # token by token: step t needs h_{t-1}
+        h = a * h + b * x[t]         # (ch0-linear-rnn)
         out[t] = h
     return out
 
@@ -49,11 +50,14 @@ def linear_rnn_unrolled(x, a, b=1.0, h0=None) -> np.ndarray:
     a, b = _check_scalar(a, "a"), _check_scalar(b, "b")
     n = x.shape[0]
     t = np.arange(1, n + 1)
-    expo = t[:, None] - t[None, :]
-    W = np.where(expo >= 0, b * np.power(a, np.maximum(expo, 0).astype(float)), 0.0)
-    out = W @ x
-    if h0 is not None:
-        out = out + np.power(a, t.astype(float))[:, None] * as_array(h0, "h0", (x.shape[1],))[None, :]
+    expo = t[:, None] - t[None, :]        # t - j: the steps input j has travelled
+    # W_tj = a^(t-j) b for j <= t, 0 above the diagonal (no input from the future)
+    power = np.power(a, np.maximum(expo, 0).astype(float))
+    W = np.where(expo >= 0, b * power, 0.0)
+    out = W @ x                           # every h_t at once (ch0-unrolled)
+    if h0 is not None:                    # plus a^t h_0
+        h0 = as_array(h0, "h0", (x.shape[1],))
+        out = out + np.power(a, t.astype(float))[:, None] * h0[None, :]
     return out
 
 
@@ -73,12 +77,12 @@ def rnn_input_gradient(a, T: int, b=1.0, nonlinearity: str = "linear") -> float:
         raise ValueError(f"nonlinearity must be 'linear' or 'tanh'; got {nonlinearity!r}")
     x = torch.full((int(T),), 0.5, dtype=torch.float64, requires_grad=True)
     h = torch.zeros((), dtype=torch.float64)
-    for t in range(int(T)):
+    for t in range(int(T)):              # (ch0-rnn): a chain of T steps
         h = a * h + b * x[t]
-        if nonlinearity == "tanh":
+        if nonlinearity == "tanh":       # the classic RNN: tanh after each step
             h = torch.tanh(h)
-    (g,) = torch.autograd.grad(h, x)
-    return float(abs(g[0]))
+    (g,) = torch.autograd.grad(h, x)     # back through the chain (ch0-chain)
+    return float(abs(g[0]))              # |dh_T / dx_1|
 
 
 def attention_lookup(q, K, V, temperature=1.0):
@@ -93,7 +97,7 @@ def attention_lookup(q, K, V, temperature=1.0):
     q = as_array(q, "q", (K.shape[1],))
     V = as_array(V, "V", (K.shape[0], "d_v"))
     tau = float(check_positive(np.reshape(temperature, (1,)), "temperature", (1,))[0])
-    s = K @ q / tau
-    w = np.exp(s - s.max())
-    w /= w.sum()
-    return w @ V, w
+    s = K @ q / tau             # one score q.k_j / kappa per key
+    w = np.exp(s - s.max())     # minus the top score: no overflow, same weights
+    w /= w.sum()                # the softmax: weights sum to one (ch0-lookup)
+    return w @ V, w             # the weighted average of the values

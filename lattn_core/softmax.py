@@ -1,5 +1,6 @@
-"""Softmax attention, three ways: the matrix form, the article's O(1)-extra-memory recurrence, and
-the blocked (FlashAttention-style) chunkwise form of that recurrence."""
+"""Chapter 1 ("The quadratic cost"): softmax attention, three ways: the matrix form, the article's
+O(1)-extra-memory recurrence, and the blocked (FlashAttention-style) chunkwise form of that
+recurrence."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,8 @@ def attention_scores(Q, K) -> np.ndarray:
     K = as_array(K, "K", ("n", "d_k"))
     Q = as_array(Q, "Q", K.shape)
     n = Q.shape[0]
-    S = Q @ K.T
-    S[np.triu_indices(n, k=1)] = -np.inf
+    S = Q @ K.T                             # every score q_i.k_j: n x n
+    S[np.triu_indices(n, k=1)] = -np.inf    # + log M: -inf above the diagonal
     return S
 
 
@@ -31,17 +32,24 @@ def row_softmax(S) -> np.ndarray:
     ``(n, m)``, no NaN or ``+inf``, at least one finite entry per row (a causal score matrix always
     has its diagonal). Returns the ``(n, m)`` probabilities, rows summing to 1.
 
-    Defined in Chapter 7 (Feeding back).
+    Defined in Chapter 1 (The quadratic cost).
     """
     S = as_array(S, "S", ("n", "m"), finite=False)
     if np.isnan(S).any() or np.isposinf(S).any():
         raise ValueError("S must hold finite scores or -inf (excluded entries); found NaN or +inf")
+    top = _row_max(S)                       # each row's largest score, finite
+    P = np.exp(S - top)                     # <= 1: no overflow; exp(-inf) = 0
+    return P / P.sum(axis=1, keepdims=True)  # each row sums to one (ch1-softmax)
+
+
+def _row_max(S) -> np.ndarray:
+    """Each row's largest entry, as an ``(n, 1)`` column; ``ValueError`` for a row that is all
+    ``-inf`` (a softmax of nothing)."""
     top = S.max(axis=1, keepdims=True)
     if not np.all(np.isfinite(top)):
         row = int(np.argmin(np.isfinite(top[:, 0])))
         raise ValueError(f"S must have a finite entry in every row; row {row} is all -inf")
-    P = np.exp(S - top)
-    return P / P.sum(axis=1, keepdims=True)
+    return top
 
 
 def softmax_attention(Q, K, V) -> np.ndarray:
@@ -65,9 +73,10 @@ def _online_softmax_fold(m, z, y, s, v):
     ``exp(m_old - m_new)`` and the new terms added. ``m = -inf`` (with ``z = 0``, ``y = 0``) starts a
     row; every row must see a finite score in its first fold. Returns ``(m, z, y)``.
     """
-    m_new = np.maximum(m, s.max(axis=-1))
-    rescale = np.exp(m - m_new)                 # exp(-inf) = 0 on the first fold
-    p = np.exp(s - m_new[..., None])
+    m_new = np.maximum(m, s.max(axis=-1))      # m' = max(m, s)
+    rescale = np.exp(m - m_new)                 # e^(m - m'); 0 on the first fold
+    p = np.exp(s - m_new[..., None])            # e^(s - m') <= 1
+    # (ch1-online): z' = e^(m-m') z + sum_j e^(s_j-m'), and y' likewise with v_j
     return m_new, rescale * z + p.sum(axis=-1), rescale[..., None] * y + p @ v
 
 
@@ -84,12 +93,12 @@ def softmax_attention_recurrent(Q, K, V) -> np.ndarray:
     Q, K, V = check_qkv(Q, K, V)
     n, d_v = V.shape
     out = np.empty((n, d_v))
-    for i in range(n):
-        m, z, y = np.float64(-np.inf), 0.0, np.zeros(d_v)
-        for j in range(i + 1):
-            s = Q[i] @ K[j:j + 1].T                   # one score, shape (1,)
+    for i in range(n):                      # one query at a time
+        m, z, y = np.float64(-np.inf), 0.0, np.zeros(d_v)    # the state (m, y, z)
+        for j in range(i + 1):              # its keys, one at a time
+            s = Q[i] @ K[j:j + 1].T         # one score, shape (1,)
             m, z, y = _online_softmax_fold(m, z, y, s, V[j:j + 1])
-        out[i] = y / z
+        out[i] = y / z                      # o_i = y / z after the last key
     return out
 
 
@@ -134,22 +143,24 @@ def _blocked_attention(Q, K, V, c, log_gates=None):
     sequence, whose size would swamp a small difference)."""
     n, d_v = V.shape
     out = np.empty((n, d_v))
-    for qs in range(0, n, c):
+    for qs in range(0, n, c):               # query block [qs, qe)
         qe = min(qs + c, n)
         q_idx = np.arange(qs, qe)
+        # the block's state: running maxima m, sums z, numerators Y
         m = np.full(qe - qs, -np.inf)
         z = np.zeros(qe - qs)
         y = np.zeros((qe - qs, d_v))
-        for ks in range(0, qe, c):           # key blocks starting at or before the last query
+        for ks in range(0, qe, c):          # key blocks c' <= c, left to right
             ke = min(ks + c, n)
-            s = Q[qs:qe] @ K[ks:ke].T
-            if log_gates is not None:        # sums over ks+1..x, for x in ks..qe-1
+            s = Q[qs:qe] @ K[ks:ke].T       # one C x C tile of scores
+            if log_gates is not None:       # Chapter 7's gates: sums over ks+1..x
                 span = np.concatenate([[0.0], np.cumsum(log_gates[ks + 1:qe])])
                 s += span[q_idx - ks, None] - span[None, :ke - ks]
-            s[np.arange(ks, ke)[None, :] > q_idx[:, None]] = -np.inf   # causal mask inside the tile
-            # the first block holds key 0, visible to every query: m is finite after it
-            m, z, y = _online_softmax_fold(m, z, y, s, V[ks:ke])
-        out[qs:qe] = y / z[:, None]
+            future = np.arange(ks, ke)[None, :] > q_idx[:, None]
+            s[future] = -np.inf             # the mask, inside the diagonal tile
+            # key 0 is in the first block and visible to all: m is finite after it
+            m, z, y = _online_softmax_fold(m, z, y, s, V[ks:ke])   # (ch1-flash)
+        out[qs:qe] = y / z[:, None]         # O_[c] = Diag(z)^-1 Y
     return out
 
 

@@ -91,6 +91,26 @@ def test_widget_state_holds_no_second_figure(executed):
     assert any(m in models for m in ("FloatSliderModel", "IntSliderModel")), models
 
 
+def test_a_cell_ending_in_show_widget_shows_the_controls_once():
+    """A cell whose last line is ``show_widget(...)`` without ``;`` has the returned box as its
+    value: the controls (and the book's one line) appear once in that cell, and a later cell that
+    shows the box again still can."""
+    from nbclient import NotebookClient
+
+    cells = [CELLS[0], CELLS[1],
+             "w = None\nshow_widget(draw, a=widgets.FloatSlider(value=1.0, description='slope a'))",
+             "w = _\nw"]
+    nb = new_notebook(cells=[new_code_cell(src) for src in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    bundles = lambda cell: [o for o in cell.outputs if WIDGET_VIEW in o.get("data", {})]  # noqa: E731
+    shown = bundles(nb.cells[2])
+    assert len(shown) == 1, [sorted(o.get("data", {})) for o in nb.cells[2].outputs]
+    assert shown[0]["data"]["text/plain"].startswith("Live control (slope a)")
+    assert sum("image/png" in o.get("data", {}) for o in nb.cells[2].outputs) == 1
+    assert len(bundles(nb.cells[3])) == 1, "a later cell can show the controls again"
+
+
 def test_book_config_hides_widget_views_and_state():
     from myst_nb.core.render import get_mime_priority
 

@@ -126,18 +126,18 @@ def test_sherman_morrison():
 
 
 def test_rls_gain_form_symbolically():
-    """One RLS step: S_{t-1} + (v − S_{t-1}k) a^T with a = β J_t k, J_t = (A + β k k^T)^{-1},
-    S_{t-1} = G A^{-1}, equals (G + β v k^T) J_t (A = H_{t-1} + Λ symmetric, d_k = 2)."""
+    """One RLS step: S_{t-1} + (v − S_{t-1}k) a^T with a = β Σ_t k, Σ_t = (A + β k k^T)^{-1},
+    S_{t-1} = G A^{-1}, equals (G + β v k^T) Σ_t (A = H_{t-1} + Λ symmetric, d_k = 2)."""
     a11, a12, a22, b = sp.symbols("a11 a12 a22 beta")
     A = sp.Matrix([[a11, a12], [a12, a22]])
     G = sp.Matrix([sp.symbols("g1 g2")]).reshape(1, 2)
     k = sp.Matrix(sp.symbols("k1 k2"))
     v = sp.Symbol("v")
-    J = (A + b * k * k.T).inv()
+    Sigma = (A + b * k * k.T).inv()
     S_prev = G * A.inv()
-    gain = b * J * k
+    gain = b * Sigma * k
     lhs = S_prev + (v - (S_prev * k)[0]) * gain.T
-    lc.check_symbolic("RLS gain form = batch solution", (lhs - (G + b * v * k.T) * J).applyfunc(sp.simplify),
+    lc.check_symbolic("RLS gain form = batch solution", (lhs - (G + b * v * k.T) * Sigma).applyfunc(sp.simplify),
                       sp.zeros(1, 2))
 
 
@@ -147,13 +147,13 @@ def test_rls_equals_batch_without_gates_and_fades_the_regulariser_with_them():
     ones = np.ones(n)
     lc.check_close("RLS = MesaNet (no gates)", lc.mesanet_rls(Q, K, V, ones, lam, beta=beta),
                    lc.mesanet_recurrent(Q, K, V, ones, lam, beta=beta), 1e-9)
-    O, S, J = lc.mesanet_rls(Q, K, V, gamma, lam, beta=beta, return_states=True)
+    O, S, Sigma = lc.mesanet_rls(Q, K, V, gamma, lam, beta=beta, return_states=True)
     G, H = lc.mesanet_states(K, V, gamma, beta)
     fade = np.cumprod(gamma)
     A = H + fade[:, None, None] * np.diag(lam)
-    lc.check_close("gated RLS: J_t = (H_t + γ_1…γ_t Λ)^{-1}", J, np.linalg.inv(A), 1e-8, relative=True)
+    lc.check_close("gated RLS: Σ_t = (H_t + γ_1…γ_t Λ)^{-1}", Sigma, np.linalg.inv(A), 1e-8, relative=True)
     S_ref = np.swapaxes(np.linalg.solve(A, np.swapaxes(G, 1, 2)), 1, 2)
-    lc.check_close("gated RLS: S_t = G_t J_t", S, S_ref, 1e-8, relative=True)
+    lc.check_close("gated RLS: S_t = G_t Σ_t", S, S_ref, 1e-8, relative=True)
     lc.check_close("gated RLS: o_t = S_t q_t", O, np.einsum("tvk,tk->tv", S, Q), 1e-12)
     # and so, with gates, it is not MesaNet (whose Λ stays put)
     assert np.abs(O - lc.mesanet_recurrent(Q, K, V, gamma, lam, beta=beta)).max() > 1e-3
