@@ -744,9 +744,10 @@ def plot_loss(run: dict, label: str, ax, seed: int | None = None, title: str | N
 
 
 def draw_sequence(inputs, targets, mask, vocab_size: int, ax, title: str = ""):
-    """One sequence of :func:`make_mqar` as a strip of tokens: keys ``k·``, values ``v·`` (numbered
-    from the first value id), the filler ``·``; a key's earlier values struck through in grey, each
-    query with its answer below it."""
+    """One sequence of :func:`make_mqar` as a strip of tokens: keys ``k·`` in black, values ``v·``
+    (numbered from the first value id) in dark grey, the filler ``·``; a key's earlier values struck
+    through in light grey, each query (bold) with its answer below it. No model's colour is used:
+    the palette's colours name models (:mod:`lattn_core.palette`)."""
     ids, tg, m = (t.tolist() for t in (inputs, targets, mask))
     half = vocab_size // 2
     last = {}
@@ -757,16 +758,16 @@ def draw_sequence(inputs, targets, mask, vocab_size: int, ax, title: str = ""):
         if tok == FILLER:
             txt, col = "·", "#bbbbbb"
         elif tok < half:
-            txt, col = f"k{tok}", MODEL_COLORS["linear"]
+            txt, col = f"k{tok}", "black"
         else:
-            txt, col = f"v{tok - half}", MODEL_COLORS["deltanet"]
+            txt, col = f"v{tok - half}", "#555555"
         stale = tok >= half and t not in last.values()
         ax.text(t, 1, txt, ha="center", va="center", fontsize=7, color="#999999" if stale else col,
                 fontweight="bold" if m[t] else "normal")
         if stale:
             ax.plot([t - 0.4, t + 0.4], [1, 1], color="#999999", lw=0.8)
         if m[t]:
-            ax.text(t, 0.35, f"v{tg[t] - half}", ha="center", va="center", fontsize=7, color=MODEL_COLORS["deltanet"])
+            ax.text(t, 0.35, f"v{tg[t] - half}", ha="center", va="center", fontsize=7, color="#555555")
             ax.annotate("", (t, 0.55), (t, 0.8), arrowprops=dict(arrowstyle="->", lw=0.6, color="#555555"))
     ax.set_xlim(-0.8, len(ids) - 0.2)
     ax.set_ylim(0, 1.4)

@@ -147,8 +147,8 @@ def _gdn_loop(Q, K, V, alpha, beta, dtype=np.float64):
     for t in range(n):
         k = K[t]
         S = alpha[t] * S                              # forget
-        S = S + beta[t] * np.outer(V[t] - S @ k, k)   # erase what k_t reads, write v_t
-        O[t] = S @ Q[t]
+        S = S + beta[t] * np.outer(V[t] - S @ k, k)   # erase, then write
+        O[t] = S @ Q[t]                               # read
     return O
 
 
@@ -177,9 +177,9 @@ def deltanet_parallel(Q, K, V, beta=None) -> np.ndarray:
     """
     Q, K, V = check_qkv(Q, K, V)
     beta = _beta(beta, K.shape[0])
-    A = np.tril(beta[:, None] * (K @ K.T), k=-1)
-    U = forward_substitution(A, beta[:, None] * V)
-    return np.tril(Q @ K.T) @ U
+    B = np.tril(beta[:, None] * (K @ K.T), k=-1)     # (Diag(β) K Kᵀ) ⊙ M⁻
+    U = forward_substitution(B, beta[:, None] * V)   # (I + B)^{-1} Diag(β) V
+    return np.tril(Q @ K.T) @ U                      # (Q Kᵀ ⊙ M) U
 
 
 def deltanet_attention_matrix(Q, K, beta=None) -> np.ndarray:
@@ -241,10 +241,10 @@ def gated_deltanet_parallel(Q, K, V, alpha, beta=None) -> np.ndarray:
     n = K.shape[0]
     alpha, beta = _alpha(alpha, n), _beta(beta, n)
     _, D = _segment_log_decay(np.log(alpha))
-    G = np.exp(D)                                   # Γ, zero above the diagonal
-    A = np.tril(beta[:, None] * (K @ K.T) * G, k=-1)
-    U = forward_substitution(A, beta[:, None] * V)
-    return ((Q @ K.T) * G) @ U
+    G = np.exp(D)                                    # Γ, zero above the diagonal
+    BG = np.tril(beta[:, None] * (K @ K.T) * G, k=-1)  # B ⊙ Γ
+    U = forward_substitution(BG, beta[:, None] * V)  # (I + B ⊙ Γ)^{-1} Diag(β) V
+    return ((Q @ K.T) * G) @ U                       # (Q Kᵀ ⊙ Γ) U
 
 
 def _gdn_chunkwise(Q, K, V, alpha, beta, C):
@@ -253,17 +253,18 @@ def _gdn_chunkwise(Q, K, V, alpha, beta, C):
     S = np.zeros((d_v, d_k))
     O = np.empty((n, d_v))
     log_alpha = np.log(alpha)
-    for s in range(0, n, C):
+    for s in range(0, n, C):                     # the chunk [s, e), entered with S
         e = min(s + C, n)
         q, k, v, bt = Q[s:e], K[s:e], V[s:e], beta[s:e]
-        b, D = _segment_log_decay(log_alpha[s:e])   # b restarts at the chunk start
-        G = np.exp(D)
-        gam = np.exp(b)                             # decay from the chunk start to token i
+        b, D = _segment_log_decay(log_alpha[s:e])  # b_i, restarting in each chunk
+        G = np.exp(D)                            # Γ: the causal mask M if no gate
+        gam = np.exp(b)                          # decay from the chunk start to i
         A = np.tril(bt[:, None] * (k @ k.T) * G, k=-1)
-        # UT transform: T = (I + A)^{-1}, applied by forward substitution to both right-hand sides
-        WU = forward_substitution(A, bt[:, None] * np.concatenate([gam[:, None] * k, v], axis=1))
-        W, U_tilde = WU[:, :d_k], WU[:, d_k:]
-        U = U_tilde - W @ S.T                       # pseudo-values given the entering state
+        # the UT transform T = (I + A)^{-1}, applied by forward substitution
+        rhs = np.concatenate([gam[:, None] * k, v], axis=1)
+        WU = forward_substitution(A, bt[:, None] * rhs)
+        W, U_tilde = WU[:, :d_k], WU[:, d_k:]    # W and Ũ do not depend on S
+        U = U_tilde - W @ S.T                    # the pseudo-values, given S
         O[s:e] = gam[:, None] * (q @ S.T) + ((q @ k.T) * G) @ U
         S = np.exp(b[-1]) * S + (np.exp(b[-1] - b)[:, None] * U).T @ k
     return O

@@ -26,7 +26,7 @@ Chapter 1's (:func:`lattn_core.row_softmax`).
 
 Chapter 8:
 
-* **DeltaFormer** (Zhong et al., 2025), ``A (I + Diag(beta) B)^{-1} V`` with ``A``, ``B`` the
+* **DeltaFormer** (Zhong et al., 2025), ``P (I + Diag(beta) B)^{-1} V`` with ``P``, ``B`` the
   exponentials (or row softmaxes) of ``Q K^T`` and ``K K^T``, in three forms
   (:func:`deltaformer_recurrent`, :func:`deltaformer_parallel`, :func:`deltaformer_chunkwise`;
   :func:`deltaformer` is the API name), its matrices (:func:`deltaformer_matrices`), the delta
@@ -34,6 +34,11 @@ Chapter 8:
   variant (:func:`deltaformer_qk`), the Neumann series of the inverse and where it ends
   (:func:`neumann_terms`, :func:`neumann_errors`, :func:`dependency_chain_length`), and the work
   of one layer with and without shared key-value heads (:func:`deltaformer_work`).
+
+The article names DeltaFormer's two matrices ``A`` and ``B``; the book calls the first ``P``, as
+every attention matrix of queries against keys is called (book/notation.md), and keeps ``B``, the
+delta rule's strictly lower matrix of Chapter 6 with ``exp`` applied to the scores. Functions that
+take the pair as arguments keep the parameter names ``A, B``.
 """
 from __future__ import annotations
 
@@ -203,14 +208,19 @@ def attention_matrices(Q, K, gamma) -> dict:
         # A = I + (strictly lower): forward substitution applies A^{-1}, no inverse formed
         inv_times = lambda A, rhs: forward_substitution(A - I, rhs)
         QK, KK = Q @ K.T, K @ K.T
+    # The table, row by row: had is the entrywise product ⊙, mm the matrix
+    # product, inv_times(I + X, R) applies (I + X)^{-1} to R; M and M_strict
+    # are the masks M and M^-, G is the decay mask Γ.
+    # DeltaNet: (QK^T ⊙ M)(I + KK^T ⊙ M^-)^{-1}
     delta = mm(had(QK, M), inv_times(I + had(KK, M_strict), I))
     return {
-        "softmax": had(exp(QK), M),
-        "linear": had(QK, M),
-        "gated": had(QK, G),
+        "softmax": had(exp(QK), M),          # exp(QK^T) ⊙ M
+        "linear": had(QK, M),                # QK^T ⊙ M
+        "gated": had(QK, G),                 # QK^T ⊙ Γ
         "deltanet": delta,
-        "gated_deltanet": had(delta, G),
-        "gated_deltanet_inner": mm(had(QK, G), inv_times(I + had(KK, G - I), I)),
+        "gated_deltanet": had(delta, G),     # DeltaNet's matrix, then ⊙ Γ
+        "gated_deltanet_inner":              # Γ inside both factors
+            mm(had(QK, G), inv_times(I + had(KK, G - I), I)),
     }
 
 
@@ -494,9 +504,10 @@ def _deltaformer_inputs(Q, K, V, normalize, beta):
 
 
 def deltaformer_matrices(Q, K, *, normalize: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """DeltaFormer's two ``(n, n)`` matrices: ``A = exp(Q K^T + log M)`` (keys ``j <= i``) and
-    ``B = exp(K K^T + log M^-)`` (keys ``j < i``: strictly lower, its first row empty); with
-    ``normalize`` each ``exp`` becomes a row softmax over those positions. ``Q, K``: ``(n, d_k)``.
+    """DeltaFormer's two ``(n, n)`` matrices, returned as ``(P, B)``: ``P = exp(Q K^T + log M)``
+    (keys ``j <= i``; the article's ``A``) and ``B = exp(K K^T + log M^-)`` (keys ``j < i``:
+    strictly lower, its first row empty); with ``normalize`` each ``exp`` becomes a row softmax
+    over those positions. ``Q, K``: ``(n, d_k)``.
 
     Defined in Chapter 8 (DeltaFormer)."""
     Q, K, _ = check_qkv(Q, K, K)
@@ -506,10 +517,11 @@ def deltaformer_matrices(Q, K, *, normalize: bool = False) -> tuple[np.ndarray, 
 
 
 def delta_attention(A, B, V, beta=None) -> np.ndarray:
-    """``A (I + Diag(beta) B)^{-1} V`` for a lower-triangular ``A`` and a strictly lower-triangular
-    ``B`` (both ``(n, n)``), the solve by a library triangular solver (``I + Diag(beta) B`` is unit
-    lower triangular). DeltaFormer is this with exponentiated scores; DeltaNet (Chapter 6) is it with
-    ``A = QK^T ⊙ M``, ``B = KK^T ⊙ M^-`` and ``Diag(beta) V`` for ``V``.
+    """``A (I + Diag(beta) B)^{-1} V`` for a lower-triangular ``A`` (DeltaFormer's ``P``) and a
+    strictly lower-triangular ``B`` (both ``(n, n)``), the solve by a library triangular solver
+    (``I + Diag(beta) B`` is unit lower triangular). DeltaFormer is this with exponentiated scores;
+    DeltaNet (Chapter 6) is it with ``A = QK^T ⊙ M``, ``B = KK^T ⊙ M^-`` and ``Diag(beta) V`` for
+    ``V``.
 
     Defined in Chapter 8 (DeltaFormer)."""
     from scipy.linalg import solve_triangular
@@ -524,13 +536,13 @@ def delta_attention(A, B, V, beta=None) -> np.ndarray:
 
 
 def deltaformer_parallel(Q, K, V, normalize: bool = False, beta=None) -> np.ndarray:
-    """The matrix form ``O = A (I + Diag(beta) B)^{-1} V`` (:func:`deltaformer_matrices`,
+    """The matrix form ``O = P (I + Diag(beta) B)^{-1} V`` (:func:`deltaformer_matrices`,
     :func:`delta_attention`). O(n^2) memory.
 
     Defined in Chapter 8 (DeltaFormer)."""
     Q, K, V, normalize, beta = _deltaformer_inputs(Q, K, V, normalize, beta)
-    A, B = deltaformer_matrices(Q, K, normalize=normalize)
-    return delta_attention(A, B, V, beta)
+    P, B = deltaformer_matrices(Q, K, normalize=normalize)
+    return delta_attention(P, B, V, beta)
 
 
 def deltaformer_qk(Q, K, V, normalize: bool = False, beta=None) -> np.ndarray:
@@ -598,7 +610,7 @@ def dependency_chain_length(B) -> int:
 
 
 def deltaformer(Q, K, V, normalize: bool = False, beta=None) -> np.ndarray:
-    """DeltaFormer: ``A (I + Diag(beta) B)^{-1} V`` with ``A = exp(Q K^T + log M)``,
+    """DeltaFormer: ``P (I + Diag(beta) B)^{-1} V`` with ``P = exp(Q K^T + log M)``,
     ``B = exp(K K^T + log M^-)``; ``normalize=True`` replaces each ``exp`` by a row softmax over its
     allowed positions (the first row of ``B`` is empty). ``beta``: ``(n,)`` in ``(0, 2]``, default 1.
     The pseudo-values ``U = (I + Diag(beta) B)^{-1} V`` are scored with ``k·k``, as in the article.
@@ -610,8 +622,9 @@ def deltaformer(Q, K, V, normalize: bool = False, beta=None) -> np.ndarray:
 
 def deltaformer_recurrent(Q, K, V, normalize: bool = False, beta=None) -> np.ndarray:
     """Token by token: the pseudo-value ``u_t = v_t - beta_t sum_{j<t} B_tj u_j`` (forward
-    substitution; ``B_tj`` from ``k_t`` and the earlier keys), then ``o_t = sum_{j<=t} A_tj u_j``,
-    attention of ``q_t`` over the pseudo-values. The cache holds keys and pseudo-values.
+    substitution; ``B_tj`` from ``k_t`` and the earlier keys), then ``o_t = sum_{j<=t} P_tj u_j``,
+    ``P_tj`` from ``q_t`` and the keys up to ``t``, attention of ``q_t`` over the pseudo-values.
+    The cache holds keys and pseudo-values.
 
     Defined in Chapter 8 (DeltaFormer)."""
     Q, K, V, normalize, beta = _deltaformer_inputs(Q, K, V, normalize, beta)
@@ -620,12 +633,17 @@ def deltaformer_recurrent(Q, K, V, normalize: bool = False, beta=None) -> np.nda
     O = np.empty_like(V)
     for t in range(n):
         if t == 0:
-            U[0] = V[0]
+            U[0] = V[0]                  # row 0 of B is empty
         else:
-            b = _masked_exp_rows((K[t] @ K[:t].T)[None, :], np.ones((1, t), bool), normalize)[0]
+            # b: row t of B, k_t scored against the earlier keys
+            b = _masked_exp_rows((K[t] @ K[:t].T)[None, :],
+                                 np.ones((1, t), bool), normalize)[0]
+            # u_t = v_t - beta_t sum_{j<t} B_tj u_j
             U[t] = V[t] - beta[t] * (b @ U[:t])
-        a = _masked_exp_rows((Q[t] @ K[:t + 1].T)[None, :], np.ones((1, t + 1), bool), normalize)[0]
-        O[t] = a @ U[:t + 1]
+        # p: row t of P, q_t scored against the keys up to t; o_t = p U
+        p = _masked_exp_rows((Q[t] @ K[:t + 1].T)[None, :],
+                             np.ones((1, t + 1), bool), normalize)[0]
+        O[t] = p @ U[:t + 1]
     return O
 
 
@@ -633,7 +651,7 @@ def deltaformer_chunkwise(Q, K, V, normalize: bool = False, beta=None, *, chunk_
     """Blocked, as a GPU would: for each block of ``chunk_size`` tokens, the previous blocks'
     pseudo-values enter the right-hand side (``V_c - Diag(beta_c) B_{c,<c} U_{<c}``), a
     ``chunk_size``-sized forward substitution solves the block (:func:`lattn_core.forward_substitution`),
-    and the block's outputs are ``A_{c,<=c} U_{<=c}``. Only ``chunk_size x n`` slabs of ``A`` and
+    and the block's outputs are ``P_{c,<=c} U_{<=c}``. Only ``chunk_size x n`` slabs of ``P`` and
     ``B`` exist at a time (rows of a normalised matrix need every earlier key).
 
     Defined in Chapter 8 (DeltaFormer)."""
@@ -645,11 +663,16 @@ def deltaformer_chunkwise(Q, K, V, normalize: bool = False, beta=None, *, chunk_
     for c0 in range(0, n, C):
         c1 = min(c0 + C, n)
         rows = np.arange(c0, c1)[:, None]
-        B = _masked_exp_rows(K[c0:c1] @ K[:c1].T, np.arange(c1)[None, :] < rows, normalize)
-        A = _masked_exp_rows(Q[c0:c1] @ K[:c1].T, np.arange(c1)[None, :] <= rows, normalize)
+        # the block's rows of B (keys j < t) and of P (keys j <= t)
+        keys = np.arange(c1)[None, :]
+        B = _masked_exp_rows(K[c0:c1] @ K[:c1].T, keys < rows, normalize)
+        P = _masked_exp_rows(Q[c0:c1] @ K[:c1].T, keys <= rows, normalize)
+        # the earlier blocks' pseudo-values are known: to the right-hand side
         rhs = V[c0:c1] - beta[c0:c1, None] * (B[:, :c0] @ U[:c0])
-        U[c0:c1] = forward_substitution(beta[c0:c1, None] * B[:, c0:c1], rhs)
-        O[c0:c1] = A @ U[:c1]
+        # the block's own unit lower-triangular system, by forward substitution
+        U[c0:c1] = forward_substitution(beta[c0:c1, None] * B[:, c0:c1],
+                                        rhs)
+        O[c0:c1] = P @ U[:c1]
     return O
 
 

@@ -146,9 +146,12 @@ def ttt_recurrent(Q, K, V, loss="squared", eta=1.0, *, lam=0.0, momentum=0.0, ba
     t64 = lambda x: torch.as_tensor(x, dtype=torch.float64)
     Kt, Vt = t64(K), t64(V)
 
-    def grad_at(S, t):
+    def grad_at(S, t):                   # the gradient of L_t at S, by autodiff
         Sg = S.detach().clone().requires_grad_(True)
-        value = loss(Sg, Kt[t], Vt[t]) if callable(loss) else ttt_loss(loss, Sg, Kt[t], Vt[t], float(lam[t]))
+        if callable(loss):
+            value = loss(Sg, Kt[t], Vt[t])
+        else:
+            value = ttt_loss(loss, Sg, Kt[t], Vt[t], float(lam[t]))
         (g,) = torch.autograd.grad(value, Sg)
         return g
 
@@ -158,15 +161,15 @@ def ttt_recurrent(Q, K, V, loss="squared", eta=1.0, *, lam=0.0, momentum=0.0, ba
     states = np.empty((n, d_v, d_k)) if return_states else None
     start_state = S
     for t in range(n):
-        if batch_size == 1:
+        if batch_size == 1:              # online SGD, with momentum if mu > 0
             step = -float(eta[t]) * grad_at(S, t)
             Z = float(mu[t]) * Z + step
             S = S + Z
-        else:
+        else:                            # mini-batch: gradients at the block start
             if t % batch_size == 0:
-                start_state = S                      # the block's gradients are all taken here
+                start_state = S
             S = S - float(eta[t]) * grad_at(start_state, t)
-        O[t] = S.numpy() @ Q[t]
+        O[t] = S.numpy() @ Q[t]                      # o_t = S_t q_t
         if return_states:
             states[t] = S.numpy()
     if return_states:

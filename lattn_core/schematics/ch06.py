@@ -78,12 +78,12 @@ def draw_delta_pipeline():
 
     Defined in Chapter 6 (The inverse trick)."""
     fig, ax = canvas(6.4, 3.7, xlim=(0, 12.8), ylim=(0, 7.4))
-    w, h = 2.95, 1.35
+    w, h = 2.95, 1.55
     xs = [0.1, 3.3, 6.5, 9.7]
-    yf, yi, yb = 4.9, 2.75, 0.35
+    yf, yi, yb = 4.95, 2.7, 0.3
     stages = [
-        ("cumulative gate $b$\nper chunk\n(common.solve.chunk_cumsum)", PALETTE["light"]),
-        (r"$\mathbf{T} = (\mathbf{I}+\mathbf{A})^{-1}$" + "\nevery chunk\n(common.solve.solve_chunks)",
+        ("cumulative gate $b$\nper chunk\n(common.solve.\nchunk_cumsum)", PALETTE["light"]),
+        (r"$\mathbf{T} = (\mathbf{I}+\mathbf{A})^{-1}$" + "\nevery chunk\n(common.solve.\nsolve_chunks)",
          PALETTE["key"]),
         (r"$\mathbf{W}$, $\tilde{\mathbf{U}}$, scores" + "\nevery chunk\n(wy.wy_factors)",
          PALETTE["key"]),

@@ -2,7 +2,7 @@
 special cases, RoPE as two reflections, and bad input.
 
 Tolerances. The references are float64. With unit-norm ``w`` and ``β ∈ (0, 2]`` every factor
-``H_t = I − β_t w_t w_tᵀ`` has norm at most 1, so scores stay O(|q||k|) and forms that regroup the
+``E_t = I − β_t w_t w_tᵀ`` has norm at most 1, so scores stay O(|q||k|) and forms that regroup the
 same sums differ by round-off ~1e-14: 1e-9 leaves headroom and fails on any
 wrong term or mask. With arbitrary ``|w|`` a factor may stretch by ``|1 − β|w|²|`` > 1, scores grow
 like a product of such factors, and the forms are compared relative to the largest score.
@@ -84,7 +84,7 @@ def test_transition_closed_form_and_sub_block_inverse():
 def test_sub_block_inverse_and_orthogonal_products_symbolically():
     """Two steps of the derivation in SymPy. A sub-block on the diagonal of the inverse of a lower
     triangular matrix (4 × 4, symbolic entries) is the inverse of the same sub-block; and with
-    β|w|² = 2 (d = 2, w = √2 (cos θ, sin θ), β = 1) every factor is orthogonal, H Hᵀ = I, so the
+    β|w|² = 2 (d = 2, w = √2 (cos θ, sin θ), β = 1) every factor is orthogonal, E Eᵀ = I, so the
     product between tokens i and j is R_i R_jᵀ with R_i the product from the first token."""
     n = 4
     L = sp.Matrix(n, n, lambda r, c: sp.Symbol(f"l{r}{c}") if r > c else (sp.Symbol(f"d{r}") if r == c else 0))
@@ -97,11 +97,11 @@ def test_sub_block_inverse_and_orthogonal_products_symbolically():
         w = sp.sqrt(2) * sp.Matrix([sp.cos(t), sp.sin(t)])
         return sp.eye(2) - w * w.T
 
-    H = [factor(t) for t in thetas]
-    for Ht in H:
-        assert sp.simplify(Ht * Ht.T - sp.eye(2)) == sp.zeros(2, 2)
-    R1, R3 = H[0], H[2] * H[1] * H[0]                  # products from the first token
-    assert sp.simplify(R3 * R1.T - H[2] * H[1]) == sp.zeros(2, 2)
+    E = [factor(t) for t in thetas]
+    for Et in E:
+        assert sp.simplify(Et * Et.T - sp.eye(2)) == sp.zeros(2, 2)
+    R1, R3 = E[0], E[2] * E[1] * E[0]                  # products from the first token
+    assert sp.simplify(R3 * R1.T - E[2] * E[1]) == sp.zeros(2, 2)
 
 
 @pytest.mark.parametrize("n,i,j", [(6, 5, 0), (11, 7, 3), (20, 19, 18), (9, 4, 4)])
@@ -114,19 +114,37 @@ def test_each_equality_of_the_derivation(n, i, j):
         lc.check_close(f"A_{i}{j} by '{name}'", value, ref, 1e-10)
 
 
+@pytest.mark.parametrize("n,i", [(6, 0), (11, 7), (20, 19)])
+def test_each_equality_of_the_second_derivation(n, i):
+    """The article's component forms of (q_iᵀ R_i)_s, R_i = E_i ⋯ E_0, line by line, ending in
+    Q − DeltaNet(Q, W, W) (float64, O(1) terms, 1e-10), for unit w with random β and for |w| = √2
+    with β = 1 (reflections). The product itself must differ from q_i, so that a line which dropped
+    the correction term could not pass."""
+    for w_norm, beta_const in ((1.0, None), (np.sqrt(2), 1.0)):
+        Q, _, _, W, beta = _inputs(n, seed=n + i, w_norm=w_norm)
+        if beta_const is not None:
+            beta = np.full(n, beta_const)
+        terms = lc.path_qk_terms(Q, W, beta, i)
+        ref = terms["product"]
+        assert np.abs(ref - Q[i]).max() > 1e-3          # the factors moved the query
+        for name, value in terms.items():
+            assert value.shape == Q[i].shape, name
+            lc.check_close(f"(q_{i}ᵀ R_{i}) by '{name}'", value, ref, 1e-10)
+
+
 def test_transition_is_deltanet_with_zero_values_symbolically():
-    """SymPy, n = 3, d = 2: the product H_2 H_1 (β folded in) equals the closed form
+    """SymPy, n = 3, d = 2: the product E_2 E_1 (β folded in) equals the closed form
     I − W_sᵀ (I + Diag(β)(W_s W_sᵀ ⊙ M⁻))^{-1} Diag(β) W_s exactly."""
     w = sp.Matrix(3, 2, sp.symbols("w0:6"))
     b = sp.symbols("b0:3")
-    H = [sp.eye(2) - b[t] * w[t, :].T * w[t, :] for t in range(3)]
-    product = H[2] * H[1]
+    E = [sp.eye(2) - b[t] * w[t, :].T * w[t, :] for t in range(3)]
+    product = E[2] * E[1]
     Ws = w[1:, :]
     Bs = sp.diag(b[1], b[2])
     Mminus = sp.Matrix(2, 2, lambda r, c: 1 if r > c else 0)
     inner = sp.eye(2) + Bs * (Ws * Ws.T).multiply_elementwise(Mminus)
     closed = sp.eye(2) - Ws.T * inner.inv() * Bs * Ws
-    lc.check_symbolic("H_2 H_1 = closed form", sp.simplify(product - closed), sp.zeros(2, 2))
+    lc.check_symbolic("E_2 E_1 = closed form", sp.simplify(product - closed), sp.zeros(2, 2))
 
 
 def test_w_equal_k_is_deltanet():
@@ -164,18 +182,18 @@ def test_orthogonal_factors_make_pa_th_absolute():
 
 
 def test_two_reflections_make_a_rotation():
-    """RoPE's Ω as PaTH factors: H_b H_a is the rotation by twice the angle from a to b."""
+    """RoPE's Ω as PaTH factors: E_b E_a is the rotation by twice the angle from a to b."""
     theta = 0.37
     R = lc.reflection_rotation([1.0, 0.0], [np.cos(theta / 2), np.sin(theta / 2)])
     rot = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
-    lc.check_close("H_b H_a = rotation by θ", R, rot, 1e-12)
+    lc.check_close("E_b E_a = rotation by θ", R, rot, 1e-12)
 
 
 def test_rope_is_relative_and_a_special_case_of_path():
     """RoPE's identity (Ω^i q)ᵀ(Ω^j k) = qᵀ Ω^(j−i) k for an orthogonal Ω (random, 6 × 6, by QR; and in
     SymPy for a planar rotation), and
-    PaTH with two unit mirrors a, b alternating at β = 2 is RoPE: R_{2m,0} = (H_b H_a)^m = Ω^m with
-    Ω the rotation of the two reflections; with one repeated factor R_ij = H^(i−j) depends on i − j
+    PaTH with two unit mirrors a, b alternating at β = 2 is RoPE: R_{2m,0} = (E_b E_a)^m = Ω^m with
+    Ω the rotation of the two reflections; with one repeated factor R_ij = E^(i−j) depends on i − j
     only. Float64 products of at most nine small matrices: round-off ~1e-15."""
     rng = np.random.default_rng(3)
     omega = np.linalg.qr(rng.normal(size=(6, 6)))[0]
@@ -198,9 +216,9 @@ def test_rope_is_relative_and_a_special_case_of_path():
                                    power(rotation, m), atol=1e-12)
     w = rng.normal(size=4)
     W1, beta1 = np.tile(w, (8, 1)), np.full(8, 0.7)
-    H = np.eye(4) - 0.7 * np.outer(w, w)
+    E = np.eye(4) - 0.7 * np.outer(w, w)
     for i, j in ((3, 1), (7, 5), (6, 0)):
-        np.testing.assert_allclose(lc.householder_product(W1, beta1, i, j), power(H, i - j), atol=1e-12)
+        np.testing.assert_allclose(lc.householder_product(W1, beta1, i, j), power(E, i - j), atol=1e-12)
 
 
 def test_forget_gates_add_fox_bias():
@@ -246,20 +264,24 @@ def test_bad_inputs_raise():
                 fn(W, beta, i, j)
     with pytest.raises(ValueError, match=r"^i must be an integer >= 0"):
         lc.path_score_terms(Q, K, W, beta, 4.5, 1)
+    with pytest.raises(ValueError, match="need 0 <= i < n"):
+        lc.path_qk_terms(Q, W, beta, 6)
+    with pytest.raises(ValueError, match="W must have shape"):
+        lc.path_qk_terms(Q, W[:5], beta, 2)
     with pytest.raises(ValueError, match="non-zero"):
         lc.reflection_rotation([0.0, 0.0], [1.0, 0.0])
 
 
 def test_factor_is_orthogonal_exactly_for_reflections_symbolically():
-    """Chapter 9's exercise 1: ``HᵀH − I = β(β|w|² − 2) w wᵀ`` for ``H = I − β w wᵀ`` (SymPy, d = 3),
-    so the factor is orthogonal exactly when ``β|w|² = 2`` (or ``β = 0``); a numerical ``H`` with
+    """Chapter 9's exercise 1: ``EᵀE − I = β(β|w|² − 2) w wᵀ`` for ``E = I − β w wᵀ`` (SymPy, d = 3),
+    so the factor is orthogonal exactly when ``β|w|² = 2`` (or ``β = 0``); a numerical ``E`` with
     ``β = 1.5``, unit ``w`` is not."""
     w = sp.Matrix(sp.symbols("w0:3"))
     b = sp.Symbol("beta")
-    H = sp.eye(3) - b * w * w.T
+    E = sp.eye(3) - b * w * w.T
     norm2 = (w.T * w)[0, 0]
-    assert sp.simplify(H.T * H - sp.eye(3) - b * (b * norm2 - 2) * w * w.T) == sp.zeros(3, 3)
-    assert sp.simplify((H.T * H - sp.eye(3)).subs(b, 2 / norm2)) == sp.zeros(3, 3)
+    assert sp.simplify(E.T * E - sp.eye(3) - b * (b * norm2 - 2) * w * w.T) == sp.zeros(3, 3)
+    assert sp.simplify((E.T * E - sp.eye(3)).subs(b, 2 / norm2)) == sp.zeros(3, 3)
     u = np.array([0.6, 0.8, 0.0])
-    Hn = lc.householder_product(np.stack([u, u]), np.array([0.0, 1.5]), 1, 0)
-    assert np.abs(Hn.T @ Hn - np.eye(3)).max() > 0.1
+    En = lc.householder_product(np.stack([u, u]), np.array([0.0, 1.5]), 1, 0)
+    assert np.abs(En.T @ En - np.eye(3)).max() > 0.1
