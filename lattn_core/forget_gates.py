@@ -285,7 +285,7 @@ def _check_theta(theta, d_k):
 
 def rope_rotate(X, theta) -> np.ndarray:
     """Rotary position embedding: rotate the pair ``(x_{t,2m}, x_{t,2m+1})`` of row ``t`` (``t = 1..n``)
-    by the angle ``t theta_m``. ``X``: ``(n, d)`` with ``d`` even; ``theta``: ``(d/2,)``.
+    by the angle ``t theta_l``. ``X``: ``(n, d)`` with ``d`` even; ``theta``: ``(d/2,)``.
 
     Defined in Chapter 3 (Forget gates)."""
     X = as_array(X, "X", ("n", "d"))
@@ -306,7 +306,7 @@ def rope_decay_attention_complex(Q, K, V, gamma, theta) -> np.ndarray:
 
         S_t = S_{t-1} Diag(gamma_t e^{i theta}) + v_t conj(k~_t)^T,     o_t = Re(S_t q~_t)
 
-    Unrolled, ``o_t = sum_j v_j gamma_{j+1..t} Re(sum_m q~_tm conj(k~_jm) e^{i (t-j) theta_m})``, which
+    Unrolled, ``o_t = sum_j v_j gamma_{j+1..t} Re(sum_l q~_tl conj(k~_jl) e^{i (t-j) theta_l})``, which
     is exactly the score of RoPE-rotated ``q_t, k_j`` times the real decay.
 
     Defined in Chapter 3 (Forget gates).
