@@ -89,6 +89,67 @@ def test_common_floor_imports_no_family():
     assert not bad, bad
 
 
+PROLOGUE_NAME = re.compile(r"^i_[a-z]+$")
+
+
+def _program_id_bindings(root):
+    """(file, line, name) for every name a statement binds from an expression that calls
+    ``program_id`` (``x = tl.program_id(0)``, ``x = tl.program_id(1).to(tl.int64)``,
+    ``x = tl.program_id(0) * BR + tl.arange(0, BR)``, tuple targets, annotated and augmented
+    assignments, ``:=``), in every kernel module outside a lab."""
+    import ast
+
+    def calls_program_id(node):
+        return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "program_id"
+                   for n in ast.walk(node))
+
+    out = []
+    for path in sorted((root / "kernels").rglob("*.py")):
+        if "lab" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
+                targets, value = [node.target], node.value
+            else:
+                continue
+            if value is None or not calls_program_id(value):
+                continue
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        out.append((str(path.relative_to(root)), n.lineno, n.id))
+    return out
+
+
+def test_kernel_prologues_speak_one_dialect():
+    """One naming dialect for kernel prologues, fla's (``fla/ops``): a program id, and an index that
+    a statement computes from one, is named ``i_`` + what it counts (``i_b``, ``i_h``, ``i_bh``,
+    ``i_t``, ``i_k``, ``i_v``, ``i_m``, ``i_mbh``, ...); offsets built from it are a separate
+    statement (``o_r = i_r * BR + tl.arange(0, BR)``), never the program id itself."""
+    found = _program_id_bindings(ROOT)
+    # the walk sees every floor: a broken walk must not pass by finding nothing
+    assert {f.split("/")[1] for f, _, _ in found} >= FAMILIES | {"common"}, sorted({f for f, _, _ in found})
+    bad = [f"{f}:{line}: {name}" for f, line, name in found if not PROLOGUE_NAME.match(name)]
+    assert not bad, "program ids outside the i_<what> dialect:\n" + "\n".join(bad)
+
+
+def test_kernel_offsets_use_one_prefix():
+    """Offset vectors are ``o_*`` (fla's prefix: ``o_t``, ``o_k``, ``o_dv``), never Triton's
+    tutorial ``offs_*`` beside them: no kernel module outside a lab names anything ``offs_*``."""
+    import ast
+    bad = []
+    for path in sorted((ROOT / "kernels").rglob("*.py")):
+        if "lab" in path.relative_to(ROOT).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = node.id if isinstance(node, ast.Name) else node.arg if isinstance(node, ast.arg) else None
+            if name and name.startswith("offs_"):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert not bad, bad
+
+
 # --- the notes and the lab -----------------------------------------------------------------------
 
 def _tracked(*paths):

@@ -27,19 +27,20 @@ def _cumsum_kernel(x_ptr, y_ptr, T, H, sxb, sxt, sxh, syb, syt, syh,
     """``y = cumsum(x)`` over ``T`` (``REVERSE``: from the end), float32, for a block of heads of one
     batch element: tiles of ``BLOCK_T`` steps, each scanned on chip and offset by the running total."""
     i_b = tl.program_id(0).to(tl.int64)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    i_h = tl.program_id(1)
+    o_h = i_h * BLOCK_H + tl.arange(0, BLOCK_H)
     carry = tl.zeros([BLOCK_H], dtype=tl.float32)
     for i in range(0, tl.cdiv(T, BLOCK_T)):
         if REVERSE:
-            offs_t = T - (i + 1) * BLOCK_T + tl.arange(0, BLOCK_T)
+            o_t = T - (i + 1) * BLOCK_T + tl.arange(0, BLOCK_T)
         else:
-            offs_t = i * BLOCK_T + tl.arange(0, BLOCK_T)
-        keep = ((offs_t >= 0) & (offs_t < T))[:, None] & (offs_h < H)[None, :]
-        x = tl.load(x_ptr + i_b * sxb + offs_t[:, None] * sxt + offs_h[None, :] * sxh, mask=keep,
+            o_t = i * BLOCK_T + tl.arange(0, BLOCK_T)
+        keep = ((o_t >= 0) & (o_t < T))[:, None] & (o_h < H)[None, :]
+        x = tl.load(x_ptr + i_b * sxb + o_t[:, None] * sxt + o_h[None, :] * sxh, mask=keep,
                     other=0.0).to(tl.float32)
         y = tl.associative_scan(x, 0, _add, reverse=REVERSE) + carry[None, :]
         carry += tl.sum(x, 0)
-        tl.store(y_ptr + i_b * syb + offs_t[:, None] * syt + offs_h[None, :] * syh,
+        tl.store(y_ptr + i_b * syb + o_t[:, None] * syt + o_h[None, :] * syh,
                  y.to(y_ptr.dtype.element_ty), mask=keep)
 
 

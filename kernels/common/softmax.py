@@ -33,9 +33,9 @@ def online_softmax_step(acc, l_i, m_i, s, v, qk_scale, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def load_rows(base, offs, stride, offs_d, T, TAIL_MASK: tl.constexpr):
-    """Rows ``offs`` of a ``[T, D]`` slab (row stride ``stride``, ``D`` contiguous); zeros past ``T``."""
-    ptrs = base + offs[:, None] * stride + offs_d[None, :]
+def load_rows(base, o_r, stride, o_d, T, TAIL_MASK: tl.constexpr):
+    """Rows ``o_r`` of a ``[T, D]`` slab (row stride ``stride``, ``D`` contiguous); zeros past ``T``."""
+    ptrs = base + o_r[:, None] * stride + o_d[None, :]
     if TAIL_MASK:
-        return tl.load(ptrs, mask=(offs < T)[:, None], other=0.0)
+        return tl.load(ptrs, mask=(o_r < T)[:, None], other=0.0)
     return tl.load(ptrs)

@@ -152,21 +152,21 @@ def _gate_cumsum_kernel(g_ptr, b_ptr, beta_ptr, bt_ptr, T, H, NTC, HAS_G: tl.con
     written as ``[B·H, NT·64]``; one chunk per program, zero gates past ``T`` (zeros throughout
     without a gate). ``BETA``: also ``β`` in the same float32 layout (zero past ``T``), for the
     inference march, which then streams it into shared memory with its other per-chunk tiles."""
-    n = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    bi = bh // H
-    h = bh % H
-    rows = n * 64 + tl.arange(0, 64)
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    rows = i_t * 64 + tl.arange(0, 64)
     if HAS_G:
         # summed in float64 and rounded once: harsh gates (log decays of −1000 and more) make the
         # exponent differences b_i − b_j cancel, so every float32 rounding of the running sum shows
-        g = tl.load(g_ptr + (bi * T + rows) * H + h, mask=rows < T, other=0.0).to(tl.float64)
-        tl.store(b_ptr + bh * NTC + rows, tl.cumsum(g, 0).to(tl.float32))
+        g = tl.load(g_ptr + (i_b * T + rows) * H + i_h, mask=rows < T, other=0.0).to(tl.float64)
+        tl.store(b_ptr + i_bh * NTC + rows, tl.cumsum(g, 0).to(tl.float32))
     else:
-        tl.store(b_ptr + bh * NTC + rows, tl.zeros([64], dtype=tl.float32))
+        tl.store(b_ptr + i_bh * NTC + rows, tl.zeros([64], dtype=tl.float32))
     if BETA:
-        beta = tl.load(beta_ptr + (bi * T + rows) * H + h, mask=rows < T, other=0.0)
-        tl.store(bt_ptr + bh * NTC + rows, beta.to(tl.float32))
+        beta = tl.load(beta_ptr + (i_b * T + rows) * H + i_h, mask=rows < T, other=0.0)
+        tl.store(bt_ptr + i_bh * NTC + rows, beta.to(tl.float32))
 
 
 @triton.jit(do_not_specialize=["T", "H", "NTC", "N0"])
@@ -174,14 +174,14 @@ def _solve_kernel(k_ptr, beta_ptr, b_ptr, t_ptr, T, H, NTC, N0,
                   K: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr, OPREC: tl.constexpr):
     """``T = (I + A)^{-1}`` of one chunk (chunk ``N0`` + the program's first index), written as a
     dense ``[64, 64]`` tile (zeros above the diagonal)."""
-    n = tl.program_id(0) + N0
-    bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
-    bi = bh // H
-    h = bh % H
-    t0 = n * 64
-    kp = k_ptr + (bi * T * H + h) * K
-    btp = beta_ptr + bi * T * H + h
-    bp = b_ptr + bh * NTC
+    i_t = tl.program_id(0) + N0
+    i_bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
+    i_b = i_bh // H
+    i_h = i_bh % H
+    t0 = i_t * 64
+    kp = k_ptr + (i_b * T * H + i_h) * K
+    btp = beta_ptr + i_b * T * H + i_h
+    bp = b_ptr + i_bh * NTC
     be0 = _vec16(btp, t0, T, H)
     be1 = _vec16(btp, t0 + 16, T, H)
     be2 = _vec16(btp, t0 + 32, T, H)
@@ -208,7 +208,7 @@ def _solve_kernel(k_ptr, beta_ptr, b_ptr, t_ptr, T, H, NTC, N0,
     T10, T20, T21, T30, T31, T32 = merge_inverse16(T00, T11, T22, T33, A10, A20, A21, A30, A31, A32, OPREC)
     # T as a dense [64, 64] tile per chunk, in the dtype that feeds the products (W, U and the backward)
     rr = tl.arange(0, 16)
-    tp = t_ptr + (bh * NTC + t0) * 64 + rr[:, None] * 64 + rr[None, :]
+    tp = t_ptr + (i_bh * NTC + t0) * 64 + rr[:, None] * 64 + rr[None, :]
     tt = t_ptr.dtype.element_ty
     z = tl.zeros([16, 16], dtype=tt)
     tl.store(tp, T00.to(tt))

@@ -237,7 +237,8 @@ def _dx_kernel(w, dz, dht, dx, T, D, szb, szt, W: tl.constexpr, BT: tl.constexpr
 @triton.jit
 def _sum_rows_kernel(part, out, P, N, BP: tl.constexpr, BN: tl.constexpr):
     """``out[n] = sum_p part[p, n]`` (float32 partials, summed in a fixed order), cast to ``out``."""
-    o_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    i_n = tl.program_id(0)
+    o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < N
     acc = tl.zeros((BN,), dtype=tl.float32)
     for p0 in range(0, P, BP):

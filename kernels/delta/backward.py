@@ -37,24 +37,24 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, a_ptr, do_ptr, dht_ptr, dh_ptr
     """Sequential over chunks in reverse, the state adjoint ``dS`` on chip: per chunk
     ``dv' = Pᵀ do + (k ⊙ e^{b_C − b}) dS`` and ``dS ← e^{b_C} dS + (q ⊙ e^{b})ᵀ do − Wᵀ dv'``, writing
     ``dv'`` and the adjoint of the state leaving every chunk and, at the end, the initial state's."""
-    iv = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
-    bi = bh // H
-    h = bh % H
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
+    i_b = i_bh // H
+    i_h = i_bh % H
     dt = q_ptr.dtype.element_ty
     rc = tl.arange(0, 64)
     ck = tl.arange(0, K)
-    cv = iv * BV + tl.arange(0, BV)
-    qp = q_ptr + (bi * T * H + h) * K
-    kp = k_ptr + (bi * T * H + h) * K
-    dop = do_ptr + (bi * T * H + h) * V
-    wp = w_ptr + bh * NTC * K
-    bp = b_ptr + bh * NTC
-    dS = _load_state(dht_ptr, bh, ck, cv, K, V, BV, HAS_DHT)
+    cv = i_v * BV + tl.arange(0, BV)
+    qp = q_ptr + (i_b * T * H + i_h) * K
+    kp = k_ptr + (i_b * T * H + i_h) * K
+    dop = do_ptr + (i_b * T * H + i_h) * V
+    wp = w_ptr + i_bh * NTC * K
+    bp = b_ptr + i_bh * NTC
+    dS = _load_state(dht_ptr, i_bh, ck, cv, K, V, BV, HAS_DHT)
     for i in range(NT):
         n = NT - 1 - i
         t0 = n * 64
-        tl.store(dh_ptr + (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :], dS.to(dh_ptr.dtype.element_ty))
+        tl.store(dh_ptr + (i_bh * NT + n) * K * V + ck[:, None] * V + cv[None, :], dS.to(dh_ptr.dtype.element_ty))
         rows = t0 + rc
         rmask = rows < T
         q = tl.load(qp + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
@@ -65,15 +65,15 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, b_ptr, a_ptr, do_ptr, dht_ptr, dh_ptr
         b_last = tl.load(bp + t0 + 63)
         dSd = dS.to(dt)
         # P^T[i, j] = scale * (k_i . q_j) e^{b_j - b_i} for j >= i, from the stored scores
-        ptd = tl.trans(tl.load(a_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :]))
+        ptd = tl.trans(tl.load(a_ptr + (i_bh * NTC + rows[:, None]) * 64 + rc[None, :]))
         kd = (k.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(dt)
         dvp = tl.dot(ptd, do, input_precision=PREC) + tl.dot(kd, dSd, input_precision=PREC)
         dvpd = dvp.to(dt)
-        tl.store(dvp_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :], dvpd)   # for the local backward
+        tl.store(dvp_ptr + (i_bh * NTC + rows[:, None]) * V + cv[None, :], dvpd)   # for the local backward
         qe = (q.to(tl.float32) * (tl.exp(b) * scale)[:, None]).to(dt)
         dS = (dS * tl.exp(b_last) + tl.dot(tl.trans(qe), do, input_precision=PREC)
               - tl.dot(tl.trans(w), dvpd, input_precision=PREC))
-    tl.store(dh0_ptr + bh * K * V + ck[:, None] * V + cv[None, :], dS)
+    tl.store(dh0_ptr + i_bh * K * V + ck[:, None] * V + cv[None, :], dS)
 
 
 @triton.jit(do_not_specialize=_NO_SPEC)
@@ -87,50 +87,50 @@ def _bwd_dqk_kernel(q_ptr, k_ptr, b_ptr, a_ptr, hs_ptr, dh_ptr, do_ptr, vp_ptr, 
     ``_bwd_wy_kernel``), ``dW = −dv' Sᵀ`` and this K-block's share of the log-gate gradient;
     ``dP = do v'ᵀ``. Every term is linear in the K-block, so the shares add up (the scores' share of
     the log-gate gradient comes whole from the stored scores, in K-block 0)."""
-    ik = tl.program_id(0)
-    n = tl.program_id(1)
-    bh = tl.program_id(2).to(tl.int64)
-    bi = bh // H
-    h = bh % H
+    i_k = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
     dt = q_ptr.dtype.element_ty
-    t0 = n * 64
+    t0 = i_t * 64
     rc = tl.arange(0, 64)
-    ck = ik * BK + tl.arange(0, BK)
+    ck = i_k * BK + tl.arange(0, BK)
     rows = t0 + rc
     rmask = rows < T
     causal = rc[:, None] >= rc[None, :]
-    vbase = (bi * T * H + h) * V
+    vbase = (i_b * T * H + i_h) * V
     dqs = tl.zeros([64, BK], dtype=tl.float32)     # do Sᵀ
     dks = tl.zeros([64, BK], dtype=tl.float32)     # v' dS'ᵀ
     dW = tl.zeros([64, BK], dtype=tl.float32)      # -dv' Sᵀ
     dPm = tl.zeros([64, 64], dtype=tl.float32)     # do v'ᵀ
     c = tl.zeros([64], dtype=tl.float32)           # <S, dS'> on these rows (kept in entry 0)
-    for iv in range(V // BV):
-        cv = iv * BV + tl.arange(0, BV)
-        sp = (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :]
+    for i_v in range(V // BV):
+        cv = i_v * BV + tl.arange(0, BV)
+        sp = (i_bh * NT + i_t) * K * V + ck[:, None] * V + cv[None, :]
         Sd = tl.load(hs_ptr + sp).to(dt)
         dSd = tl.load(dh_ptr + sp).to(dt)
         do = tl.load(do_ptr + vbase + rows[:, None] * (H * V) + cv[None, :], mask=rmask[:, None], other=0.0)
-        vpd = tl.load(vp_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :])
-        dvpd = tl.load(dvp_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :])
+        vpd = tl.load(vp_ptr + (i_bh * NTC + rows[:, None]) * V + cv[None, :])
+        dvpd = tl.load(dvp_ptr + (i_bh * NTC + rows[:, None]) * V + cv[None, :])
         dqs += tl.dot(do, tl.trans(Sd), input_precision=PREC)
         dks += tl.dot(vpd, tl.trans(dSd), input_precision=PREC)
         dW -= tl.dot(dvpd, tl.trans(Sd), input_precision=PREC)
         dPm += tl.dot(do, tl.trans(vpd), input_precision=PREC)
         c += tl.sum(tl.sum(Sd.to(tl.float32) * dSd.to(tl.float32), 1), 0) * tl.where(rc == 0, 1.0, 0.0)
-    qkoff = (bi * T * H + h) * K + rows[:, None] * (H * K) + ck[None, :]
+    qkoff = (i_b * T * H + i_h) * K + rows[:, None] * (H * K) + ck[None, :]
     q = tl.load(q_ptr + qkoff, mask=rmask[:, None], other=0.0)
     k = tl.load(k_ptr + qkoff, mask=rmask[:, None], other=0.0)
-    b = tl.load(b_ptr + bh * NTC + rows)
-    b_last = tl.load(b_ptr + bh * NTC + t0 + 63)
+    b = tl.load(b_ptr + i_bh * NTC + rows)
+    b_last = tl.load(b_ptr + i_bh * NTC + t0 + 63)
     eb = tl.exp(b)
     edec = tl.exp(b_last - b)
     gam = tl.where(causal, tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)), 0.0)   # Γ ⊙ M
     dPm = tl.where(causal, dPm, 0.0)
     # log-gate gradient, this K-block's share: the scores (K-block part of q kᵀ), e^b q̃ S, the update
     # the whole scores, counted once (K-block 0; other blocks load nothing)
-    P = tl.load(a_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :],
-                mask=causal & (ik == 0), other=0.0).to(tl.float32)
+    P = tl.load(a_ptr + (i_bh * NTC + rows[:, None]) * 64 + rc[None, :],
+                mask=causal & (i_k == 0), other=0.0).to(tl.float32)
     dPP = dPm * P
     qf = q.to(tl.float32)
     kf = k.to(tl.float32)
@@ -138,13 +138,13 @@ def _bwd_dqk_kernel(q_ptr, k_ptr, b_ptr, a_ptr, hs_ptr, dh_ptr, do_ptr, vp_ptr, 
     r = tl.sum(kf * dks, 1) * edec                           # rowsum((K̃ dS') ⊙ v')
     db = db_o + tl.sum(dPP, 1) - tl.sum(dPP, 0) - r
     db += tl.where(rc == 63, tl.sum(r, 0) + tl.exp(b_last) * tl.sum(c, 0), 0.0)
-    tl.store(db_ptr + (ik * tl.num_programs(2) + bh) * NTC + rows, db)
+    tl.store(db_ptr + (i_k * tl.num_programs(2) + i_bh) * NTC + rows, db)
     dPg = (dPm * gam).to(dt)
     dq = dqs * (eb * scale)[:, None] + tl.dot(dPg, k, input_precision=PREC) * scale
     dk = tl.dot(tl.trans(dPg), q, input_precision=PREC) * scale + dks * edec[:, None]
     tl.store(dq_ptr + qkoff, dq.to(dq_ptr.dtype.element_ty), mask=rmask[:, None])
     tl.store(dk_ptr + qkoff, dk, mask=rmask[:, None])
-    tl.store(dw_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :], dW.to(dw_ptr.dtype.element_ty))
+    tl.store(dw_ptr + (i_bh * NTC + rows[:, None]) * K + ck[None, :], dW.to(dw_ptr.dtype.element_ty))
 
 
 @triton.jit(do_not_specialize=_NO_SPEC)
@@ -157,26 +157,26 @@ def _bwd_wy_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, t_ptr, dvp_ptr, dw_ptr, dkp_pt
     partial sums of ``_bwd_dqk_kernel``) and the rest of the log-gate gradient. ``U`` and ``W`` are
     recomputed from ``T`` and the inputs already loaded here (the same products as the forward's
     ``_wu_fwd_kernel``, so the same values) instead of being read back."""
-    n = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    bi = bh // H
-    h = bh % H
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
     dt = k_ptr.dtype.element_ty
-    t0 = n * 64
+    t0 = i_t * 64
     rc = tl.arange(0, 64)
     ck = tl.arange(0, K)
     rows = t0 + rc
     rmask = rows < T
     causal = rc[:, None] >= rc[None, :]
     strict = rc[:, None] > rc[None, :]
-    vbase = (bi * T * H + h) * V
-    Tmd = tl.load(t_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :]).to(dt)
-    beta = tl.load(beta_ptr + bi * T * H + h + rows * H, mask=rmask, other=0.0).to(tl.float32)
+    vbase = (i_b * T * H + i_h) * V
+    Tmd = tl.load(t_ptr + (i_bh * NTC + rows[:, None]) * 64 + rc[None, :]).to(dt)
+    beta = tl.load(beta_ptr + i_b * T * H + i_h + rows * H, mask=rmask, other=0.0).to(tl.float32)
     dAp = tl.zeros([64, 64], dtype=tl.float32)      # dY Uᵀ
     dbeta = tl.zeros([64], dtype=tl.float32)
-    for iv in range(V // BV):
-        cv = iv * BV + tl.arange(0, BV)
-        dvpd = tl.load(dvp_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :])
+    for i_v in range(V // BV):
+        cv = i_v * BV + tl.arange(0, BV)
+        dvpd = tl.load(dvp_ptr + (i_bh * NTC + rows[:, None]) * V + cv[None, :])
         vv = tl.load(v_ptr + vbase + rows[:, None] * (H * V) + cv[None, :], mask=rmask[:, None], other=0.0)
         u = tl.dot(Tmd, (vv.to(tl.float32) * beta[:, None]).to(dt), input_precision=PREC).to(dt)
         dY = tl.dot(tl.trans(Tmd), dvpd, input_precision=PREC)                           # Tᵀ dU
@@ -184,10 +184,10 @@ def _bwd_wy_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, t_ptr, dvp_ptr, dw_ptr, dkp_pt
                  (dY * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=rmask[:, None])
         dbeta += tl.sum(dY * vv.to(tl.float32), 1)
         dAp += tl.dot(dY.to(dt), tl.trans(u), input_precision=PREC)
-    qkoff = (bi * T * H + h) * K + rows[:, None] * (H * K) + ck[None, :]
+    qkoff = (i_b * T * H + i_h) * K + rows[:, None] * (H * K) + ck[None, :]
     k = tl.load(k_ptr + qkoff, mask=rmask[:, None], other=0.0)
-    dWd = tl.load(dw_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :]).to(dt)
-    b = tl.load(b_ptr + bh * NTC + rows)
+    dWd = tl.load(dw_ptr + (i_bh * NTC + rows[:, None]) * K + ck[None, :]).to(dt)
+    b = tl.load(b_ptr + i_bh * NTC + rows)
     eb = tl.exp(b)
     w = tl.dot(Tmd, (k.to(tl.float32) * (beta * eb)[:, None]).to(dt), input_precision=PREC).to(dt)
     gam = tl.where(causal, tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)), 0.0)   # Γ ⊙ M
@@ -208,11 +208,11 @@ def _bwd_wy_kernel(k_ptr, v_ptr, beta_ptr, b_ptr, t_ptr, dvp_ptr, dw_ptr, dkp_pt
     dGg = (dA * beta[:, None] * gam).to(dt)
     dk += tl.dot(dGg, k, input_precision=PREC) + tl.dot(tl.trans(dGg), k, input_precision=PREC)
     dk += tl.load(dkp_ptr + qkoff, mask=rmask[:, None], other=0.0)
-    for ik in tl.static_range(NK):
-        db += tl.load(dbp_ptr + (ik * tl.num_programs(1) + bh) * NTC + rows)
+    for i_k in tl.static_range(NK):
+        db += tl.load(dbp_ptr + (i_k * tl.num_programs(1) + i_bh) * NTC + rows)
     tl.store(dk_ptr + qkoff, dk.to(dk_ptr.dtype.element_ty), mask=rmask[:, None])
-    tl.store(dbeta_ptr + bi * T * H + h + rows * H, dbeta, mask=rmask)
-    tl.store(db_ptr + bh * NTC + rows, db)
+    tl.store(dbeta_ptr + i_b * T * H + i_h + rows * H, dbeta, mask=rmask)
+    tl.store(db_ptr + i_bh * NTC + rows, db)
 
 
 def _precision(dtype) -> str:

@@ -68,7 +68,8 @@ def _factors(g, eta, MIN_G: tl.constexpr):
 def _map_fwd_kernel(k, v, g, eta, k2, v2, gf_out, beta2, N, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
                     BV: tl.constexpr, BR: tl.constexpr, MIN_G: tl.constexpr, EMU: tl.constexpr):
     """``BR`` (token, head) rows: ``k' = c k``, ``v' = γ c v``, ``g'``, ``β' = min(r, 2)``."""
-    o_r = tl.program_id(0) * BR + tl.arange(0, BR)
+    i_r = tl.program_id(0)
+    o_r = i_r * BR + tl.arange(0, BR)
     m_r = o_r < N
     gf, ratio, c, gamma = _factors(tl.load(g + o_r, mask=m_r, other=0.0).to(tl.float32),
                                    tl.load(eta + o_r, mask=m_r, other=0.0).to(tl.float32), MIN_G)
@@ -87,7 +88,8 @@ def _map_bwd_kernel(k, v, g, eta, dk2, dv2, dgf, dbeta2, dk, dv, dg, deta, N, K:
                     BK: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, MIN_G: tl.constexpr,
                     HAS_DGF: tl.constexpr, HAS_DBETA: tl.constexpr, EMU: tl.constexpr):
     """The map's gradients on ``BR`` rows (the module's docstring has the formulas)."""
-    o_r = tl.program_id(0) * BR + tl.arange(0, BR)
+    i_r = tl.program_id(0)
+    o_r = i_r * BR + tl.arange(0, BR)
     m_r = o_r < N
     gr = tl.load(g + o_r, mask=m_r, other=0.0).to(tl.float32)
     gf, ratio, c, gamma = _factors(gr, tl.load(eta + o_r, mask=m_r, other=0.0).to(tl.float32), MIN_G)

@@ -30,11 +30,11 @@ _NO_SPEC = ["T", "H", "NT", "NTC"]
 
 
 @triton.jit
-def _load_state(ptr, bh, ck, cv, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PRESENT: tl.constexpr):
+def _load_state(ptr, i_bh, ck, cv, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PRESENT: tl.constexpr):
     """Columns ``cv`` of one ``[K, V]`` float32 state (initial state or final-state gradient) of
-    sequence·head ``bh``, or zeros when there is none."""
+    sequence·head ``i_bh``, or zeros when there is none."""
     if PRESENT:
-        return tl.load(ptr + bh * K * V + ck[:, None] * V + cv[None, :]).to(tl.float32)
+        return tl.load(ptr + i_bh * K * V + ck[:, None] * V + cv[None, :]).to(tl.float32)
     return tl.zeros([K, BV], dtype=tl.float32)
 
 
@@ -47,25 +47,25 @@ def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, a_ptr, o_ptr, h0_ptr, h
     ``v' = U − W S``, the output ``o = (q ⊙ e^{b}) S + P v'`` (``P`` the stored scores) and the next
     state ``S ← e^{b_C} S + (k ⊙ e^{b_C − b})ᵀ v'``. For training (``STORE_HS``) it also writes the
     state entering every chunk and ``v'`` (the backward reads both)."""
-    iv = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
-    bi = bh // H
-    h = bh % H
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)     # 64-bit offsets: [B*H, NT, K, V] buffers get large
+    i_b = i_bh // H
+    i_h = i_bh % H
     dt = q_ptr.dtype.element_ty
     rc = tl.arange(0, 64)
     ck = tl.arange(0, K)
-    cv = iv * BV + tl.arange(0, BV)
-    qp = q_ptr + (bi * T * H + h) * K
-    kp = k_ptr + (bi * T * H + h) * K
-    op = o_ptr + (bi * T * H + h) * V
-    wp = w_ptr + bh * NTC * K
-    up = u_ptr + bh * NTC * V
-    bp = b_ptr + bh * NTC
-    S = _load_state(h0_ptr, bh, ck, cv, K, V, BV, HAS_H0)
+    cv = i_v * BV + tl.arange(0, BV)
+    qp = q_ptr + (i_b * T * H + i_h) * K
+    kp = k_ptr + (i_b * T * H + i_h) * K
+    op = o_ptr + (i_b * T * H + i_h) * V
+    wp = w_ptr + i_bh * NTC * K
+    up = u_ptr + i_bh * NTC * V
+    bp = b_ptr + i_bh * NTC
+    S = _load_state(h0_ptr, i_bh, ck, cv, K, V, BV, HAS_H0)
     for n in range(NT):
         t0 = n * 64
         if STORE_HS:
-            tl.store(hs_ptr + (bh * NT + n) * K * V + ck[:, None] * V + cv[None, :], S.to(hs_ptr.dtype.element_ty))
+            tl.store(hs_ptr + (i_bh * NT + n) * K * V + ck[:, None] * V + cv[None, :], S.to(hs_ptr.dtype.element_ty))
         rows = t0 + rc
         rmask = rows < T
         q = tl.load(qp + rows[:, None] * (H * K) + ck[None, :], mask=rmask[:, None], other=0.0)
@@ -78,17 +78,17 @@ def _state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, b_ptr, a_ptr, o_ptr, h0_ptr, h
         vp = u - tl.dot(w, Sd, input_precision=PREC)                      # pseudo-values v'
         vpd = vp.to(dt)
         if STORE_HS:
-            tl.store(vp_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :], vpd)
+            tl.store(vp_ptr + (i_bh * NTC + rows[:, None]) * V + cv[None, :], vpd)
         qe = (q.to(tl.float32) * (tl.exp(b) * scale)[:, None]).to(dt)
         o = tl.dot(qe, Sd, input_precision=PREC)
-        sd = tl.load(a_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :])
+        sd = tl.load(a_ptr + (i_bh * NTC + rows[:, None]) * 64 + rc[None, :])
         o += tl.dot(sd, vpd, input_precision=PREC)
         tl.store(op + rows[:, None] * (H * V) + cv[None, :], o.to(o_ptr.dtype.element_ty),
                  mask=rmask[:, None])
         kd = (k.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(dt)
         S = S * tl.exp(b_last) + tl.dot(tl.trans(kd), vpd, input_precision=PREC)
     if STORE_HT:
-        tl.store(ht_ptr + bh * K * V + ck[:, None] * V + cv[None, :], S)
+        tl.store(ht_ptr + i_bh * K * V + ck[:, None] * V + cv[None, :], S)
 
 
 @triton.jit(do_not_specialize=_NO_SPEC + ["N0", "N1"])
@@ -103,22 +103,22 @@ def _march_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, t_ptr, a_ptr, o_ptr, h
     ``P`` were stored by an earlier kernel; else they are formed here. ``EVEN``: ``T`` is a
     multiple of 64, so no tile needs a row mask (fewer instructions per step of this
     latency-bound loop)."""
-    iv = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    bi = bh // H
-    h = bh % H
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
     dt = q_ptr.dtype.element_ty
     rc = tl.arange(0, 64)
     ck = tl.arange(0, K)
-    cv = iv * BV + tl.arange(0, BV)
-    qp = q_ptr + (bi * T * H + h) * K
-    kp = k_ptr + (bi * T * H + h) * K
-    vp_ = v_ptr + (bi * T * H + h) * V
-    op = o_ptr + (bi * T * H + h) * V
-    btp = beta_ptr + bh * NTC     # β as float32 [B·H, NT·64]: streamed in with the tiles below
-    tp = t_ptr + bh * NTC * 64
-    bp = b_ptr + bh * NTC
-    S = _load_state(h0_ptr, bh, ck, cv, K, V, BV, HAS_H0)
+    cv = i_v * BV + tl.arange(0, BV)
+    qp = q_ptr + (i_b * T * H + i_h) * K
+    kp = k_ptr + (i_b * T * H + i_h) * K
+    vp_ = v_ptr + (i_b * T * H + i_h) * V
+    op = o_ptr + (i_b * T * H + i_h) * V
+    btp = beta_ptr + i_bh * NTC     # β as float32 [B·H, NT·64]: streamed in with the tiles below
+    tp = t_ptr + i_bh * NTC * 64
+    bp = b_ptr + i_bh * NTC
+    S = _load_state(h0_ptr, i_bh, ck, cv, K, V, BV, HAS_H0)
     for n in range(N0, N1):   # chunks N0 .. N1-1 (a range of the segmented forward)
         t0 = n * 64
         rows = t0 + rc
@@ -143,7 +143,7 @@ def _march_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, t_ptr, a_ptr, o_ptr, h
         vpp = tl.dot(tm, x.to(dt), input_precision=PREC)                   # pseudo-values v'
         o = tl.dot(q, Sd, input_precision=PREC) * (eb * scale)[:, None]
         if HAS_A:
-            sd = tl.load(a_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :])
+            sd = tl.load(a_ptr + (i_bh * NTC + rows[:, None]) * 64 + rc[None, :])
         else:
             sd = _mask_gate(tl.dot(q, tl.trans(k), input_precision=PREC), b, scale).to(dt)
         o = tl.dot(sd, vpp.to(dt), acc=o, input_precision=PREC)
@@ -154,7 +154,7 @@ def _march_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, t_ptr, a_ptr, o_ptr, h
         vk = (vpp * tl.exp(b_last - b)[:, None]).to(dt)
         S = tl.dot(tl.trans(k), vk, acc=S * tl.exp(b_last), input_precision=PREC)
     if STORE_HT:
-        tl.store(ht_ptr + bh * K * V + ck[:, None] * V + cv[None, :], S)
+        tl.store(ht_ptr + i_bh * K * V + ck[:, None] * V + cv[None, :], S)
 
 
 def _precision(dtype) -> str:

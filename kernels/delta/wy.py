@@ -28,45 +28,45 @@ def _mask_gate(s, b, scale):
 
 
 @triton.jit
-def _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, n, bh, T, H, NTC,
+def _wu_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, b_ptr, w_ptr, u_ptr, t_ptr, a_ptr, scale, i_t, i_bh, T, H, NTC,
               K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, QK: tl.constexpr,
               WU: tl.constexpr):
     """``W = T (β e^b K)`` and ``U = T (β V)`` of one chunk from its stored ``T``: ``[64, 64]``
     products over K and V in column blocks of ``BK``. With ``QK`` also the chunk's masked, gated,
     scaled scores ``P = scale · (q kᵀ ⊙ Γ ⊙ M)`` (``[64, 64]``, the input dtype), which the
     sequential kernels would otherwise recompute for every V-block. ``WU=False``: the scores only."""
-    bi = bh // H
-    h = bh % H
+    i_b = i_bh // H
+    i_h = i_bh % H
     dt = k_ptr.dtype.element_ty
     rc = tl.arange(0, 64)
-    rows = n * 64 + rc
+    rows = i_t * 64 + rc
     rmask = rows < T
-    Tm = tl.load(t_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :]).to(dt)
-    beta = tl.load(beta_ptr + bi * T * H + h + rows * H, mask=rmask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + bh * NTC + rows)
+    Tm = tl.load(t_ptr + (i_bh * NTC + rows[:, None]) * 64 + rc[None, :]).to(dt)
+    beta = tl.load(beta_ptr + i_b * T * H + i_h + rows * H, mask=rmask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + i_bh * NTC + rows)
     sk = beta * tl.exp(b)
     if QK:   # first, so that its [64, 64] accumulator is dead before the W, U products
         s = tl.zeros([64, 64], dtype=tl.float32)
         for c0 in tl.static_range(0, K, BK):
-            kq_off = (bi * T * H + h) * K + rows[:, None] * (H * K) + (c0 + tl.arange(0, BK))[None, :]
+            kq_off = (i_b * T * H + i_h) * K + rows[:, None] * (H * K) + (c0 + tl.arange(0, BK))[None, :]
             s += tl.dot(tl.load(q_ptr + kq_off, mask=rmask[:, None], other=0.0),
                         tl.trans(tl.load(k_ptr + kq_off, mask=rmask[:, None], other=0.0)), input_precision=PREC)
         s = _mask_gate(s, b, scale)
-        tl.store(a_ptr + (bh * NTC + rows[:, None]) * 64 + rc[None, :], s.to(a_ptr.dtype.element_ty))
+        tl.store(a_ptr + (i_bh * NTC + rows[:, None]) * 64 + rc[None, :], s.to(a_ptr.dtype.element_ty))
     if WU:
         for c0 in tl.static_range(0, K, BK):
             ck = c0 + tl.arange(0, BK)
-            x = tl.load(k_ptr + (bi * T * H + h) * K + rows[:, None] * (H * K) + ck[None, :],
+            x = tl.load(k_ptr + (i_b * T * H + i_h) * K + rows[:, None] * (H * K) + ck[None, :],
                         mask=rmask[:, None], other=0.0)
             x = (x.to(tl.float32) * sk[:, None]).to(dt)
-            tl.store(w_ptr + (bh * NTC + rows[:, None]) * K + ck[None, :],
+            tl.store(w_ptr + (i_bh * NTC + rows[:, None]) * K + ck[None, :],
                      tl.dot(Tm, x, input_precision=PREC).to(w_ptr.dtype.element_ty))
         for c0 in tl.static_range(0, V, BK):
             cv = c0 + tl.arange(0, BK)
-            y = tl.load(v_ptr + (bi * T * H + h) * V + rows[:, None] * (H * V) + cv[None, :],
+            y = tl.load(v_ptr + (i_b * T * H + i_h) * V + rows[:, None] * (H * V) + cv[None, :],
                         mask=rmask[:, None], other=0.0)
             y = (y.to(tl.float32) * beta[:, None]).to(dt)
-            tl.store(u_ptr + (bh * NTC + rows[:, None]) * V + cv[None, :],
+            tl.store(u_ptr + (i_bh * NTC + rows[:, None]) * V + cv[None, :],
                      tl.dot(Tm, y, input_precision=PREC).to(u_ptr.dtype.element_ty))
 
 

@@ -43,41 +43,41 @@ __all__ = ["pseudo_values", "adjoint_values"]
 # ----------------------------------------------------------------------------------------------
 
 @triton.jit
-def _load_fresh(base, offs, stride, offs_d, T):
-    """Rows ``offs`` of a float32 ``[T, D]`` slab this very program may have just written (read
+def _load_fresh(base, o_r, stride, o_d, T):
+    """Rows ``o_r`` of a float32 ``[T, D]`` slab this very program may have just written (read
     past the L1 cache, after a barrier); zeros past ``T``."""
-    return tl.load(base + offs[:, None] * stride + offs_d[None, :], mask=(offs < T)[:, None], other=0.0,
+    return tl.load(base + o_r[:, None] * stride + o_d[None, :], mask=(o_r < T)[:, None], other=0.0,
                    cache_modifier=".cg")
 
 
 @triton.jit
-def _fold_keys(acc, l_i, m_i, kq, k_base, u_base, sk, su, offs_dk, offs_dv, lo, hi, T, qk_scale,
+def _fold_keys(acc, l_i, m_i, kq, k_base, u_base, sk, su, o_dk, o_dv, lo, hi, T, qk_scale,
                BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Flash attention's online softmax of the rows ``kq`` over the keys ``[lo, hi)`` (all earlier
     than every row, so unmasked) with the pseudo-values as values."""
-    offs_n0 = tl.arange(0, BLOCK_N)
+    o_n0 = tl.arange(0, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
-        offs_n = start + offs_n0
-        kk = load_rows(k_base, offs_n, sk, offs_dk, T, False)
-        uu = tl.load(u_base + offs_n[:, None] * su + offs_dv[None, :], cache_modifier=".cg")
+        o_n = start + o_n0
+        kk = load_rows(k_base, o_n, sk, o_dk, T, False)
+        uu = tl.load(u_base + o_n[:, None] * su + o_dv[None, :], cache_modifier=".cg")
         s = tl.dot(kq, tl.trans(kk), input_precision=PRECISION)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, uu, qk_scale, PRECISION)
     return acc, l_i, m_i
 
 
 @triton.jit
-def _fold_rows(acc, kt, k_base, lse_base, beta_base, w_base, sk, sb, sw, offs_dk, offs_dv, lo, hi, T,
+def _fold_rows(acc, kt, k_base, lse_base, beta_base, w_base, sk, sb, sw, o_dk, o_dv, lo, hi, T,
                qk_scale, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """``acc += Σ_{i ∈ [lo, hi)} P_it β_i w_i`` for the columns ``kt`` (all earlier than every row
     ``i``, so unmasked; rows past ``T`` have ``lse = +inf``, hence ``p = 0``)."""
-    offs_i0 = tl.arange(0, BLOCK_N)
+    o_i0 = tl.arange(0, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
-        offs_i = start + offs_i0
-        ok = offs_i < T
-        ki = load_rows(k_base, offs_i, sk, offs_dk, T, True)
-        lse = tl.load(lse_base + offs_i, mask=ok, other=float("inf"))
-        be = tl.load(beta_base + offs_i * sb, mask=ok, other=0.0).to(tl.float32)
-        wi = _load_fresh(w_base, offs_i, sw, offs_dv, T)
+        o_i = start + o_i0
+        ok = o_i < T
+        ki = load_rows(k_base, o_i, sk, o_dk, T, True)
+        lse = tl.load(lse_base + o_i, mask=ok, other=float("inf"))
+        be = tl.load(beta_base + o_i * sb, mask=ok, other=0.0).to(tl.float32)
+        wi = _load_fresh(w_base, o_i, sw, o_dv, T)
         s = tl.dot(ki, tl.trans(kt), input_precision=PRECISION)                   # [BN, BM]
         p = tl.math.exp2(s * qk_scale - lse[:, None])
         bw = be[:, None] * wi
@@ -144,26 +144,26 @@ def _chunk_inverse(scratch, A, OPREC: tl.constexpr):
 def _fold_earlier_kernel(k_ptr, u_ptr, acc_ptr, m_ptr, l_ptr, T, H, c0, qk_scale,
                          DK: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          PRECISION: tl.constexpr):
-    """Rows ``c0 + BLOCK_M·pid ..``: the online softmax over keys ``[0, c0)``, left as ``(m, l, acc)``."""
-    pid = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    offs_m = c0 + pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_dk = tl.arange(0, DK)
-    offs_dv = tl.arange(0, DV)
-    k_base = k_ptr + b * T * H * DK + h * DK
-    u_base = u_ptr + b * T * H * DV + h * DV
-    kq = load_rows(k_base, offs_m, H * DK, offs_dk, T, True)
+    """Rows ``c0 + BLOCK_M·i_m ..``: the online softmax over keys ``[0, c0)``, left as ``(m, l, acc)``."""
+    i_m = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_m = c0 + i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_dk = tl.arange(0, DK)
+    o_dv = tl.arange(0, DV)
+    k_base = k_ptr + i_b * T * H * DK + i_h * DK
+    u_base = u_ptr + i_b * T * H * DV + i_h * DV
+    kq = load_rows(k_base, o_m, H * DK, o_dk, T, True)
     acc = tl.zeros([BLOCK_M, DV], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    acc, l_i, m_i = _fold_keys(acc, l_i, m_i, kq, k_base, u_base, H * DK, H * DV, offs_dk, offs_dv, 0, c0, T,
+    acc, l_i, m_i = _fold_keys(acc, l_i, m_i, kq, k_base, u_base, H * DK, H * DV, o_dk, o_dv, 0, c0, T,
                                qk_scale, BLOCK_N, PRECISION)
-    ok = offs_m < T
-    tl.store(m_ptr + bh * T + offs_m, m_i, mask=ok)
-    tl.store(l_ptr + bh * T + offs_m, l_i, mask=ok)
-    tl.store(acc_ptr + b * T * H * DV + h * DV + offs_m[:, None] * (H * DV) + offs_dv[None, :], acc,
+    ok = o_m < T
+    tl.store(m_ptr + i_bh * T + o_m, m_i, mask=ok)
+    tl.store(l_ptr + i_bh * T + o_m, l_i, mask=ok)
+    tl.store(acc_ptr + i_b * T * H * DV + i_h * DV + o_m[:, None] * (H * DV) + o_dv[None, :], acc,
              mask=ok[:, None])
 
 
@@ -173,39 +173,39 @@ def _pseudo_values_kernel(k_ptr, v_ptr, beta_ptr, u_ptr, r_ptr, lse_ptr, m_ptr, 
                           BLOCK_N: tl.constexpr, HAS_PRE: tl.constexpr, PRECISION: tl.constexpr,
                           OPREC: tl.constexpr):
     """The chunks of the span ``[c0, c1)`` of one (batch, head), in order, for the value columns
-    ``BV·pid_v ..`` (``HAS_PRE``: the fold over ``[0, c0)`` left ``(m, l, acc)``; ``acc`` lies in
+    ``BV·i_v ..`` (``HAS_PRE``: the fold over ``[0, c0)`` left ``(m, l, acc)``; ``acc`` lies in
     ``r``). Every column block recomputes the same scores, row statistics and inverse: the
     columns of ``u`` are independent given those, and splitting them puts more SMs to work when
     there are few (batch, head) pairs."""
-    bh = tl.program_id(0).to(tl.int64)
-    pid_v = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    offs_dk = tl.arange(0, DK)
-    offs_dv = pid_v * BV + tl.arange(0, BV)
-    k_base = k_ptr + b * T * H * DK + h * DK
-    v_base = v_ptr + b * T * H * DV + h * DV
-    u_base = u_ptr + b * T * H * DV + h * DV
-    r_base = r_ptr + b * T * H * DV + h * DV
-    scratch = scratch_ptr + (bh * tl.num_programs(1) + pid_v) * 4096
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_v = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_dk = tl.arange(0, DK)
+    o_dv = i_v * BV + tl.arange(0, BV)
+    k_base = k_ptr + i_b * T * H * DK + i_h * DK
+    v_base = v_ptr + i_b * T * H * DV + i_h * DV
+    u_base = u_ptr + i_b * T * H * DV + i_h * DV
+    r_base = r_ptr + i_b * T * H * DV + i_h * DV
+    scratch = scratch_ptr + (i_bh * tl.num_programs(1) + i_v) * 4096
     for s0 in range(c0, c1, 64):
-        offs_m = s0 + tl.arange(0, 64)
-        ok = offs_m < T
-        kq = load_rows(k_base, offs_m, H * DK, offs_dk, T, True)
+        o_m = s0 + tl.arange(0, 64)
+        ok = o_m < T
+        kq = load_rows(k_base, o_m, H * DK, o_dk, T, True)
         if HAS_PRE:
-            m_i = tl.load(m_ptr + bh * T + offs_m, mask=ok, other=float("-inf"))
-            l_i = tl.load(l_ptr + bh * T + offs_m, mask=ok, other=0.0)
-            acc = tl.load(r_base + offs_m[:, None] * (H * DV) + offs_dv[None, :], mask=ok[:, None], other=0.0)
+            m_i = tl.load(m_ptr + i_bh * T + o_m, mask=ok, other=float("-inf"))
+            l_i = tl.load(l_ptr + i_bh * T + o_m, mask=ok, other=0.0)
+            acc = tl.load(r_base + o_m[:, None] * (H * DV) + o_dv[None, :], mask=ok[:, None], other=0.0)
         else:
             acc = tl.zeros([64, BV], dtype=tl.float32)
             l_i = tl.zeros([64], dtype=tl.float32)
             m_i = tl.full([64], float("-inf"), dtype=tl.float32)
         # the span's earlier chunks (their u was written by this program)
-        acc, l_i, m_i = _fold_keys(acc, l_i, m_i, kq, k_base, u_base, H * DK, H * DV, offs_dk, offs_dv, c0, s0, T,
+        acc, l_i, m_i = _fold_keys(acc, l_i, m_i, kq, k_base, u_base, H * DK, H * DV, o_dk, o_dv, c0, s0, T,
                                    qk_scale, BLOCK_N, PRECISION)
         # the chunk's own strictly earlier keys complete the row statistics
         s = tl.dot(kq, tl.trans(kq), input_precision=PRECISION)
-        s = tl.where(offs_m[None, :] < offs_m[:, None], s, float("-inf"))
+        s = tl.where(o_m[None, :] < o_m[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         m_new = tl.where(m_new == float("-inf"), 0.0, m_new)        # the first row attends to nothing
         p = tl.math.exp2(s * qk_scale - m_new[:, None])
@@ -216,17 +216,17 @@ def _pseudo_values_kernel(k_ptr, v_ptr, beta_ptr, u_ptr, r_ptr, lse_ptr, m_ptr, 
         P = p * inv_l[:, None]                                        # the chunk's block of P
         a = acc * (alpha * inv_l)[:, None]                            # r_i from the earlier chunks
         lse = tl.where(seen, m_new + tl.math.log2(tl.where(seen, l_new, 1.0)), float("inf"))
-        tl.store(lse_ptr + bh * T + offs_m, lse, mask=ok)
-        beta = tl.load(beta_ptr + (b * T + offs_m) * H + h, mask=ok, other=0.0).to(tl.float32)
-        v = load_rows(v_base, offs_m, H * DV, offs_dv, T, True).to(tl.float32)
+        tl.store(lse_ptr + i_bh * T + o_m, lse, mask=ok)
+        beta = tl.load(beta_ptr + (i_b * T + o_m) * H + i_h, mask=ok, other=0.0).to(tl.float32)
+        v = load_rows(v_base, o_m, H * DV, o_dv, T, True).to(tl.float32)
         rhs = v - beta[:, None] * a
         # (I + Diag(β) P_cc) u_c = rhs, by the 16×16-block inverse
         Tm = _chunk_inverse(scratch, beta[:, None] * P, OPREC)
         u = tl.dot(Tm, rhs, input_precision=OPREC)
-        tl.store(u_base + offs_m[:, None] * (H * DV) + offs_dv[None, :], u.to(u_ptr.dtype.element_ty),
+        tl.store(u_base + o_m[:, None] * (H * DV) + o_dv[None, :], u.to(u_ptr.dtype.element_ty),
                  mask=ok[:, None])
         r = a + tl.dot(P, u, input_precision=OPREC)
-        tl.store(r_base + offs_m[:, None] * (H * DV) + offs_dv[None, :], r, mask=ok[:, None])
+        tl.store(r_base + o_m[:, None] * (H * DV) + o_dv[None, :], r, mask=ok[:, None])
         tl.debug_barrier()                                            # u is read by the next chunk
 
 
@@ -286,21 +286,22 @@ def pseudo_values(k, v, beta, scale: float, plan: DeltaFormerPlan):
 def _fold_later_kernel(k_ptr, lse_ptr, beta_ptr, w_ptr, g_ptr, T, H, c0, c1, qk_scale,
                        DK: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        PRECISION: tl.constexpr):
-    """Columns ``c0 + BLOCK_M·pid ..``: ``Σ_{i ≥ c1} P_it β_i w_i`` into ``g``."""
-    pid = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    offs_t = c0 + pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_dk = tl.arange(0, DK)
-    offs_dv = tl.arange(0, DV)
-    k_base = k_ptr + b * T * H * DK + h * DK
-    kt = load_rows(k_base, offs_t, H * DK, offs_dk, T, True)
+    """Columns ``c0 + BLOCK_M·i_m ..``: ``Σ_{i ≥ c1} P_it β_i w_i`` into ``g``."""
+    i_m = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_t = c0 + i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_dk = tl.arange(0, DK)
+    o_dv = tl.arange(0, DV)
+    k_base = k_ptr + i_b * T * H * DK + i_h * DK
+    kt = load_rows(k_base, o_t, H * DK, o_dk, T, True)
     acc = tl.zeros([BLOCK_M, DV], dtype=tl.float32)
-    acc = _fold_rows(acc, kt, k_base, lse_ptr + bh * T, beta_ptr + b * T * H + h, w_ptr + b * T * H * DV + h * DV,
-                     H * DK, H, H * DV, offs_dk, offs_dv, c1, T, T, qk_scale, BLOCK_N, PRECISION)
-    tl.store(g_ptr + b * T * H * DV + h * DV + offs_t[:, None] * (H * DV) + offs_dv[None, :], acc,
-             mask=(offs_t < T)[:, None])
+    acc = _fold_rows(acc, kt, k_base, lse_ptr + i_bh * T, beta_ptr + i_b * T * H + i_h,
+                     w_ptr + i_b * T * H * DV + i_h * DV, H * DK, H, H * DV, o_dk, o_dv, c1, T, T, qk_scale,
+                     BLOCK_N, PRECISION)
+    tl.store(g_ptr + i_b * T * H * DV + i_h * DV + o_t[:, None] * (H * DV) + o_dv[None, :], acc,
+             mask=(o_t < T)[:, None])
 
 
 @triton.jit
@@ -308,41 +309,41 @@ def _adjoint_chunks_kernel(k_ptr, lse_ptr, beta_ptr, du_ptr, w_ptr, g_ptr, scrat
                            DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BLOCK_N: tl.constexpr,
                            HAS_POST: tl.constexpr, PRECISION: tl.constexpr, OPREC: tl.constexpr):
     """The chunks of the span ``[c0, c1)`` of one (batch, head), last to first, for the value
-    columns ``BV·pid_v ..`` (``HAS_POST``: the rows after the span left their contribution in
+    columns ``BV·i_v ..`` (``HAS_POST``: the rows after the span left their contribution in
     ``g``)."""
-    bh = tl.program_id(0).to(tl.int64)
-    pid_v = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    offs_dk = tl.arange(0, DK)
-    offs_dv = pid_v * BV + tl.arange(0, BV)
-    k_base = k_ptr + b * T * H * DK + h * DK
-    row_base = b * T * H * DV + h * DV
-    lse_base = lse_ptr + bh * T
-    beta_base = beta_ptr + b * T * H + h
-    scratch = scratch_ptr + (bh * tl.num_programs(1) + pid_v) * 4096
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_v = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_dk = tl.arange(0, DK)
+    o_dv = i_v * BV + tl.arange(0, BV)
+    k_base = k_ptr + i_b * T * H * DK + i_h * DK
+    row_base = i_b * T * H * DV + i_h * DV
+    lse_base = lse_ptr + i_bh * T
+    beta_base = beta_ptr + i_b * T * H + i_h
+    scratch = scratch_ptr + (i_bh * tl.num_programs(1) + i_v) * 4096
     n_chunks = (c1 - c0) // 64
     for idx in range(n_chunks):
         s0 = c1 - 64 - idx * 64
-        offs_t = s0 + tl.arange(0, 64)
-        ok = offs_t < T
-        kt = load_rows(k_base, offs_t, H * DK, offs_dk, T, True)
-        g = load_rows(du_ptr + row_base, offs_t, H * DV, offs_dv, T, True).to(tl.float32)
+        o_t = s0 + tl.arange(0, 64)
+        ok = o_t < T
+        kt = load_rows(k_base, o_t, H * DK, o_dk, T, True)
+        g = load_rows(du_ptr + row_base, o_t, H * DV, o_dv, T, True).to(tl.float32)
         if HAS_POST:
-            g -= tl.load(g_ptr + row_base + offs_t[:, None] * (H * DV) + offs_dv[None, :], mask=ok[:, None],
+            g -= tl.load(g_ptr + row_base + o_t[:, None] * (H * DV) + o_dv[None, :], mask=ok[:, None],
                          other=0.0)
         later = tl.zeros([64, BV], dtype=tl.float32)
         later = _fold_rows(later, kt, k_base, lse_base, beta_base, w_ptr + row_base, H * DK, H, H * DV,
-                           offs_dk, offs_dv, s0 + 64, c1, T, qk_scale, BLOCK_N, PRECISION)
+                           o_dk, o_dv, s0 + 64, c1, T, qk_scale, BLOCK_N, PRECISION)
         g -= later
         # the chunk's own block: A_ij = β_i P_ij for j < i, recomputed from the saved lse
-        lse = tl.load(lse_base + offs_t, mask=ok, other=float("inf"))
-        beta = tl.load(beta_base + offs_t * H, mask=ok, other=0.0).to(tl.float32)
+        lse = tl.load(lse_base + o_t, mask=ok, other=float("inf"))
+        beta = tl.load(beta_base + o_t * H, mask=ok, other=0.0).to(tl.float32)
         s = tl.dot(kt, tl.trans(kt), input_precision=PRECISION)
-        P = tl.where(offs_t[None, :] < offs_t[:, None], tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
+        P = tl.where(o_t[None, :] < o_t[:, None], tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
         Tm = _chunk_inverse(scratch, beta[:, None] * P, OPREC)
         w = tl.dot(tl.trans(Tm), g, input_precision=OPREC)              # (I + A)^{-T} g
-        tl.store(w_ptr + row_base + offs_t[:, None] * (H * DV) + offs_dv[None, :], w, mask=ok[:, None])
+        tl.store(w_ptr + row_base + o_t[:, None] * (H * DV) + o_dv[None, :], w, mask=ok[:, None])
         tl.debug_barrier()                                              # w is read by the earlier chunks
 
 

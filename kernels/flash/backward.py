@@ -40,56 +40,56 @@ __all__ = ["flash_backward"]
 def _bwd_delta_kernel(o_ptr, do_ptr, delta_ptr, sob, sot, soh, sdob, sdot, sdoh, T, H,
                       DV: tl.constexpr, BLOCK_M: tl.constexpr):
     """``δ_i = do_i · o_i`` in float32, ``[B, H, T]``."""
-    pid = tl.program_id(0)
+    i_mbh = tl.program_id(0)
     num_m = tl.cdiv(T, BLOCK_M)
-    pid_bh = pid // num_m
-    i_b = (pid_bh // H).to(tl.int64)
-    i_h = (pid_bh % H).to(tl.int64)
-    offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_dv = tl.arange(0, DV)
-    o = load_rows(o_ptr + i_b * sob + i_h * soh, offs_m, sot, offs_dv, T, True).to(tl.float32)
-    do = load_rows(do_ptr + i_b * sdob + i_h * sdoh, offs_m, sdot, offs_dv, T, True).to(tl.float32)
-    tl.store(delta_ptr + pid_bh.to(tl.int64) * T + offs_m, tl.sum(o * do, 1), mask=offs_m < T)
+    i_bh = i_mbh // num_m
+    i_b = (i_bh // H).to(tl.int64)
+    i_h = (i_bh % H).to(tl.int64)
+    o_m = (i_mbh % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_dv = tl.arange(0, DV)
+    o = load_rows(o_ptr + i_b * sob + i_h * soh, o_m, sot, o_dv, T, True).to(tl.float32)
+    do = load_rows(do_ptr + i_b * sdob + i_h * sdoh, o_m, sdot, o_dv, T, True).to(tl.float32)
+    tl.store(delta_ptr + i_bh.to(tl.int64) * T + o_m, tl.sum(o * do, 1), mask=o_m < T)
 
 
 @triton.jit
-def _load_row_stats(lse_base, delta_base, offs_m, T, TAIL_MASK: tl.constexpr):
-    """``lse`` and ``δ`` of rows ``offs_m``; past ``T``: ``lse = +inf`` (so ``p = 0``) and ``δ = 0``."""
+def _load_row_stats(lse_base, delta_base, o_m, T, TAIL_MASK: tl.constexpr):
+    """``lse`` and ``δ`` of rows ``o_m``; past ``T``: ``lse = +inf`` (so ``p = 0``) and ``δ = 0``."""
     if TAIL_MASK:
-        lse = tl.load(lse_base + offs_m, mask=offs_m < T, other=float("inf"))
-        delta = tl.load(delta_base + offs_m, mask=offs_m < T, other=0.0)
+        lse = tl.load(lse_base + o_m, mask=o_m < T, other=float("inf"))
+        delta = tl.load(delta_base + o_m, mask=o_m < T, other=0.0)
     else:
-        lse = tl.load(lse_base + offs_m)
-        delta = tl.load(delta_base + offs_m)
+        lse = tl.load(lse_base + o_m)
+        delta = tl.load(delta_base + o_m)
     return lse, delta
 
 
 @triton.jit
 def _dkdv_query_blocks(dk, dv, dgk, k, v, gk, gk_abs, g_ref, q_base, do_base, g_base, lse_base, delta_base,
-                       sqt, sdot, sgt, offs_n, offs_dk, offs_dv, lo, hi, T, qk_scale, g_to_s,
+                       sqt, sdot, sgt, o_n, o_dk, o_dv, lo, hi, T, qk_scale, g_to_s,
                        BLOCK_M: tl.constexpr, CAUSAL_MASK: tl.constexpr, TAIL_MASK: tl.constexpr,
                        PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_EXACT: tl.constexpr):
     """Stream the query blocks ``[lo, hi)`` past one key block; everything transposed (keys are
     rows), so that ``pᵀ`` and ``dsᵀ`` feed the products for dv and dk as they are. With the bias,
     ``gk`` holds ``(G_j − G_r) / scale`` and each query row's ``lse`` is shifted by
     ``qk_scale·(G_i − G_r) / scale`` (``BIAS_EXACT``: each score gets ``(G_i − G_j) / scale``)."""
-    offs_m0 = tl.arange(0, BLOCK_M)
+    o_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
-        offs_m = start_m + offs_m0
-        q = load_rows(q_base, offs_m, sqt, offs_dk, T, TAIL_MASK)
-        do = load_rows(do_base, offs_m, sdot, offs_dv, T, TAIL_MASK)
-        lse, delta = _load_row_stats(lse_base, delta_base, offs_m, T, TAIL_MASK)
+        o_m = start_m + o_m0
+        q = load_rows(q_base, o_m, sqt, o_dk, T, TAIL_MASK)
+        do = load_rows(do_base, o_m, sdot, o_dv, T, TAIL_MASK)
+        lse, delta = _load_row_stats(lse_base, delta_base, o_m, T, TAIL_MASK)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)                 # [BN, BM]
         if HAS_BIAS:
-            gq = load_gates(g_base, offs_m, sgt, T, TAIL_MASK)
+            gq = load_gates(g_base, o_m, sgt, T, TAIL_MASK)
             if BIAS_EXACT:
                 s_t -= (gk_abs[:, None] - gq[None, :]) * g_to_s
             else:
                 s_t -= gk[:, None]
                 lse -= (qk_scale * g_to_s) * (gq - g_ref)
         if CAUSAL_MASK:   # before exp2: a future key's score (with FoX's bias) may overflow it
-            s_t = tl.where(offs_m[None, :] >= offs_n[:, None], s_t, float("-inf"))
+            s_t = tl.where(o_m[None, :] >= o_n[:, None], s_t, float("-inf"))
         p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
@@ -110,29 +110,29 @@ def _bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, g_ptr, lse_ptr, delta_ptr, dk_
                      BIAS_EXACT: tl.constexpr):
     # One program per key block of one (b, h); under a causal mask key block n meets the queries
     # [n·BN, T), so the first blocks have the most work and are launched first.
-    pid = tl.program_id(0)
+    i_nbh = tl.program_id(0)
     num_n = tl.cdiv(T, BLOCK_N)
-    pid_bh = pid // num_n
-    start_n = (pid % num_n) * BLOCK_N
-    i_b = (pid_bh // H).to(tl.int64)
-    i_h = (pid_bh % H).to(tl.int64)
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_dk = tl.arange(0, DK)
-    offs_dv = tl.arange(0, DV)
+    i_bh = i_nbh // num_n
+    start_n = (i_nbh % num_n) * BLOCK_N
+    i_b = (i_bh // H).to(tl.int64)
+    i_h = (i_bh % H).to(tl.int64)
+    o_n = start_n + tl.arange(0, BLOCK_N)
+    o_dk = tl.arange(0, DK)
+    o_dv = tl.arange(0, DV)
     g_base = g_ptr + i_b * sgb + i_h * sgh
-    k = load_rows(k_ptr + i_b * skb + i_h * skh, offs_n, skt, offs_dk, T, True)
-    v = load_rows(v_ptr + i_b * svb + i_h * svh, offs_n, svt, offs_dv, T, True)
+    k = load_rows(k_ptr + i_b * skb + i_h * skh, o_n, skt, o_dk, T, True)
+    v = load_rows(v_ptr + i_b * svb + i_h * svh, o_n, svt, o_dv, T, True)
     gk = tl.zeros([BLOCK_N], dtype=tl.float32)
     gk_abs = tl.zeros([BLOCK_N], dtype=tl.float32)
     g_ref = 0.0
     if HAS_BIAS:   # reference row r: this key block's first
         g_ref = tl.load(g_base + start_n * sgt)
-        gk_abs = load_gates(g_base, offs_n, sgt, T, True)
+        gk_abs = load_gates(g_base, o_n, sgt, T, True)
         gk = (gk_abs - g_ref) * g_to_s
     q_base = q_ptr + i_b * sqb + i_h * sqh
     do_base = do_ptr + i_b * sdob + i_h * sdoh
-    lse_base = lse_ptr + pid_bh.to(tl.int64) * T
-    delta_base = delta_ptr + pid_bh.to(tl.int64) * T
+    lse_base = lse_ptr + i_bh.to(tl.int64) * T
+    delta_base = delta_ptr + i_bh.to(tl.int64) * T
 
     dk = tl.zeros([BLOCK_N, DK], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, DV], dtype=tl.float32)
@@ -142,7 +142,7 @@ def _bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, g_ptr, lse_ptr, delta_ptr, dk_
         # the diagonal: queries [n·BN, n·BN + BN) see part of this key block (causal and tail mask)
         diag_hi = tl.minimum(start_n + BLOCK_N, T)
         dk, dv, dgk = _dkdv_query_blocks(dk, dv, dgk, k, v, gk, gk_abs, g_ref, q_base, do_base, g_base,
-                                         lse_base, delta_base, sqt, sdot, sgt, offs_n, offs_dk, offs_dv,
+                                         lse_base, delta_base, sqt, sdot, sgt, o_n, o_dk, o_dv,
                                          start_n, diag_hi, T, qk_scale, g_to_s,
                                          BLOCK_M, True, True, PRECISION, HAS_BIAS, BIAS_EXACT)
         lo = start_n + BLOCK_N
@@ -150,44 +150,44 @@ def _bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, g_ptr, lse_ptr, delta_ptr, dk_
         lo = 0
     # queries that see the whole key block: whole blocks without a mask, then the tail
     dk, dv, dgk = _dkdv_query_blocks(dk, dv, dgk, k, v, gk, gk_abs, g_ref, q_base, do_base, g_base,
-                                     lse_base, delta_base, sqt, sdot, sgt, offs_n, offs_dk, offs_dv,
+                                     lse_base, delta_base, sqt, sdot, sgt, o_n, o_dk, o_dv,
                                      lo, full_hi, T, qk_scale, g_to_s,
                                      BLOCK_M, False, False, PRECISION, HAS_BIAS, BIAS_EXACT)
     dk, dv, dgk = _dkdv_query_blocks(dk, dv, dgk, k, v, gk, gk_abs, g_ref, q_base, do_base, g_base,
-                                     lse_base, delta_base, sqt, sdot, sgt, offs_n, offs_dk, offs_dv,
+                                     lse_base, delta_base, sqt, sdot, sgt, o_n, o_dk, o_dv,
                                      tl.maximum(lo, full_hi), T, T, qk_scale, g_to_s,
                                      BLOCK_M, False, True, PRECISION, HAS_BIAS, BIAS_EXACT)
     # keys past T were zero rows: their results are not stored
-    keep = (offs_n < T)[:, None]
-    tl.store(dk_ptr + i_b * sdkb + i_h * sdkh + offs_n[:, None] * sdkt + offs_dk[None, :],
+    keep = (o_n < T)[:, None]
+    tl.store(dk_ptr + i_b * sdkb + i_h * sdkh + o_n[:, None] * sdkt + o_dk[None, :],
              (dk * scale).to(dk_ptr.dtype.element_ty), mask=keep)
-    tl.store(dv_ptr + i_b * sdvb + i_h * sdvh + offs_n[:, None] * sdvt + offs_dv[None, :],
+    tl.store(dv_ptr + i_b * sdvb + i_h * sdvh + o_n[:, None] * sdvt + o_dv[None, :],
              dv.to(dv_ptr.dtype.element_ty), mask=keep)
     if HAS_BIAS:
-        tl.store(dg_ptr + pid_bh.to(tl.int64) * T + offs_n, dgk, mask=offs_n < T)
+        tl.store(dg_ptr + i_bh.to(tl.int64) * T + o_n, dgk, mask=o_n < T)
 
 
 @triton.jit
 def _dq_key_blocks(dq, dgq, q, do, lse, delta, k_base, v_base, g_base, g_ref, g_row, skt, svt, sgt,
-                   offs_m, offs_dk, offs_dv, lo, hi, T, qk_scale, g_to_s,
+                   o_m, o_dk, o_dv, lo, hi, T, qk_scale, g_to_s,
                    BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, TAIL_MASK: tl.constexpr,
                    PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_EXACT: tl.constexpr):
     """Stream the key blocks ``[lo, hi)`` past one query block, accumulating ``dq / scale`` (and,
     with the bias, the row sums of ``ds``)."""
-    offs_n0 = tl.arange(0, BLOCK_N)
+    o_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        offs_n = start_n + offs_n0
-        k = load_rows(k_base, offs_n, skt, offs_dk, T, TAIL_MASK)
-        v = load_rows(v_base, offs_n, svt, offs_dv, T, TAIL_MASK)
+        o_n = start_n + o_n0
+        k = load_rows(k_base, o_n, skt, o_dk, T, TAIL_MASK)
+        v = load_rows(v_base, o_n, svt, o_dv, T, TAIL_MASK)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)                   # [BM, BN]
         if HAS_BIAS:
-            gk = load_gates(g_base, offs_n, sgt, T, TAIL_MASK)
+            gk = load_gates(g_base, o_n, sgt, T, TAIL_MASK)
             if BIAS_EXACT:
                 s -= (gk[None, :] - g_row[:, None]) * g_to_s
             else:
                 s -= ((gk - g_ref) * g_to_s)[None, :]
-        s = _mask_scores(s, offs_m, offs_n, T, CAUSAL_MASK, TAIL_MASK)
+        s = _mask_scores(s, o_m, o_n, T, CAUSAL_MASK, TAIL_MASK)
         p = tl.math.exp2(s * qk_scale - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
@@ -206,25 +206,25 @@ def _bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, g_ptr, lse_ptr, delta_ptr, dq_pt
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                    BIAS_EXACT: tl.constexpr):
     # One program per query block of one (b, h), the last (longest under a causal mask) first.
-    pid = tl.program_id(0)
+    i_mbh = tl.program_id(0)
     num_m = tl.cdiv(T, BLOCK_M)
-    pid_bh = pid // num_m
-    start_m = (num_m - 1 - pid % num_m) * BLOCK_M
-    i_b = (pid_bh // H).to(tl.int64)
-    i_h = (pid_bh % H).to(tl.int64)
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_dk = tl.arange(0, DK)
-    offs_dv = tl.arange(0, DV)
+    i_bh = i_mbh // num_m
+    start_m = (num_m - 1 - i_mbh % num_m) * BLOCK_M
+    i_b = (i_bh // H).to(tl.int64)
+    i_h = (i_bh % H).to(tl.int64)
+    o_m = start_m + tl.arange(0, BLOCK_M)
+    o_dk = tl.arange(0, DK)
+    o_dv = tl.arange(0, DV)
     g_base = g_ptr + i_b * sgb + i_h * sgh
-    q = load_rows(q_ptr + i_b * sqb + i_h * sqh, offs_m, sqt, offs_dk, T, True)
-    do = load_rows(do_ptr + i_b * sdob + i_h * sdoh, offs_m, sdot, offs_dv, T, True)
-    lse, delta = _load_row_stats(lse_ptr + pid_bh.to(tl.int64) * T, delta_ptr + pid_bh.to(tl.int64) * T,
-                                 offs_m, T, True)
+    q = load_rows(q_ptr + i_b * sqb + i_h * sqh, o_m, sqt, o_dk, T, True)
+    do = load_rows(do_ptr + i_b * sdob + i_h * sdoh, o_m, sdot, o_dv, T, True)
+    lse, delta = _load_row_stats(lse_ptr + i_bh.to(tl.int64) * T, delta_ptr + i_bh.to(tl.int64) * T,
+                                 o_m, T, True)
     g_ref = 0.0
     g_row = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_BIAS:   # reference row r: this query block's first; lse shifted to match
         g_ref = tl.load(g_base + start_m * sgt)
-        g_row = load_gates(g_base, offs_m, sgt, T, True)
+        g_row = load_gates(g_base, o_m, sgt, T, True)
         if not BIAS_EXACT:
             lse -= (qk_scale * g_to_s) * (g_row - g_ref)
     k_base = k_ptr + i_b * skb + i_h * skh
@@ -235,24 +235,24 @@ def _bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, g_ptr, lse_ptr, delta_ptr, dq_pt
     if CAUSAL:
         # keys [0, start_m): visible to every query of the block; then the diagonal, masked
         dq, dgq = _dq_key_blocks(dq, dgq, q, do, lse, delta, k_base, v_base, g_base, g_ref, g_row, skt, svt, sgt,
-                            offs_m, offs_dk, offs_dv, 0, start_m, T, qk_scale, g_to_s,
+                            o_m, o_dk, o_dv, 0, start_m, T, qk_scale, g_to_s,
                             BLOCK_N, False, False, PRECISION, HAS_BIAS, BIAS_EXACT)
         dq, dgq = _dq_key_blocks(dq, dgq, q, do, lse, delta, k_base, v_base, g_base, g_ref, g_row, skt, svt, sgt,
-                            offs_m, offs_dk, offs_dv, start_m, tl.minimum(start_m + BLOCK_M, T), T,
+                            o_m, o_dk, o_dv, start_m, tl.minimum(start_m + BLOCK_M, T), T,
                             qk_scale, g_to_s, BLOCK_N, True, True, PRECISION, HAS_BIAS, BIAS_EXACT)
     else:
         full_hi = (T // BLOCK_N) * BLOCK_N
         dq, dgq = _dq_key_blocks(dq, dgq, q, do, lse, delta, k_base, v_base, g_base, g_ref, g_row, skt, svt, sgt,
-                            offs_m, offs_dk, offs_dv, 0, full_hi, T, qk_scale, g_to_s,
+                            o_m, o_dk, o_dv, 0, full_hi, T, qk_scale, g_to_s,
                             BLOCK_N, False, False, PRECISION, HAS_BIAS, BIAS_EXACT)
         dq, dgq = _dq_key_blocks(dq, dgq, q, do, lse, delta, k_base, v_base, g_base, g_ref, g_row, skt, svt, sgt,
-                            offs_m, offs_dk, offs_dv, full_hi, T, T, qk_scale, g_to_s,
+                            o_m, o_dk, o_dv, full_hi, T, T, qk_scale, g_to_s,
                             BLOCK_N, False, True, PRECISION, HAS_BIAS, BIAS_EXACT)
-    tl.store(dq_ptr + i_b * sdqb + i_h * sdqh + offs_m[:, None] * sdqt + offs_dk[None, :],
-             (dq * scale).to(dq_ptr.dtype.element_ty), mask=(offs_m < T)[:, None])
+    tl.store(dq_ptr + i_b * sdqb + i_h * sdqh + o_m[:, None] * sdqt + o_dk[None, :],
+             (dq * scale).to(dq_ptr.dtype.element_ty), mask=(o_m < T)[:, None])
     if HAS_BIAS:   # dG = row sums (here) − column sums (stored by the dk/dv pass, which ran first)
-        dg_ptrs = dg_ptr + pid_bh.to(tl.int64) * T + offs_m
-        tl.store(dg_ptrs, tl.load(dg_ptrs, mask=offs_m < T, other=0.0) + dgq, mask=offs_m < T)
+        dg_ptrs = dg_ptr + i_bh.to(tl.int64) * T + o_m
+        tl.store(dg_ptrs, tl.load(dg_ptrs, mask=o_m < T, other=0.0) + dgq, mask=o_m < T)
 
 
 def flash_backward(q, k, v, o, lse, do, scale: float, causal: bool, plan: BackwardPlan, G=None):

@@ -47,30 +47,30 @@ from .plan import AUTOTUNE, FlashPlan
 __all__ = ["flash_forward", "load_gates"]
 
 @triton.jit
-def _mask_scores(s, offs_m, offs_n, T, CAUSAL_MASK: tl.constexpr, TAIL_MASK: tl.constexpr):
+def _mask_scores(s, o_m, o_n, T, CAUSAL_MASK: tl.constexpr, TAIL_MASK: tl.constexpr):
     """Set to -inf the scores of keys after the query (causal) or past the sequence end (tail)."""
     if CAUSAL_MASK:
-        keep = offs_n[None, :] <= offs_m[:, None]
+        keep = o_n[None, :] <= o_m[:, None]
         if TAIL_MASK:
-            keep = keep & (offs_n[None, :] < T)
+            keep = keep & (o_n[None, :] < T)
         s = tl.where(keep, s, float("-inf"))
     elif TAIL_MASK:
-        s = tl.where(offs_n[None, :] < T, s, float("-inf"))
+        s = tl.where(o_n[None, :] < T, s, float("-inf"))
     return s
 
 
 @triton.jit
-def load_gates(g_base, offs, stride_gt, T, TAIL_MASK: tl.constexpr):
-    """The cumulative log gates ``G`` (float32) at ``offs``; zeros past ``T``."""
+def load_gates(g_base, o_r, stride_gt, T, TAIL_MASK: tl.constexpr):
+    """The cumulative log gates ``G`` (float32) at ``o_r``; zeros past ``T``."""
     if TAIL_MASK:
-        return tl.load(g_base + offs * stride_gt, mask=offs < T, other=0.0)
-    return tl.load(g_base + offs * stride_gt)
+        return tl.load(g_base + o_r * stride_gt, mask=o_r < T, other=0.0)
+    return tl.load(g_base + o_r * stride_gt)
 
 
 @triton.jit
 def _key_blocks(acc, l_i, m_i, q, k_base, v_base, g_base, g_ref, g_row, k_desc, v_desc,
                 stride_kt, stride_vt, stride_gt, col_k, col_v,
-                offs_m, offs_dk, offs_dv, lo, hi, T, qk_scale, g_to_s,
+                o_m, o_dk, o_dv, lo, hi, T, qk_scale, g_to_s,
                 BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, TAIL_MASK: tl.constexpr,
                 PRECISION: tl.constexpr, TMA: tl.constexpr, HAS_BIAS: tl.constexpr,
                 BIAS_EXACT: tl.constexpr):
@@ -78,24 +78,24 @@ def _key_blocks(acc, l_i, m_i, q, k_base, v_base, g_base, g_ref, g_row, k_desc, 
     ``TMA``: keys and values come through the tensor descriptors (rows past ``T`` load as zeros).
     ``HAS_BIAS``: subtract ``(G_j − G_r) / scale`` from every score of key ``j`` before the mask
     (``BIAS_EXACT``: ``(G_j − G_i) / scale``, each row against its own ``G_i = g_row``)."""
-    offs_n0 = tl.arange(0, BLOCK_N)
+    o_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        offs_n = start_n + offs_n0
+        o_n = start_n + o_n0
         if TMA:
             k = k_desc.load([start_n, col_k])
             v = v_desc.load([start_n, col_v])
         else:
-            k = load_rows(k_base, offs_n, stride_kt, offs_dk, T, TAIL_MASK)
-            v = load_rows(v_base, offs_n, stride_vt, offs_dv, T, TAIL_MASK)
+            k = load_rows(k_base, o_n, stride_kt, o_dk, T, TAIL_MASK)
+            v = load_rows(v_base, o_n, stride_vt, o_dv, T, TAIL_MASK)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)                # [BM, BN] float32, unscaled
         if HAS_BIAS:
-            gk = load_gates(g_base, offs_n, stride_gt, T, TAIL_MASK)
+            gk = load_gates(g_base, o_n, stride_gt, T, TAIL_MASK)
             if BIAS_EXACT:
                 s -= (gk[None, :] - g_row[:, None]) * g_to_s
             else:
                 s -= ((gk - g_ref) * g_to_s)[None, :]
-        s = _mask_scores(s, offs_m, offs_n, T, CAUSAL_MASK, TAIL_MASK)
+        s = _mask_scores(s, o_m, o_n, T, CAUSAL_MASK, TAIL_MASK)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, PRECISION)
     return acc, l_i, m_i
 
@@ -113,17 +113,17 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, g_ptr, lse_ptr,
     #          longest-first, best load balance;
     #   False: consecutive programs = the query blocks of one (b, h): the programs running together
     #          read the same keys and values, which then come from L2 rather than HBM.
-    pid = tl.program_id(0)
+    i_mbh = tl.program_id(0)
     num_m = tl.cdiv(T, BLOCK_M)
     if HEADS_INNER:
-        pid_bh = pid % BH
-        pid_m = pid // BH
+        i_bh = i_mbh % BH
+        i_m = i_mbh // BH
     else:
-        pid_bh = pid // num_m
-        pid_m = pid % num_m
-    start_m = num_m - 1 - pid_m
-    i_b = (pid_bh // H).to(tl.int64)
-    i_h32 = pid_bh % H
+        i_bh = i_mbh // num_m
+        i_m = i_mbh % num_m
+    start_m = num_m - 1 - i_m
+    i_b = (i_bh // H).to(tl.int64)
+    i_h32 = i_bh % H
     i_h = i_h32.to(tl.int64)
     col_k = i_h32 * DK                     # column of this head in the [T, H·D] views (TMA)
     col_v = i_h32 * DV
@@ -133,9 +133,9 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, g_ptr, lse_ptr,
     v_base = v_ptr + i_b * svb + i_h * svh
     o_base = o_ptr + i_b * sob + i_h * soh
     g_base = g_ptr + i_b * sgb + i_h * sgh
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_dk = tl.arange(0, DK)
-    offs_dv = tl.arange(0, DV)
+    o_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_dk = tl.arange(0, DK)
+    o_dv = tl.arange(0, DV)
     if TMA:
         # device-side descriptors over this batch's [T, H·D] slab (D contiguous, heads adjacent:
         # tma_compatible checks stride(2) == D); out-of-range rows load as zeros and are not stored
@@ -149,13 +149,13 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, g_ptr, lse_ptr,
     else:
         k_desc = k_base
         v_desc = v_base
-        q = load_rows(q_base, offs_m, sqt, offs_dk, T, True)
+        q = load_rows(q_base, o_m, sqt, o_dk, T, True)
 
     g_ref = 0.0
     g_row = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_BIAS:
         g_ref = tl.load(g_base + (start_m * BLOCK_M) * sgt)        # the block's reference row r
-        g_row = load_gates(g_base, offs_m, sgt, T, True)
+        g_row = load_gates(g_base, o_m, sgt, T, True)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, DV], dtype=tl.float32)
@@ -163,23 +163,23 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, g_ptr, lse_ptr,
         # keys [0, start_m·BM): fully visible to every query of the block, and all < T
         diag_lo = start_m * BLOCK_M
         acc, l_i, m_i = _key_blocks(acc, l_i, m_i, q, k_base, v_base, g_base, g_ref, g_row, k_desc, v_desc,
-                                    skt, svt, sgt, col_k, col_v, offs_m, offs_dk, offs_dv,
+                                    skt, svt, sgt, col_k, col_v, o_m, o_dk, o_dv,
                                     0, diag_lo, T, qk_scale, g_to_s,
                                     BLOCK_N, False, False, PRECISION, TMA, HAS_BIAS, BIAS_EXACT)
         # the diagonal: keys [start_m·BM, min((start_m+1)·BM, T)), causal and tail mask
         diag_hi = tl.minimum(diag_lo + BLOCK_M, T)
         acc, l_i, m_i = _key_blocks(acc, l_i, m_i, q, k_base, v_base, g_base, g_ref, g_row, k_desc, v_desc,
-                                    skt, svt, sgt, col_k, col_v, offs_m, offs_dk, offs_dv,
+                                    skt, svt, sgt, col_k, col_v, o_m, o_dk, o_dv,
                                     diag_lo, diag_hi, T, qk_scale, g_to_s,
                                     BLOCK_N, True, True, PRECISION, TMA, HAS_BIAS, BIAS_EXACT)
     else:
         full_hi = (T // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _key_blocks(acc, l_i, m_i, q, k_base, v_base, g_base, g_ref, g_row, k_desc, v_desc,
-                                    skt, svt, sgt, col_k, col_v, offs_m, offs_dk, offs_dv,
+                                    skt, svt, sgt, col_k, col_v, o_m, o_dk, o_dv,
                                     0, full_hi, T, qk_scale, g_to_s,
                                     BLOCK_N, False, False, PRECISION, TMA, HAS_BIAS, BIAS_EXACT)
         acc, l_i, m_i = _key_blocks(acc, l_i, m_i, q, k_base, v_base, g_base, g_ref, g_row, k_desc, v_desc,
-                                    skt, svt, sgt, col_k, col_v, offs_m, offs_dk, offs_dv,
+                                    skt, svt, sgt, col_k, col_v, o_m, o_dk, o_dv,
                                     full_hi, T, T, qk_scale, g_to_s,
                                     BLOCK_N, False, True, PRECISION, TMA, HAS_BIAS, BIAS_EXACT)
 
@@ -188,14 +188,14 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, g_ptr, lse_ptr,
     lse = m_i + tl.math.log2(l_i)
     if HAS_BIAS and not BIAS_EXACT:
         lse += (qk_scale * g_to_s) * (g_row - g_ref)
-    tl.store(lse_ptr + pid_bh.to(tl.int64) * T + offs_m, lse, mask=offs_m < T)
+    tl.store(lse_ptr + i_bh.to(tl.int64) * T + o_m, lse, mask=o_m < T)
     o = (acc / l_i[:, None]).to(o_ptr.dtype.element_ty)
     if TMA:
         o_desc = tl.make_tensor_descriptor(o_ptr + i_b * sob, shape=[T, H * DV], strides=[sot, 1],
                                            block_shape=[BLOCK_M, DV])
         o_desc.store([start_m * BLOCK_M, col_v], o)
     else:
-        tl.store(o_base + offs_m[:, None] * sot + offs_dv[None, :], o, mask=(offs_m < T)[:, None])
+        tl.store(o_base + o_m[:, None] * sot + o_dv[None, :], o, mask=(o_m < T)[:, None])
 
 
 _attn_fwd_tuned = None if INTERPRET else triton.autotune(

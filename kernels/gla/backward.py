@@ -104,21 +104,21 @@ def _bwd_dv_kernel(q, k, g, do, dhs, dv, As, scale, T, NT,
     """
     DT = k.dtype.element_ty
     i_v = tl.program_id(0)
-    c = tl.program_id(1)
+    i_t = tl.program_id(1)
     i_bh = tl.program_id(2)
     i_b = i_bh // H
     i_h = i_bh % H
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     o_t = tl.arange(0, BT)
-    rows = c * BT + o_t
+    rows = i_t * BT + o_t
     mask_t = rows < T
     qk_base = i_b * T * H * K + i_h * K
     v_base = i_b * T * H * V + i_h * V
     g_base = i_b * T * H + i_h if GATE == 1 else qk_base
     k_t = tl.load(k + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None], other=0.)
     do_t = tl.load(do + v_base + rows[:, None] * (H * V) + o_v[None, :], mask=mask_t[:, None], other=0.)
-    dh = tl.load(dhs + (i_bh * NT + c).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :])
+    dh = tl.load(dhs + (i_bh * NT + i_t).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :])
     q_t = tl.load(q + qk_base + rows[:, None] * (H * K) + o_k[None, :], mask=mask_t[:, None],
                   other=0.).to(tl.float32) * scale
     causal = o_t[:, None] >= o_t[None, :]
@@ -127,7 +127,7 @@ def _bwd_dv_kernel(q, k, g, do, dhs, dv, As, scale, T, NT,
                       other=0.).to(tl.float32)
         b_t = tl.cumsum(g_t, axis=0)
         b_c = tl.sum(g_t, axis=0)
-        A = tl.load(As + (i_bh * NT + c).to(tl.int64) * BT * BT + o_t[:, None] * BT + o_t[None, :])
+        A = tl.load(As + (i_bh * NT + i_t).to(tl.int64) * BT * BT + o_t[:, None] * BT + o_t[None, :])
         kg = round_operand((k_t.to(tl.float32) * tl.exp(b_c[None, :] - b_t)), DT, EMU)
     elif GATE == 1:
         A = tl.dot(round_operand(q_t, DT, EMU), tl.trans(round_operand(k_t, DT, EMU)), input_precision=IP)
@@ -163,17 +163,17 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, N
     """
     DT = k.dtype.element_ty
     i_k = tl.program_id(0)
-    c = tl.program_id(1)
+    i_t = tl.program_id(1)
     i_bh = tl.program_id(2)
     i_b = i_bh // H
     i_h = i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
     o_t = tl.arange(0, BT)
-    rows = c * BT + o_t
+    rows = i_t * BT + o_t
     mask_t = rows < T
     qk_base = i_b * T * H * K + i_h * K
     v_base = i_b * T * H * V + i_h * V
-    st_base = (i_bh * NT + c).to(tl.int64) * K * V
+    st_base = (i_bh * NT + i_t).to(tl.int64) * K * V
     dP = tl.zeros([BT, BT], dtype=tl.float32)
     dq_i = tl.zeros([BT, BK], dtype=tl.float32)
     dk_i = tl.zeros([BT, BK], dtype=tl.float32)
@@ -204,7 +204,7 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, N
         dq_t = dq_i * tl.exp(b_t)
         dk_t = dk_i * tl.exp(b_c[None, :] - b_t)
         # the gate carry per key channel: e^{b_C} <h_c, dh_c>_v + sum_j k_j (V dh_c^T)_j e^{b_C - b_j}
-        tl.store(cpart + ((i_b * NT + c) * H + i_h) * K + o_k, tl.exp(b_c) * hdh + tl.sum(k_t * dk_t, axis=0))
+        tl.store(cpart + ((i_b * NT + i_t) * H + i_h) * K + o_k, tl.exp(b_c) * hdh + tl.sum(k_t * dk_t, axis=0))
         # intra-chunk part, level by level (see _gla_level): A_l = (q e^{qe}) (k e^{ke})^T on pairs,
         # so dq += e^{qe} (dP_l (k e^{ke})) and dk += e^{ke} (dP_l^T (q e^{qe})); plus the diagonal
         # gate terms q~.dq - k.dk: the inter parts now; the diagonal pair cancels exactly and is left
@@ -240,7 +240,7 @@ def _bwd_dqdk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dgl, cpart, scale, B, T, N
             dk_t = dk_i * tl.exp(b_c - b_t)[:, None]
             # the gate carry of this chunk (all fp32, from the fp32 accumulator of dk's inter-chunk part)
             cy = tl.exp(b_c) * tl.sum(hdh, axis=0) + tl.sum(tl.sum(k_t * dk_t, axis=1), axis=0)
-            tl.store(cpart + ((i_k * B + i_b) * NT + c) * H + i_h, cy)
+            tl.store(cpart + ((i_k * B + i_b) * NT + i_t) * H + i_h, cy)
             # per-position gate terms q~.dq - k.dk: the inter-chunk parts, plus the intra-chunk pairs
             # M_ij = dP_ij Gamma_ij (q~_i . k_j) (i > j) entering row i with + and row j with -.
             # The pair i = j enters q~.dq and k.dk alike and cancels exactly, so it is left out rather
@@ -279,19 +279,19 @@ def _dg_kernel(dgl, cpart, dg, B, T, NT, NP,
     has the error of one chunk. ``dg`` in g's dtype; grid (KG // BK, NT, B*H).
     """
     i_k = tl.program_id(0)
-    c = tl.program_id(1)
+    i_t = tl.program_id(1)
     i_bh = tl.program_id(2)
     i_b = i_bh // H
     i_h = i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
-    rows = c * BT + tl.arange(0, BT)
+    rows = i_t * BT + tl.arange(0, BT)
     m = (rows < T)[:, None]
     offs = i_b * T * H * KG + i_h * KG + rows[:, None] * (H * KG) + o_k[None, :]
     x = tl.zeros([BT, BK], dtype=tl.float32)
     cy = tl.zeros([BK], dtype=tl.float32)
     for p in tl.range(0, NP):
         x += tl.load(dgl + p * (B * T * H * KG) + offs, mask=m, other=0.)
-        cy += tl.load(cpart + p * (B * NT * H * KG) + ((i_b * NT + c) * H + i_h) * KG + o_k)
+        cy += tl.load(cpart + p * (B * NT * H * KG) + ((i_b * NT + i_t) * H + i_h) * KG + o_k)
     rc = cy[None, :] + tl.cumsum(x, axis=0, reverse=True)
     tl.store(dg + offs, rc.to(dg.dtype.element_ty), mask=m)
 

@@ -89,12 +89,12 @@ def _gla_prep_kernel(q, k, g, qg, kg, dch, As, scale, T, NT,
     """
     DT = k.dtype.element_ty
     GT = g.dtype.element_ty
-    c = tl.program_id(0)
+    i_t = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
     i_h = i_bh % H
     o_t = tl.arange(0, BT)
-    rows = c * BT + o_t
+    rows = i_t * BT + o_t
     mask_t = rows < T
     ii = o_t[:, None]
     jj = o_t[None, :]
@@ -106,7 +106,7 @@ def _gla_prep_kernel(q, k, g, qg, kg, dch, As, scale, T, NT,
         q_t = tl.load(q + offs, mask=mask_t[:, None], other=0.)
         k_t = tl.load(k + offs, mask=mask_t[:, None], other=0.)
         g_t = tl.load(g + offs, mask=mask_t[:, None], other=0.)
-        tl.store(dch + (i_bh * NT + c).to(tl.int64) * K + o_k, tl.sum(g_t.to(tl.float32), axis=0))
+        tl.store(dch + (i_bh * NT + i_t).to(tl.int64) * K + o_k, tl.sum(g_t.to(tl.float32), axis=0))
         if GT == tl.float32 and PIECES == 1:   # as in the levels: only the bfloat16 piece stays live
             g_t = g_t.to(tl.bfloat16)
         # b = L g (inclusive prefix sums), b_C - b = U g (strict suffix sums, <= 0 and exact)
@@ -122,7 +122,7 @@ def _gla_prep_kernel(q, k, g, qg, kg, dch, As, scale, T, NT,
     for LV in tl.static_range(8):              # BT <= 256: half-blocks of BT/2, ..., 1 rows
         if (BT >> (LV + 1)) > 0:
             A += _gla_level_mm(q, k, g, base, mask_t, ii, jj, BT >> (LV + 1), BT, K, BK, DT, GT, PIECES, IP, EMU)
-    tl.store(As + (i_bh * NT + c).to(tl.int64) * BT * BT + ii * BT + jj, round_store(A * scale, As.dtype.element_ty, EMU))
+    tl.store(As + (i_bh * NT + i_t).to(tl.int64) * BT * BT + ii * BT + jj, round_store(A * scale, As.dtype.element_ty, EMU))
 
 
 def prepare_vector_gate(q, k, g, scale: float, plan):

@@ -39,7 +39,8 @@ def _prep_fwd_kernel(k, beta, kk, kb, N, K: tl.constexpr, BK: tl.constexpr, BR: 
                      EMU: tl.constexpr):
     """``BR`` (token, head) rows: ``kk = k``, ``kb = beta · k`` (float32 product), both rounded to
     the operand dtype."""
-    o_r = tl.program_id(0) * BR + tl.arange(0, BR)
+    i_r = tl.program_id(0)
+    o_r = i_r * BR + tl.arange(0, BR)
     m_r = o_r < N
     b = tl.load(beta + o_r, mask=m_r, other=0.0).to(tl.float32)
     pk, mk = rows_tile(k, o_r, m_r, K, BK)
@@ -52,7 +53,8 @@ def _prep_fwd_kernel(k, beta, kk, kb, N, K: tl.constexpr, BK: tl.constexpr, BR: 
 def _prep_bwd_kernel(k, beta, dkk, dkb, dk, dbeta, N, K: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
                      HAS_DKK: tl.constexpr, HAS_DKB: tl.constexpr, EMU: tl.constexpr):
     """``dk = dkk + beta · dkb`` and ``dbeta = Σ_K dkb ⊙ k`` on ``BR`` rows."""
-    o_r = tl.program_id(0) * BR + tl.arange(0, BR)
+    i_r = tl.program_id(0)
+    o_r = i_r * BR + tl.arange(0, BR)
     m_r = o_r < N
     pk, mk = rows_tile(k, o_r, m_r, K, BK)
     acc = tl.zeros([BR, BK], dtype=tl.float32)

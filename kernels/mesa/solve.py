@@ -53,13 +53,13 @@ def _cg_kernel(rhs, kb, kk, g, lamb, hs, x, T, NT, ITERS,
     """grid (NT, B·H). ``rhs``, ``x``: ``[B, T, H, K]``; ``kb`` = beta·k and ``kk`` = k in the operand
     dtype; ``g`` ``[B, T, H]`` log gates; ``lamb`` ``[H, K]``; ``hs`` ``[B·H, NT, K, K]`` float32."""
     DT = kk.dtype.element_ty
-    i_c = tl.program_id(0)
+    i_t = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
     i_h = i_bh % H
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, K)
-    rows = i_c * BT + o_t
+    rows = i_t * BT + o_t
     mask_t = rows < T
     offs = i_b.to(tl.int64) * T * H * K + i_h * K + rows[:, None] * (H * K) + o_k[None, :]
     # padded rows (past T) load zeros: b = 0, k = 0, so they neither solve nor disturb anything
@@ -71,7 +71,7 @@ def _cg_kernel(rhs, kb, kk, g, lamb, hs, x, T, NT, ITERS,
     D = tl.exp(tl.where(o_t[:, None] >= o_t[None, :], bt[:, None] - bt[None, :], float("-inf")))
     eb = tl.exp(bt)
     lam = tl.load(lamb + i_h * K + o_k).to(tl.float32)
-    Hc = tl.load(hs + (i_bh * NT + i_c).to(tl.int64) * K * K + o_k[:, None] * K + o_k[None, :])
+    Hc = tl.load(hs + (i_bh * NT + i_t).to(tl.int64) * K * K + o_k[:, None] * K + o_k[None, :])
     sH = tl.max(tl.max(tl.abs(Hc), axis=1), axis=0)
     sH = tl.where(sH > 0, sH, 1.0)
     Hn = round_operand(Hc / sH, DT, EMU)

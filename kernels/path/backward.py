@@ -61,51 +61,51 @@ def _path_bwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, do_ptr, lse
                      T, H, NQ, NTC, BH, scale, qk_scale, g_to_s,
                      K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, HAS_G: tl.constexpr,
                      PREC: tl.constexpr):
-    pid = tl.program_id(0)
+    i_p = tl.program_id(0)
     nprog = tl.num_programs(0)
     r = tl.arange(0, BM)
     cols = tl.arange(0, 64)
     top = r < 64
     td = qt_ptr.dtype.element_ty
     # this program's slot of scratch: BM rows of X (and of dS) per 64-token key block
-    xs_base = xs_ptr + pid.to(tl.int64) * NTC * BM * K // 64
-    dzs_base = dzs_ptr + pid.to(tl.int64) * NTC * BM
-    for work in range(pid, NQ * BH, nprog):
-        bh = (work % BH).to(tl.int64)
-        i = NQ - 1 - work // BH                               # longest first
-        bi = bh // H
-        h = bh % H
-        t0 = i * BM
+    xs_base = xs_ptr + i_p.to(tl.int64) * NTC * BM * K // 64
+    dzs_base = dzs_ptr + i_p.to(tl.int64) * NTC * BM
+    for i_mbh in range(i_p, NQ * BH, nprog):
+        i_bh = (i_mbh % BH).to(tl.int64)
+        i_m = NQ - 1 - i_mbh // BH                               # longest first
+        i_b = i_bh // H
+        i_h = i_bh % H
+        t0 = i_m * BM
         rows = t0 + r
         valid = rows < T
-        buf = bh * NTC * K
-        v_base = v_ptr + (bi * T * H + h) * V
-        g_base = G_ptr + bi * T * H + h
+        buf = i_bh * NTC * K
+        v_base = v_ptr + (i_b * T * H + i_h) * V
+        g_base = G_ptr + i_b * T * H + i_h
         x = _tile_rows(qt_ptr + buf, t0, BM, K).to(tl.float32)
-        do = tl.load(do_ptr + (bi * T * H + h) * V + rows.to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :],
+        do = tl.load(do_ptr + (i_b * T * H + i_h) * V + rows.to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :],
                      mask=valid[:, None], other=0.0)
-        lse = tl.load(lse_ptr + bh * NTC + rows)
-        dlt = tl.load(dlt_ptr + bh * NTC + rows)
+        lse = tl.load(lse_ptr + i_bh * NTC + rows)
+        dlt = tl.load(dlt_ptr + i_bh * NTC + rows)
         g_row = tl.zeros([BM], dtype=tl.float32)
         if HAS_G:
             g_row = tl.load(g_base + rows.to(tl.int64) * H, mask=valid, other=0.0)
         dg_row = tl.zeros([BM], dtype=tl.float32)
         # the block's own keys (stage 1's A_loc: their gradient goes back there), as the forward
-        s_a, s_b = diagonal_scores(aloc_ptr + bh * NTC * 64, x.to(td), kh_ptr + buf, g_row, g_base, t0, T, H,
+        s_a, s_b = diagonal_scores(aloc_ptr + i_bh * NTC * 64, x.to(td), kh_ptr + buf, g_row, g_base, t0, T, H,
                                    g_to_s, K, BM, HAS_G, PREC)
         p, dz_a = _probs(s_a, lse, valid, do, _in_rows(v_base, t0, T, H * V, V), dlt, qk_scale, PREC)
-        _add_tile(dv_ptr + bh * NTC * V, t0, tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC), 64, V)
+        _add_tile(dv_ptr + i_bh * NTC * V, t0, tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC), 64, V)
         if HAS_G:
             dg_row += tl.sum(dz_a, 1)
-            tl.atomic_add(dG_ptr + bh * NTC + t0 + cols, -tl.sum(dz_a, 0), sem="relaxed")
+            tl.atomic_add(dG_ptr + i_bh * NTC + t0 + cols, -tl.sum(dz_a, 0), sem="relaxed")
         if BM == 128:
             p, dz_b = _probs(s_b, lse, valid, do, _in_rows(v_base, t0 + 64, T, H * V, V), dlt, qk_scale, PREC)
-            _add_tile(dv_ptr + bh * NTC * V, t0 + 64, tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC),
+            _add_tile(dv_ptr + i_bh * NTC * V, t0 + 64, tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC),
                       64, V)
             if HAS_G:
                 dg_row += tl.sum(dz_b, 1)
-                tl.atomic_add(dG_ptr + bh * NTC + t0 + 64 + cols, -tl.sum(dz_b, 0), sem="relaxed")
-            _put_tile(daloc_ptr + bh * NTC * 64, t0, tl.where(top[:, None], dz_a, dz_b) * scale, BM, 64)
+                tl.atomic_add(dG_ptr + i_bh * NTC + t0 + 64 + cols, -tl.sum(dz_b, 0), sem="relaxed")
+            _put_tile(daloc_ptr + i_bh * NTC * 64, t0, tl.where(top[:, None], dz_a, dz_b) * scale, BM, 64)
             # the rows of b met block a's keys through X K̂_aᵀ, and then crossed it: as a walk step
             xt = x.to(td)
             dsc = tl.where(top[:, None], 0.0, dz_a * scale).to(td)
@@ -115,9 +115,9 @@ def _path_bwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, do_ptr, lse
             a = tl.dot(xt, tl.trans(_tile(wt_ptr + buf, t0, K)), input_precision=PREC)
             x -= tl.dot(tl.where(top[:, None], 0.0, a).to(td), _tile(u_ptr + buf, t0, K), input_precision=PREC)
         else:
-            _put_tile(daloc_ptr + bh * NTC * 64, t0, dz_a * scale, BM, 64)
+            _put_tile(daloc_ptr + i_bh * NTC * 64, t0, dz_a * scale, BM, 64)
         # first sweep, down: the forward's walk, keeping X and dS for the second
-        nb = i * (BM // 64)
+        nb = i_m * (BM // 64)
         for n in range(0, nb):
             s0 = (nb - 1 - n) * 64
             xt = x.to(td)
@@ -129,11 +129,11 @@ def _path_bwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, do_ptr, lse
             p, dz = _probs(s, lse, valid, do, v, dlt, qk_scale, PREC)
             dsc = (dz * scale).to(td)
             _put_tile(dzs_base, s0 // 64 * BM, dsc, BM, 64)
-            _add_tile(dv_ptr + bh * NTC * V, s0, tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC), 64, V)
+            _add_tile(dv_ptr + i_bh * NTC * V, s0, tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC), 64, V)
             _add_tile(dkh_ptr + buf, s0, tl.dot(tl.trans(dsc), xt, input_precision=PREC), 64, K)
             if HAS_G:
                 dg_row += tl.sum(dz, 1)
-                tl.atomic_add(dG_ptr + bh * NTC + s0 + cols, -tl.sum(dz, 0), sem="relaxed")
+                tl.atomic_add(dG_ptr + i_bh * NTC + s0 + cols, -tl.sum(dz, 0), sem="relaxed")
             a = tl.dot(xt, tl.trans(_tile(wt_ptr + buf, s0, K)), input_precision=PREC)
             x -= tl.dot(a.to(td), _tile(u_ptr + buf, s0, K), input_precision=PREC)
         tl.debug_barrier()            # the slot's writes, visible to every thread of the program
@@ -155,7 +155,7 @@ def _path_bwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, do_ptr, lse
             r_acc += tl.dot(_tile_rows(dzs_base, l * BM, BM, 64), _tile(kh_ptr + buf, s0, K), input_precision=PREC)
         _put_tile(dqt_ptr + buf, t0, r_acc, BM, K)
         if HAS_G:
-            tl.atomic_add(dG_ptr + bh * NTC + rows, dg_row, sem="relaxed")
+            tl.atomic_add(dG_ptr + i_bh * NTC + rows, dg_row, sem="relaxed")
         tl.debug_barrier()            # every read of the slot done before the next pair writes it
 
 

@@ -78,19 +78,19 @@ def _path_fwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, G_ptr, o_pt
                      T, H, NQ, NTC, qk_scale, g_to_s,
                      K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, HAS_G: tl.constexpr,
                      PREC: tl.constexpr):
-    pid = tl.program_id(0)
+    i_mbh = tl.program_id(0)
     BH = tl.num_programs(0) // NQ
-    bh = (pid % BH).to(tl.int64)
-    i = NQ - 1 - pid // BH                     # longest rows first
-    bi = bh // H
-    h = bh % H
-    t0 = i * BM
+    i_bh = (i_mbh % BH).to(tl.int64)
+    i_m = NQ - 1 - i_mbh // BH                     # longest rows first
+    i_b = i_bh // H
+    i_h = i_bh % H
+    t0 = i_m * BM
     rows = t0 + tl.arange(0, BM)
     r = tl.arange(0, BM)
     cols = tl.arange(0, 64)
-    buf = bh * NTC * K
-    v_base = v_ptr + (bi * T * H + h) * V
-    g_base = G_ptr + bi * T * H + h
+    buf = i_bh * NTC * K
+    v_base = v_ptr + (i_b * T * H + i_h) * V
+    g_base = G_ptr + i_b * T * H + i_h
     td = qt_ptr.dtype.element_ty
     x = _tile_rows(qt_ptr + buf, t0, BM, K).to(tl.float32)
     g_row = tl.zeros([BM], dtype=tl.float32)
@@ -100,7 +100,7 @@ def _path_fwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, G_ptr, o_pt
     l_i = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, V], dtype=tl.float32)
     # the block's own keys: block a first (every row sees one of its keys), then block b
-    s_a, s_b = diagonal_scores(aloc_ptr + bh * NTC * 64, x.to(td), kh_ptr + buf, g_row, g_base, t0, T, H,
+    s_a, s_b = diagonal_scores(aloc_ptr + i_bh * NTC * 64, x.to(td), kh_ptr + buf, g_row, g_base, t0, T, H,
                                g_to_s, K, BM, HAS_G, PREC)
     acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s_a, _in_rows(v_base, t0, T, H * V, V), qk_scale, PREC)
     if BM == 128:
@@ -111,7 +111,7 @@ def _path_fwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, G_ptr, o_pt
         a = tl.where((r >= 64)[:, None], a, 0.0)
         x -= tl.dot(a.to(td), _tile(u_ptr + buf, t0, K), input_precision=PREC)
     # the earlier blocks, last first, the queries carried backwards across each
-    nb = i * (BM // 64)
+    nb = i_m * (BM // 64)
     for n in range(0, nb):
         s0 = (nb - 1 - n) * 64
         xt = x.to(td)
@@ -123,9 +123,9 @@ def _path_fwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, G_ptr, o_pt
         a = tl.dot(xt, tl.trans(_tile(wt_ptr + buf, s0, K)), input_precision=PREC)
         x -= tl.dot(a.to(td), _tile(u_ptr + buf, s0, K), input_precision=PREC)
     lse = m_i + tl.math.log2(l_i)
-    tl.store(lse_ptr + bh * NTC + rows, lse)
+    tl.store(lse_ptr + i_bh * NTC + rows, lse)
     o = acc / l_i[:, None]
-    tl.store(o_ptr + (bi * T * H + h) * V + rows.to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :],
+    tl.store(o_ptr + (i_b * T * H + i_h) * V + rows.to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :],
              o.to(o_ptr.dtype.element_ty), mask=(rows < T)[:, None])
 
 

@@ -57,19 +57,19 @@ def _block_tile(base, row0, C: tl.constexpr):
 @triton.jit(do_not_specialize=["T", "H", "NTC", "TMS"])
 def _prepare_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr,
                     T, H, NTC, TMS, K: tl.constexpr, PREC: tl.constexpr):
-    n = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    bi = bh // H
-    h = bh % H
-    t0 = n * 64
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    t0 = i_t * 64
     r = t0 + tl.arange(0, 64)
     c = tl.arange(0, 64)
-    row_base = (bi * T * H + h) * K
+    row_base = (i_b * T * H + i_h) * K
     q = _rows(q_ptr + row_base, t0, T, H * K, K)
     k = _rows(k_ptr + row_base, t0, T, H * K, K)
     w = _rows(w_ptr + row_base, t0, T, H * K, K)
-    beta = tl.load(beta_ptr + bi * T * H + h + r * H, mask=r < T, other=0.0).to(tl.float32)
-    tmat = _block_tile(tm_ptr + bh * TMS * 64, t0, 64)
+    beta = tl.load(beta_ptr + i_b * T * H + i_h + r * H, mask=r < T, other=0.0).to(tl.float32)
+    tmat = _block_tile(tm_ptr + i_bh * TMS * 64, t0, 64)
     lower = c[None, :] <= c[:, None]
     below = c[None, :] < c[:, None]
     u = tl.dot(tmat, beta[:, None] * w, input_precision=PREC)                       # U = T Diag(β) W
@@ -79,12 +79,12 @@ def _prepare_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, qt_ptr, kh_ptr, u_ptr
     qt = q - tl.dot(qw, u, input_precision=PREC)
     kh = k - tl.dot(tl.trans(y), w, input_precision=PREC)
     aloc = tl.where(lower, tl.dot(q, tl.trans(k), input_precision=PREC), 0.0) - tl.dot(qw, y, input_precision=PREC)
-    out = bh * NTC * K
+    out = i_bh * NTC * K
     _store_rows(qt_ptr + out, qt, t0, NTC, K, K)
     _store_rows(kh_ptr + out, kh, t0, NTC, K, K)
     _store_rows(u_ptr + out, u, t0, NTC, K, K)
     _store_rows(wt_ptr + out, w, t0, NTC, K, K)
-    _store_rows(aloc_ptr + bh * NTC * 64, aloc, t0, NTC, 64, 64)
+    _store_rows(aloc_ptr + i_bh * NTC * 64, aloc, t0, NTC, 64, 64)
 
 
 def prepare_blocks(q, k, w, beta, plan):
@@ -130,18 +130,18 @@ def _local_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, dqt_ptr, dkh_ptr, g
                       K: tl.constexpr, KB: tl.constexpr, PREC: tl.constexpr):
     # Two sweeps over column blocks of KB: the first forms every 64×64 matrix the chain rule needs
     # (products over K), the second the 64×K gradients, a column block at a time (few live tiles).
-    n = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    bi = bh // H
-    h = bh % H
-    t0 = n * 64
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    t0 = i_t * 64
     r = t0 + tl.arange(0, 64)
     c = tl.arange(0, 64)
-    row_base = (bi * T * H + h) * K
-    acc = bh * NTC * K
-    beta = tl.load(beta_ptr + bi * T * H + h + r * H, mask=r < T, other=0.0).to(tl.float32)
-    tmat = _block_tile(tm_ptr + bh * TMS * 64, t0, 64)
-    da = _block_tile(daloc_ptr + bh * NTC * 64, t0, 64)
+    row_base = (i_b * T * H + i_h) * K
+    acc = i_bh * NTC * K
+    beta = tl.load(beta_ptr + i_b * T * H + i_h + r * H, mask=r < T, other=0.0).to(tl.float32)
+    tmat = _block_tile(tm_ptr + i_bh * TMS * 64, t0, 64)
+    da = _block_tile(daloc_ptr + i_bh * NTC * 64, t0, 64)
     lower = c[None, :] <= c[:, None]
     below = c[None, :] < c[:, None]
     qw = tl.zeros([64, 64], dtype=tl.float32)        # Q Wᵀ
@@ -182,7 +182,7 @@ def _local_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, dqt_ptr, dkh_ptr, g
     dbeta += tl.sum(ww * dl, 1)
     nb = dl * beta[:, None]
     nsym = nb + tl.trans(nb)
-    tl.store(dbeta_ptr + bi * T * H + h + r * H, dbeta.to(dbeta_ptr.dtype.element_ty), mask=r < T)
+    tl.store(dbeta_ptr + i_b * T * H + i_h + r * H, dbeta.to(dbeta_ptr.dtype.element_ty), mask=r < T)
     for c0 in tl.static_range(0, K, KB):
         q = _cols(q_ptr + row_base, t0, c0, T, H * K, KB)
         k = _cols(k_ptr + row_base, t0, c0, T, H * K, KB)
