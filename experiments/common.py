@@ -439,10 +439,11 @@ def tune_and_run(config, seeds, run_piece, *, split, label=None, score=None, tun
 def grid_rows(run: dict) -> list[dict]:
     """The learning-rate grid of a run of :func:`tune_and_run` (or one read back by
     :func:`load_run`), one row per tuned unit: ``{"unit", "lrs", "scores", "chosen"}`` (the rates
-    of ``lr_grid``, the held-out score at each, the chosen rate). No rows when it had no grid."""
+    of ``lr_grid``, the held-out score at each, the chosen rate). No rows when it had no grid, nor for
+    a stored file of an earlier format (no ``lr_choice``)."""
     cfg = run["config"]
     return [{"unit": row["unit"], "lrs": list(cfg["lr_grid"]), "scores": row["scores"], "chosen": row["lr"]}
-            for row in cfg["lr_choice"] if row["scores"] is not None]
+            for row in cfg.get("lr_choice", []) if row["scores"] is not None]
 
 
 def grid_lines(config: dict, names=None, digits: int = 3) -> list[str]:

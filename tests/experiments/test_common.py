@@ -211,6 +211,7 @@ def test_the_command_line_runs_writes_and_reads_back(tmp_path, monkeypatch, caps
                                                    "records": [{"seed": 0, "accuracy": [1.0]}]}))
     old = load_run("old", FakeConfig, "c")
     assert not old["same_as_gpu_config"] and old["grid"] == [] and len(old["records"]) == 1
+    assert grid_rows(old) == [] and grid_lines(old["config"]) == []
     with pytest.raises(SystemExit, match="--only: choose from"):
         seeds_cli(["--only", "c"], **kw)
 
