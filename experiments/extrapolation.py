@@ -30,7 +30,7 @@ book's 2-core machine; the GPU setting, the whole grid and three seeds, in a few
 H200) and not tuned to favour any model. Every model has the same width, depth, heads, optimizer,
 data stream and evaluation batches; each gets its own learning rate, chosen from ``lr_grid`` by its
 accuracy at ``train_len`` on the evaluation sequences of ``grid_seed``, a seed no reported run uses
-(:func:`experiments.common.run_grid_and_seeds`: NoPE's best shot at the training length is part of
+(:func:`experiments.common.tune_and_run`: NoPE's best shot at the training length is part of
 the protocol). FoX's gate starts near 1 (bias ``+3``, gate ``≈ 0.95``, as a gate that starts by
 remembering). The claims of :func:`claims` and their margins were fixed from pilot runs on other
 seeds, before the stored seeds were run.
@@ -49,16 +49,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (TrainConfig, check_int, derived_seeds, fit, load_stored_runs, claim, mlp_block,
-                     residual_stack, run_grid_and_seeds, seeds_cli, summarize_seeds, torch_threads, train_each)
+from .common import (TunedConfig, check_int, derived_seeds, fit, load_run, claim, mlp_block, residual_stack,
+                     seeds_cli, summarize_seeds, torch_threads, train_each, tune_and_run)
 
 __all__ = ["ENCODINGS", "ExtrapolationConfig", "cpu_config", "gpu_config", "make_recency_recall",
            "vocab_size", "reset_token", "token_text", "attention_bias", "SoftmaxAttention",
            "RecallTransformer", "train_model", "evaluate", "reset_gates", "run_extrapolation", "run_seeds",
            "claims", "seed_summary", "NAMES", "COLORS", "plot_summary", "summary_sentences", "STORED",
-           "load_stored", "main"]
+           "COMMAND", "load_stored", "main"]
 
 STORED = "extrapolation"        # experiments/results/extrapolation.json: the GPU runs
+COMMAND = "python -m experiments.extrapolation --gpu --jobs 8 --write"
 ENCODINGS = ("nope", "alibi", "fox")
 NAMES = {"nope": "NoPE", "alibi": "ALiBi", "fox": "FoX"}     # as the book writes them
 IGNORE = -100                   # target at positions that are not scored
@@ -235,7 +236,7 @@ class RecallTransformer(nn.Module):
 # training and evaluation
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ExtrapolationConfig(TrainConfig):
+class ExtrapolationConfig(TunedConfig):
     """Everything that defines one run. The defaults are the CPU setting (:func:`cpu_config`)."""
 
     encodings: tuple = ENCODINGS
@@ -360,7 +361,7 @@ def _check_config(cfg: ExtrapolationConfig) -> None:
             raise ValueError(f"encodings must be drawn from {ENCODINGS}; got {e!r}")
     if max(cfg.eval_lens) < cfg.train_len:
         raise ValueError("eval_lens must reach train_len or beyond")
-    if cfg.lr_grid and cfg.train_len not in cfg.eval_lens:
+    if len(cfg.lr_grid) > 1 and cfg.train_len not in cfg.eval_lens:
         raise ValueError("eval_lens must hold train_len when there is an lr_grid (the rate is chosen there)")
 
 
@@ -393,13 +394,14 @@ def _run_one(config: ExtrapolationConfig) -> dict:
 def run_seeds(config: ExtrapolationConfig, seeds, *, jobs: int = 1) -> dict:
     """The learning-rate grid ``config.lr_grid`` for every encoding on ``config.grid_seed``
     (chosen by the accuracy at ``train_len``), then every seed at each encoding's chosen rate
-    (:func:`experiments.common.run_grid_and_seeds`; with an empty grid, every encoding at
+    (:func:`experiments.common.tune_and_run`; with an empty grid, every encoding at
     ``config.lr``); ``jobs`` pieces (one encoding, one seed or rate) at a time in their own
     processes, which gives the same records as one process (every piece is seeded alike).
-    Returns ``{"config" (with "seeds", the chosen "lr" per encoding and the grid's "lr_search"),
-    "records" (one per encoding and seed), "seconds": {seed: seconds, summed over its pieces}}``."""
+    Returns ``{"config" (with "seeds" and "lr_choice"), "grid" (the grid's records, each with its
+    "score"), "records" (one per encoding and seed), "seconds": {seed: seconds, summed over its
+    pieces}}``."""
     _check_config(config)
-    return run_grid_and_seeds(config, seeds, _run_one, split="encodings", score=_grid_score, jobs=jobs)
+    return tune_and_run(config, seeds, _run_one, split=("encodings",), score=_grid_score, jobs=jobs)
 
 
 def seed_summary(records: list[dict], field: str = "accuracy") -> dict:
@@ -523,9 +525,10 @@ def claims(run: dict) -> list[dict]:
             f"{every}.",
             all(a > max(0.1, b) for a, b in zip(fall["nope"], fall["fox"])),
             f"NoPE's fall {fmt(fall['nope'])}; FoX's {fmt(fall['fox'])}"))
-        search = run["config"].get("lr_search") or []
-        nope_rows = [r for r in search if r["model"] == "nope"]
-        fox_rows = [r for r in search if r["model"] == "fox" and r["lr"] == run["config"]["lr"].get("fox")]
+        grid = run.get("grid") or []
+        chosen = {row["unit"]: row["lr"] for row in run["config"].get("lr_choice", [])}
+        nope_rows = [r for r in grid if r["encoding"] == "nope"]
+        fox_rows = [r for r in grid if r["encoding"] == "fox" and r["lr"] == chosen.get("fox")]
         if nope_rows and fox_rows:
             best = max(r["accuracy"][-1] for r in nope_rows)
             out.append(claim(
@@ -538,18 +541,20 @@ def claims(run: dict) -> list[dict]:
 
 def load_stored() -> dict:
     """The stored GPU runs (``experiments/results/extrapolation.json``: ``env``, ``config`` with its
-    ``seeds``, ``records``), with ``same_as_gpu_config``: whether they were run with the settings
-    :func:`gpu_config` has now. Raises ``FileNotFoundError`` when this copy of the book has none."""
-    return load_stored_runs(STORED, gpu_config, "python -m experiments.extrapolation --gpu --jobs 8 --write",
-                            ignore=("seeds", "lr", "lr_search", "jobs"))
+    ``seeds`` and the chosen rates, ``lr_choice``, the ``grid``, ``records``), with
+    ``same_as_gpu_config``: whether they were run with the settings :func:`gpu_config` has now
+    (:func:`experiments.common.load_run`). Raises ``FileNotFoundError`` when this copy of the book
+    has none."""
+    return load_run(STORED, gpu_config, COMMAND)
 
 
 def main(argv=None) -> int:
-    """``python -m experiments.extrapolation [--gpu] [--seeds ...] [--device D] [--steps N] [--jobs N]
-    [--write]`` (:func:`experiments.common.seeds_cli`): the learning-rate grid, then the seeds."""
+    """``python -m experiments.extrapolation [--gpu] [--seeds ...] [--jobs N] [--only E ...] [--device D]
+    [--steps N] [--write]`` (:func:`experiments.common.seeds_cli`): the learning-rate grid, then the
+    seeds."""
     return seeds_cli(argv, description="train short, test long, with segment boundaries (NoPE, ALiBi, FoX)",
                      stored=STORED, cpu_config=cpu_config, gpu_config=gpu_config, run_seeds=run_seeds,
-                     gpu_seeds=[0, 1, 2], jobs=True,
+                     only="encodings",
                      describe=lambda r: f"seed {r['seed']} {r['encoding']:>5} lr {r['lr']:g}: " + "  ".join(
                          f"n={L}: {a:.3f}" for L, a in zip(r["eval_lens"], r["accuracy"])))
 

@@ -32,7 +32,7 @@ Entry points: :func:`cpu_config`, :func:`gpu_config`, :func:`run_seeds`, :func:`
 """
 from __future__ import annotations
 
-from .common import MODEL_NAMES, claim, load_tuned, tuned_cli
+from .common import MODEL_NAMES, claim, load_run, seeds_cli
 from . import mqar
 
 __all__ = ["MIXERS", "PAPER_CLAIM", "cpu_config", "gpu_config", "run_seeds", "summary", "claims",
@@ -118,16 +118,16 @@ def claims(run: dict) -> list[dict]:
 def load_stored() -> dict:
     """The stored GPU run (``experiments/results/mqar_mesanet.json``) with ``same_as_gpu_config``;
     ``FileNotFoundError`` naming the command that writes it when this copy of the book has none."""
-    return load_tuned(STORED, gpu_config, COMMAND)
+    return load_run(STORED, gpu_config, COMMAND)
 
 
 def main(argv=None) -> int:
     """``python -m experiments.mesa_recall [--gpu] [--seeds ...] [--jobs N] [--only M ...] [--device D]
-    [--steps N] [--write]`` (:func:`experiments.common.tuned_cli`)."""
-    return tuned_cli(argv, description="Chapter 10: MesaNet against the delta rule in associative recall at "
+    [--steps N] [--write]`` (:func:`experiments.common.seeds_cli`)."""
+    return seeds_cli(argv, description="Chapter 10: MesaNet against the delta rule in associative recall at "
                                        "equal d_k (written once and with rewrites)",
                      stored=STORED, cpu_config=cpu_config, gpu_config=gpu_config, run_seeds=run_seeds,
-                     describe=mqar.describe)
+                     describe=mqar.describe, only="mixers")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ before it. Measured on an earlier CPU setting, models that had to discover the s
 seed-dependent number of steps, and that timing, not the update rule, decided which model scored
 best; so every mixer starts with the shift (it stays trainable).
 
-**The protocol** (:func:`experiments.common.tune_then_seeds`): each mixer is trained at
+**The protocol** (:func:`experiments.common.tune_and_run`): each mixer is trained at
 ``d_k = tune_head_dim`` once per rate of ``lr_grid`` with the seed ``grid_seed`` and scored on a
 validation stream (mean accuracy over every setting); its best rate is then used at every ``d_k``
 and every seed, scored on the test stream. (A grid per mixer and ``d_k`` would triple the GPU run;
@@ -71,7 +71,7 @@ Entry points: :func:`make_mqar` (the data), :class:`MQARModel`, :func:`state_siz
 :func:`train_recall` (one model), :func:`run_seeds` (the grid and the seeds), :func:`summary`,
 :func:`claims`, :func:`plot_rewrites`, :func:`plot_capacity`, :func:`load_stored`, and
 ``python -m experiments.mqar [--gpu] [--jobs N] [--write]``
-(:func:`experiments.common.tuned_cli`).
+(:func:`experiments.common.seeds_cli`).
 """
 from __future__ import annotations
 
@@ -82,12 +82,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (MODEL_COLORS, MODEL_NAMES, TunedConfig, check_int, claim, derived_seeds, fit,
-                     load_tuned, loss_curves, mlp_block, seed_records, summarize_seeds, torch_threads,
-                     tune_then_seeds, tuned_cli)
+from .common import (MODEL_COLORS, MODEL_NAMES, TunedConfig, check_int, claim, derived_seeds, fit, load_run,
+                     loss_curves, mlp_block, seeds_cli, summarize_seeds, torch_threads, tune_and_run)
 
 __all__ = ["MIXERS", "ALL_MIXERS", "FILLER", "IGNORE", "GATE_TEMPERATURE", "make_mqar", "ShortConv", "TokenMixer",
-           "MQARModel", "state_size", "RecallConfig", "points", "cpu_config", "gpu_config", "units", "tuned_by",
+           "MQARModel", "state_size", "RecallConfig", "points", "cpu_config", "gpu_config", "unit",
            "evaluate", "train_recall", "run_one", "run_seeds", "summary", "rewrite_claims", "capacity_claims",
            "claims", "PAPER_CLAIMS", "plot_rewrites", "plot_write_once", "plot_capacity", "plot_loss",
            "draw_sequence", "STORED", "COMMAND", "describe", "load_stored", "main"]
@@ -350,6 +349,7 @@ class RecallConfig(TunedConfig):
     batch: int = 32
     lr: float = 1e-2
     lr_grid: tuple = (1e-2,)
+    eval_on: str = "test"
     weight_decay: float = 0.1
     eval_batch: int = 256
     threads: int | None = 1
@@ -406,16 +406,9 @@ def gpu_config(**changes) -> RecallConfig:
     return replace(base, **changes)
 
 
-def units(cfg: RecallConfig) -> dict:
-    """The models of ``cfg``, one per mixer and head size: ``{"deltanet@16": {"mixers":
-    ("deltanet",), "head_dims": (16,)}, ...}`` (the config fields that make a run of it alone)."""
-    return {f"{m}@{h}": {"mixers": (m,), "head_dims": (h,)} for m in cfg.mixers for h in cfg.head_dims}
-
-
-def tuned_by(cfg: RecallConfig) -> dict:
-    """Whose grid sets each model's rate: a mixer's rate is chosen at ``d_k = tune_head_dim`` and
-    used at every head size (``{"deltanet@64": "deltanet@16", ...}``)."""
-    return {f"{m}@{h}": f"{m}@{cfg.tune_head_dim}" for m in cfg.mixers for h in cfg.head_dims}
+def unit(mixer: str, head_dim: int) -> str:
+    """A model's name in a run's records: ``"deltanet@16"`` for DeltaNet at ``d_k = 16``."""
+    return f"{mixer}@{head_dim}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,17 +486,19 @@ def run_one(config: RecallConfig) -> dict:
 
 
 def run_seeds(config: RecallConfig, seeds, *, jobs: int = 1) -> dict:
-    """The protocol of :func:`experiments.common.tune_then_seeds` for every model of ``config``
-    (:func:`units`): the rate grid on ``config.grid_seed`` (skipped when the grid has one rate),
-    then each seed of ``seeds`` at the chosen rates; ``jobs`` runs at once in their own processes.
-    Returns ``{"config", "records", "seconds"}``; each record has ``unit``, ``mixer``, ``head_dim``,
-    ``lr``, ``seed``, ``phase`` (``"grid"`` or ``"seed"``), ``points``, ``accuracy`` and
+    """:func:`experiments.common.tune_and_run` for every model of ``config`` (one per mixer and
+    head size, named by :func:`unit`): each mixer's rate grid at ``d_k = tune_head_dim`` on
+    ``config.grid_seed``, scored on the validation stream (skipped when the grid has one rate), its
+    rate then used at every head size and seed, scored on the test stream; ``jobs`` runs at once in
+    their own processes. Returns ``{"config", "grid", "records", "seconds"}``; each record has
+    ``unit``, ``mixer``, ``head_dim``, ``lr``, ``seed``, ``phase``, ``points``, ``accuracy`` and
     ``state_size``."""
     _check(config)
     if config.tune_head_dim not in config.head_dims:
         raise ValueError(f"tune_head_dim must be one of head_dims {config.head_dims} (the rates are chosen "
                          f"there); got {config.tune_head_dim}")
-    return tune_then_seeds(config, seeds, run_one, units(config), jobs=jobs, tuned_by=tuned_by(config))
+    return tune_and_run(config, seeds, run_one, split=("mixers", "head_dims"), label=unit,
+                        tune_at={"head_dims": config.tune_head_dim}, jobs=jobs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -514,7 +509,7 @@ def summary(run: dict) -> dict:
     largest accuracy at each setting (:func:`experiments.common.summarize_seeds`), with ``mixers``
     and ``head_dims`` (as run), ``state_size`` per unit, ``points`` and the per-seed accuracies
     ``by_seed[unit][seed]``."""
-    recs = seed_records(run)
+    recs = run["records"]
     out = summarize_seeds(recs, "unit", "points")
     out["mixers"] = list(dict.fromkeys(r["mixer"] for r in recs))
     out["head_dims"] = sorted({r["head_dim"] for r in recs})
@@ -727,7 +722,7 @@ def plot_loss(run: dict, label: str, ax, seed: int | None = None, title: str | N
     """The training loss on one task setting (``label``, e.g. ``"N=4 R=8"``) against the step, one line
     per model of ``run`` (its seed records; ``seed``: that seed's only, default the first), from the
     records' :func:`experiments.common.loss_curves`."""
-    recs = seed_records(run)
+    recs = run["records"]
     seed = recs[0]["seed"] if seed is None else seed
     for r in recs:
         if r["seed"] != seed:
@@ -785,9 +780,10 @@ COMMAND = "python -m experiments.mqar --gpu --jobs 16 --write"
 
 def load_stored() -> dict:
     """The stored GPU run (``experiments/results/mqar_recall.json``: ``env``, ``config`` with its
-    ``seeds`` and ``chosen_lr``, ``records`` of the grid and the seeds) with ``same_as_gpu_config``.
-    ``FileNotFoundError`` naming the command that writes it when this copy of the book has none."""
-    return load_tuned(STORED, gpu_config, COMMAND)
+    ``seeds`` and ``lr_choice``, ``grid``, ``records``) with ``same_as_gpu_config``
+    (:func:`experiments.common.load_run`). ``FileNotFoundError`` naming the command that writes it
+    when this copy of the book has none."""
+    return load_run(STORED, gpu_config, COMMAND)
 
 
 def describe(r: dict) -> str:
@@ -798,11 +794,11 @@ def describe(r: dict) -> str:
 
 def main(argv=None) -> int:
     """``python -m experiments.mqar [--gpu] [--seeds ...] [--jobs N] [--only M ...] [--device D]
-    [--steps N] [--write]`` (:func:`experiments.common.tuned_cli`)."""
-    return tuned_cli(argv, description="Chapter 6: associative recall with rewrites, and write-once recall "
+    [--steps N] [--write]`` (:func:`experiments.common.seeds_cli`)."""
+    return seeds_cli(argv, description="Chapter 6: associative recall with rewrites, and write-once recall "
                                        "against state size (four update rules)",
                      stored=STORED, cpu_config=cpu_config, gpu_config=gpu_config, run_seeds=run_seeds,
-                     describe=describe)
+                     describe=describe, only="mixers")
 
 
 if __name__ == "__main__":

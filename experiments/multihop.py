@@ -64,7 +64,7 @@ CPU cell in well under a minute on the book's 2-core machine; the GPU setting, t
 three seeds, in a few minutes on one H200). Every model has the same width, heads, MLP, embedding,
 optimizer, data stream and evaluation batches; each gets its own learning rate, chosen from
 ``lr_grid`` by its mean accuracy over the hop counts on the evaluation programs of ``grid_seed``,
-a seed no reported run uses (:func:`experiments.common.run_grid_and_seeds`). The margins of
+a seed no reported run uses (:func:`experiments.common.tune_and_run`). The margins of
 :func:`claims` were set from pilot runs on other seeds, before the stored seeds were run.
 
 Entry points: :func:`run_multihop` (one seed, every model at ``config.lr``), :func:`run_seeds` (the
@@ -80,9 +80,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (TrainConfig, check_int, derived_seeds, fit, load_stored_runs, claim, mlp_block,
-                     residual_stack, run_grid_and_seeds, seeds_cli, summarize_seeds, torch_threads,
-                     train_each)
+from .common import (TunedConfig, check_int, derived_seeds, fit, load_run, claim, mlp_block, residual_stack,
+                     seeds_cli, summarize_seeds, torch_threads, train_each, tune_and_run)
 
 __all__ = ["MIXERS", "NAMES", "LAYERS", "HANDSET_SCALE", "MultihopConfig", "cpu_config", "gpu_config",
            "vocab_size", "sequence_length", "make_variable_chains", "token_text", "link_matrices",
@@ -90,9 +89,10 @@ __all__ = ["MIXERS", "NAMES", "LAYERS", "HANDSET_SCALE", "MultihopConfig", "cpu_
            "AttentionMixer",
            "StatementEmbedding", "MultihopModel", "train_model", "evaluate", "run_multihop",
            "run_seeds", "claims", "seed_summary", "plot_summary", "summary_sentences", "STORED",
-           "load_stored", "main"]
+           "COMMAND", "load_stored", "main"]
 
 STORED = "multihop"             # experiments/results/multihop.json: the GPU runs
+COMMAND = "python -m experiments.multihop --gpu --jobs 8 --write"
 MIXERS = ("softmax", "softmax2", "deltaformer", "deltaformer_free", "deltanet")
 NAMES = {"softmax": "softmax, 1 layer", "softmax2": "softmax, 2 layers (control)",
          "deltaformer": "DeltaFormer, β in (0, 1)", "deltaformer_free": "DeltaFormer, β free",
@@ -402,7 +402,7 @@ class MultihopModel(nn.Module):
 # training and evaluation
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class MultihopConfig(TrainConfig):
+class MultihopConfig(TunedConfig):
     """Everything that defines one run. The defaults are the CPU setting (:func:`cpu_config`)."""
 
     mixers: tuple = ("softmax2", "deltaformer_free")
@@ -585,12 +585,12 @@ def _grid_score(record: dict) -> float:
 def run_seeds(config: MultihopConfig, seeds, *, jobs: int = 1) -> dict:
     """The learning-rate grid ``config.lr_grid`` for every mixer on ``config.grid_seed`` (chosen by
     the mean accuracy over the hop counts), then every seed at each mixer's chosen rate
-    (:func:`experiments.common.run_grid_and_seeds`; with an empty grid, every mixer at
-    ``config.lr``); ``jobs`` pieces (one mixer, one seed or rate) at a time in their own processes.
-    Returns ``{"config" (with "seeds", the chosen "lr" per mixer and the grid's "lr_search"),
+    (:func:`experiments.common.tune_and_run`; with an empty grid, every mixer at ``config.lr``);
+    ``jobs`` pieces (one mixer, one seed or rate) at a time in their own processes. Returns
+    ``{"config" (with "seeds" and "lr_choice"), "grid" (the grid's records, each with its "score"),
     "records" (one per mixer and seed), "seconds": {seed: seconds}}``."""
     _check_config(config)
-    return run_grid_and_seeds(config, seeds, run_multihop, split="mixers", score=_grid_score, jobs=jobs)
+    return tune_and_run(config, seeds, run_multihop, split=("mixers",), score=_grid_score, jobs=jobs)
 
 
 def _per_seed(records: list[dict], mixer: str, field: str = "accuracy") -> list[list[float]]:
@@ -734,20 +734,21 @@ def summary_sentences(summary: dict) -> list[str]:
 
 def load_stored() -> dict:
     """The stored GPU runs (``experiments/results/multihop.json``: ``env``, ``config`` with its
-    ``seeds``, the chosen ``lr`` per mixer and the grid's ``lr_search``, ``records``), with
-    ``same_as_gpu_config``: whether they were run with the settings :func:`gpu_config` has now.
-    Raises ``FileNotFoundError`` when this copy of the book has none."""
-    return load_stored_runs(STORED, gpu_config, "python -m experiments.multihop --gpu --jobs 8 --write",
-                            ignore=("seeds", "lr", "lr_search", "jobs"))
+    ``seeds`` and the chosen rates, ``lr_choice``, the ``grid``, ``records``), with
+    ``same_as_gpu_config``: whether they were run with the settings :func:`gpu_config` has now
+    (:func:`experiments.common.load_run`). Raises ``FileNotFoundError`` when this copy of the book
+    has none."""
+    return load_run(STORED, gpu_config, COMMAND)
 
 
 def main(argv=None) -> int:
-    """``python -m experiments.multihop [--gpu] [--seeds ...] [--device D] [--steps N] [--jobs N]
-    [--write]`` (:func:`experiments.common.seeds_cli`): the learning-rate grid, then the seeds."""
+    """``python -m experiments.multihop [--gpu] [--seeds ...] [--jobs N] [--only M ...] [--device D]
+    [--steps N] [--write]`` (:func:`experiments.common.seeds_cli`): the learning-rate grid, then the
+    seeds."""
     return seeds_cli(argv, description="multi-hop retrieval: softmax attention with one and two layers, "
                                        "DeltaFormer with beta in (0, 1) and free",
                      stored=STORED, cpu_config=cpu_config, gpu_config=gpu_config, run_seeds=run_seeds,
-                     gpu_seeds=[0, 1, 2], jobs=True,
+                     only="mixers",
                      describe=lambda r: f"seed {r['seed']} {r['mixer']:>16} lr {r['lr']:g}: " + "  ".join(
                          f"h={h}: {a:.3f}" for h, a in zip(r["hops"], r["accuracy"])))
 

@@ -45,12 +45,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (MODEL_COLORS, MODEL_NAMES, TunedConfig, check_int, claim, derived_seeds, fit, load_tuned,
-                     loss_curves, seed_records, summarize_seeds, torch_threads, tune_then_seeds, tuned_cli)
+from .common import (MODEL_COLORS, MODEL_NAMES, TunedConfig, check_int, claim, derived_seeds, fit, load_run,
+                     loss_curves, seeds_cli, summarize_seeds, torch_threads, tune_and_run)
 from .mqar import TokenMixer
 
 __all__ = ["MIXERS", "PAPER_CLAIM", "make_regression", "ridge_error", "RegressionModel", "RegressionConfig",
-           "cpu_config", "gpu_config", "units", "train_regression", "run_one", "run_seeds", "summary", "claims",
+           "cpu_config", "gpu_config", "unit", "train_regression", "run_one", "run_seeds", "summary", "claims",
            "plot_errors", "STORED", "COMMAND", "load_stored", "main"]
 
 MIXERS = ("linear", "deltanet", "mesanet")
@@ -143,6 +143,7 @@ class RegressionConfig(TunedConfig):
     batch: int = 32
     lr: float = 1e-2
     lr_grid: tuple = (1e-2,)
+    eval_on: str = "test"
     weight_decay: float = 0.0
     eval_batch: int = 512
     threads: int | None = 1
@@ -185,10 +186,10 @@ def _task(noise: float) -> str:
     return "clean" if noise == 0 else f"noise {noise:g}"
 
 
-def units(cfg: RegressionConfig) -> dict:
-    """One model per mixer and task: ``{"deltanet/clean": {"mixers": ("deltanet",), "noises": (0.0,)},
-    "deltanet/noise 0.5": ..., ...}``."""
-    return {f"{m}/{_task(s)}": {"mixers": (m,), "noises": (s,)} for m in cfg.mixers for s in cfg.noises}
+def unit(mixer: str, noise: float) -> str:
+    """A model's name in a run's records, one per mixer and task: ``"deltanet/clean"``,
+    ``"deltanet/noise 0.5"``."""
+    return f"{mixer}/{_task(noise)}"
 
 
 _EVAL_OFFSET, _VALID_OFFSET = 600_001, 800_001
@@ -250,11 +251,11 @@ def _score(record: dict) -> float:
 
 
 def run_seeds(config: RegressionConfig, seeds, *, jobs: int = 1) -> dict:
-    """:func:`experiments.common.tune_then_seeds` for every model of ``config`` (:func:`units`),
-    the grid scored by the mean error over every number of pairs. Returns ``{"config", "records",
-    "seconds"}``."""
+    """:func:`experiments.common.tune_and_run` for every model of ``config`` (one per mixer and
+    task, named by :func:`unit`), the grid scored by the mean error over every number of pairs on
+    the validation stream. Returns ``{"config", "grid", "records", "seconds"}``."""
     _check(config)
-    return tune_then_seeds(config, seeds, run_one, units(config), jobs=jobs, score=_score)
+    return tune_and_run(config, seeds, run_one, split=("mixers", "noises"), label=unit, score=_score, jobs=jobs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,7 +266,7 @@ def summary(run: dict) -> dict:
     pairs (:func:`experiments.common.summarize_seeds`, lower is better), with ``by_seed[unit][seed]``,
     ``ridge[task]`` (the exact ridge regression's error, the mean over the seeds), ``mixers``,
     ``tasks`` and ``state_size`` per unit."""
-    recs = seed_records(run)
+    recs = run["records"]
     out = summarize_seeds(recs, "unit", "pairs", value_key="error", higher_is_better=False)
     out["mixers"] = list(dict.fromkeys(r["mixer"] for r in recs))
     out["tasks"] = list(dict.fromkeys(r["task"] for r in recs))
@@ -340,7 +341,7 @@ def plot_errors(s: dict, task: str, ax, title: str | None = None):
 def load_stored() -> dict:
     """The stored GPU run (``experiments/results/regression.json``) with ``same_as_gpu_config``;
     ``FileNotFoundError`` naming the command that writes it when this copy of the book has none."""
-    return load_tuned(STORED, gpu_config, COMMAND)
+    return load_run(STORED, gpu_config, COMMAND)
 
 
 def describe(r: dict) -> str:
@@ -353,11 +354,11 @@ def describe(r: dict) -> str:
 
 def main(argv=None) -> int:
     """``python -m experiments.regression [--gpu] [--seeds ...] [--jobs N] [--only M ...] [--device D]
-    [--steps N] [--write]`` (:func:`experiments.common.tuned_cli`)."""
-    return tuned_cli(argv, description="Chapter 10: trained in-context linear regression (linear attention, "
+    [--steps N] [--write]`` (:func:`experiments.common.seeds_cli`)."""
+    return seeds_cli(argv, description="Chapter 10: trained in-context linear regression (linear attention, "
                                        "DeltaNet, MesaNet), clean and noisy",
                      stored=STORED, cpu_config=cpu_config, gpu_config=gpu_config, run_seeds=run_seeds,
-                     describe=describe)
+                     describe=describe, only="mixers")
 
 
 if __name__ == "__main__":

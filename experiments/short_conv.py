@@ -58,7 +58,8 @@ becomes the identity. :func:`claims` states that, with margins.
 seed ``grid_seed`` (its own training stream and evaluation batches, never a reported seed's),
 chosen by the mean accuracy over ``N`` there, ties by the final training loss (:func:`lr_score`);
 then every reported seed trains it at its chosen rate (:func:`experiments.common.tune_and_run`).
-The grid, its scores and the chosen rates are stored with the run (``config["lr_choice"]``).
+The grid's records, with their scores, and the chosen rates (``config["lr_choice"]``) are stored
+with the run.
 
 **How the setting was chosen.** The first version (no token shift, one learning rate) was run on
 the CPU and a GPU; the issue that reviewed it (issue 37, on the chapter then numbered 10) pointed out that in it
@@ -94,16 +95,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (TrainConfig, check_int, claim, derived_seeds, fit, load_stored_runs, seeds_cli,
-                     summarize_seeds, torch_threads, train_each, tune_and_run)
+from .common import (TunedConfig, check_int, claim, derived_seeds, fit, load_run, seeds_cli, summarize_seeds,
+                     torch_threads, train_each, tune_and_run)
 from .mqar import make_mqar
 
 __all__ = ["VARIANTS", "CPU_VARIANTS", "NAMES", "COLORS", "guess_baseline", "STORED", "token_shift", "ShortConvolution",
            "TiedDeltaNetMixer", "ConvAblationModel", "identity_gap", "ShortConvConfig", "cpu_config", "gpu_config",
            "evaluate", "train_model", "run_short_conv", "lr_score", "run_seeds", "seed_summary", "claims",
-           "plot_summary", "summary_sentences", "load_stored", "main"]
+           "plot_summary", "summary_sentences", "COMMAND", "load_stored", "main"]
 
 STORED = "short_conv"          # experiments/results/short_conv.json: the GPU runs
+COMMAND = "python -m experiments.short_conv --gpu --write --jobs 3"
 VARIANTS = ("none", "untied", "k", "q", "v", "qkv")
 CPU_VARIANTS = VARIANTS[:3]    # the live run: tied, untied, tied with a convolution on K (time)
 NAMES = {"none": "tied (K = V)", "untied": "untied (K ≠ V)", "k": "tied + conv on K", "q": "tied + conv on Q",
@@ -229,7 +231,7 @@ def identity_gap(model: ConvAblationModel, ids) -> float:
 # training and evaluation
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ShortConvConfig(TrainConfig):
+class ShortConvConfig(TunedConfig):
     """Everything that defines one run. The defaults are the CPU setting (:func:`cpu_config`)."""
 
     variants: tuple = CPU_VARIANTS
@@ -356,9 +358,9 @@ def lr_score(record: dict) -> tuple:
 def run_seeds(config: ShortConvConfig, seeds, *, jobs: int = 1, keep_models: bool = False) -> dict:
     """The learning-rate grid on ``config.grid_seed``, then every seed at each variant's chosen rate
     (:func:`experiments.common.tune_and_run`, one piece per variant, ``jobs`` at a time in their
-    own processes). Returns ``{"config" (with "seeds" and "lr_choice"), "records" (one per variant
-    and seed), "seconds"}``; with ``keep_models``, the trained models under ``"models"``, ``{seed:
-    {variant: model}}``."""
+    own processes). Returns ``{"config" (with "seeds" and "lr_choice"), "grid", "records" (one per
+    variant and seed), "seconds"}``; with ``keep_models``, the trained models under ``"models"``,
+    ``{seed: {variant: model}}``."""
     _check_config(config)
     return tune_and_run(config, seeds, run_short_conv, split=("variants",), score=lr_score, jobs=jobs,
                         keep_models=keep_models)
@@ -491,22 +493,22 @@ def summary_sentences(summary: dict) -> list[str]:
 
 def load_stored() -> dict:
     """The stored GPU runs (``experiments/results/short_conv.json``: ``env``, ``config`` with its
-    ``seeds`` and ``lr_choice``, ``records``), with ``same_as_gpu_config``: whether they were run with the settings
-    :func:`gpu_config` has now. Raises ``FileNotFoundError`` when this copy of the book has none."""
-    return load_stored_runs(STORED, gpu_config, "python -m experiments.short_conv --gpu --write --jobs 3",
-                            ignore=("seeds", "jobs", "lr_choice"))
+    ``seeds`` and ``lr_choice``, the ``grid``, ``records``), with ``same_as_gpu_config``: whether they were
+    run with the settings :func:`gpu_config` has now (:func:`experiments.common.load_run`). Raises
+    ``FileNotFoundError`` when this copy of the book has none."""
+    return load_run(STORED, gpu_config, COMMAND)
 
 
 def main(argv=None) -> int:
-    """``python -m experiments.short_conv [--gpu] [--seeds ...] [--device D] [--steps N] [--jobs N]
-    [--write]`` (:func:`experiments.common.seeds_cli`)."""
+    """``python -m experiments.short_conv [--gpu] [--seeds ...] [--jobs N] [--only V ...] [--device D]
+    [--steps N] [--write]`` (:func:`experiments.common.seeds_cli`)."""
     return seeds_cli(argv, description="Chapter 11: keys equal to values, the token shift and the short "
                                        "convolution (MQAR, one DeltaNet layer)",
                      stored=STORED, cpu_config=cpu_config, gpu_config=gpu_config, run_seeds=run_seeds,
-                     gpu_seeds=[0, 1, 2],
+                     only="variants",
                      describe=lambda r: f"seed {r['seed']} {r['variant']:>6} lr {r['lr']:g}: " + "  ".join(
                          f"N={N}: {a:.3f}" for N, a in zip(r["kv_pairs"], r["accuracy"]))
-                     + f"  |S-I| {r['identity_gap']:.2f}", jobs=True)
+                     + f"  |S-I| {r['identity_gap']:.2f}")
 
 
 if __name__ == "__main__":

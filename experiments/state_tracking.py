@@ -62,8 +62,8 @@ tokens in between; no position information gives no transport at all.
 (``lr_grid``) on the held-out seed ``grid_seed`` (its own training stream and evaluation games,
 never a reported seed's), chosen by the mean accuracy over the positions up to ``train_len``, ties
 by the cross-entropy there (:func:`lr_score`); then every reported seed trains it at its chosen
-rate (:func:`experiments.common.tune_and_run`). The grid, the scores and the chosen rates are
-stored with the run (``config["lr_choice"]``).
+rate (:func:`experiments.common.tune_and_run`). The grid's records, with their scores, and the
+chosen rates (``config["lr_choice"]``) are stored with the run.
 
 **Why PaTH falls past twice the training length (the measurement).** The first stored GPU run
 (three cups, two layers, trained on 256 swaps) had PaTH at 1.0 up to twice the training length and
@@ -114,7 +114,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (TrainConfig, check_int, claim, derived_seeds, fit, load_stored_runs, mlp_block, residual_stack,
+from .common import (TunedConfig, check_int, claim, derived_seeds, fit, load_run, mlp_block, residual_stack,
                      seeds_cli, summarize_seeds, torch_threads, train_each, tune_and_run)
 
 __all__ = ["MIXERS", "MODELS", "NAMES", "COLORS", "StateTrackingConfig", "cpu_config", "gpu_config", "transpositions",
@@ -123,9 +123,10 @@ __all__ = ["MIXERS", "MODELS", "NAMES", "COLORS", "StateTrackingConfig", "cpu_co
            "train_model", "evaluate", "window_accuracy", "interventions", "carried_key_norms", "diagnose_path",
            "run_state_tracking", "lr_score", "run_seeds", "seed_summary", "plot_summary", "plot_interventions",
            "key_norm_lines", "best_shot_sentence", "summary_sentences",
-           "claims", "STORED", "load_stored", "main"]
+           "claims", "STORED", "COMMAND", "load_stored", "main"]
 
 STORED = "state_tracking"       # experiments/results/state_tracking.json: the GPU runs
+COMMAND = "python -m experiments.state_tracking --gpu --write --jobs 3"
 MIXERS = ("path", "rope", "nope")
 MODELS = ("path", "rope", "nope", "rope_deep")
 CPU_MODELS = ("path", "nope", "rope_deep")   # the live run leaves out RoPE of PaTH's depth (time)
@@ -362,7 +363,7 @@ class ShellGameModel(nn.Module):
 # training and evaluation
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class StateTrackingConfig(TrainConfig):
+class StateTrackingConfig(TunedConfig):
     """Everything that defines one run. The defaults are the CPU setting (:func:`cpu_config`)."""
 
     models: tuple = CPU_MODELS
@@ -675,8 +676,8 @@ def lr_score(record: dict) -> tuple:
 def run_seeds(config: StateTrackingConfig, seeds, *, jobs: int = 1, progress: bool = False) -> dict:
     """The learning-rate grid on ``config.grid_seed``, then every seed at each model's chosen rate
     (:func:`experiments.common.tune_and_run`, one piece per number of cups and model, ``jobs`` at a
-    time). Returns ``{"config" (with "seeds" and "lr_choice"), "records" (one per number of cups,
-    model and seed), "seconds"}``."""
+    time; each named ``"<cups>/<model>"``). Returns ``{"config" (with "seeds" and "lr_choice"), "grid",
+    "records" (one per number of cups, model and seed), "seconds"}``."""
     _check_config(config)
     run = run_state_tracking if not progress else _run_with_progress
     return tune_and_run(config, seeds, run, split=("cups", "models"), score=lr_score, jobs=jobs)
@@ -898,11 +899,10 @@ def claims(run: dict) -> list[dict]:
 
 def load_stored() -> dict:
     """The stored GPU runs (``experiments/results/state_tracking.json``: ``env``, ``config`` with its
-    ``seeds`` and ``lr_choice``, ``records``), with ``same_as_gpu_config``: whether they were run
-    with the settings :func:`gpu_config` has now. Raises ``FileNotFoundError`` when this copy of
-    the book has none."""
-    return load_stored_runs(STORED, gpu_config, "python -m experiments.state_tracking --gpu --write --jobs 3",
-                            ignore=("seeds", "lr_choice", "jobs"))
+    ``seeds`` and ``lr_choice``, the ``grid``, ``records``), with ``same_as_gpu_config``: whether they
+    were run with the settings :func:`gpu_config` has now (:func:`experiments.common.load_run`).
+    Raises ``FileNotFoundError`` when this copy of the book has none."""
+    return load_run(STORED, gpu_config, COMMAND)
 
 
 def _describe(r: dict) -> str:
@@ -911,12 +911,12 @@ def _describe(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    """``python -m experiments.state_tracking [--gpu] [--seeds ...] [--device D] [--steps N]
-    [--jobs N] [--write]`` (:func:`experiments.common.seeds_cli`)."""
+    """``python -m experiments.state_tracking [--gpu] [--seeds ...] [--jobs N] [--only M ...] [--device D]
+    [--steps N] [--write]`` (:func:`experiments.common.seeds_cli`)."""
     return seeds_cli(argv, description="Chapter 9: state tracking, the shell game with 3 and 5 cups "
                                        "(PaTH, RoPE, NoPE, RoPE deeper with a curriculum)",
                      stored=STORED, cpu_config=cpu_config, gpu_config=gpu_config, run_seeds=run_seeds,
-                     gpu_seeds=[0, 1, 2], describe=_describe, jobs=True)
+                     describe=_describe, only="models")
 
 
 if __name__ == "__main__":

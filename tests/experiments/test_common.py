@@ -1,12 +1,23 @@
-"""experiments.common's shared pieces that no single experiment's tests cover alone: the claims
-form every experiment's ``claims(run)`` returns (``claim``, ``assert_claims``,
-``claims_markdown``), the learning-rate grid then seeds (``tune_and_run``) on a fake experiment
-whose best rate is known, and the merging of stored runs (``merge_stored``)."""
-from dataclasses import asdict, dataclass
+"""experiments.common's shared pieces that no single experiment's tests cover alone: the claims form
+every experiment's ``claims(run)`` returns, and the one protocol (``tune_and_run``: a learning-rate
+grid on a held-out seed, then the seeds), its stored runs (``load_run``, ``load_current``,
+``grid_rows``, ``grid_lines``) and its command line (``seeds_cli``), on a fake experiment whose
+'training' is a formula with a known best rate per model; last, every experiment module's GPU
+command against its command line."""
+import importlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from experiments import common
+import experiments.common as common
+from experiments.common import (TunedConfig, grid_lines, grid_rows, load_current, load_run, seeds_cli,
+                                stored_config, tune_and_run)
+
+EXPERIMENTS = ("mqar", "mesa_recall", "regression", "multihop", "extrapolation", "state_tracking", "short_conv")
 
 
 # ------------------------------------------------------------------ claims
@@ -17,7 +28,9 @@ def test_claim_form_and_checks():
     with pytest.raises(ValueError, match="text must be a non-empty"):
         common.claim("", True, "")
     good, bad = common.claim("A holds.", True, "1.0"), common.claim("B holds.", False, "0.2")
+    assert common.failed_claims([good, bad]) == [bad]
     assert common.assert_claims([good]) == [good]
+    assert common.assert_claims([good, bad], which=[0]) == [good, bad]
     with pytest.raises(AssertionError) as err:
         common.assert_claims([good, bad])
     assert "B holds. (measured: 0.2)" in str(err.value) and "A holds." not in str(err.value)
@@ -25,82 +38,225 @@ def test_claim_form_and_checks():
     assert md.splitlines() == ["- **holds**: A holds. (measured: 1.0)", "- **does not hold**: B holds. (measured: 0.2)"]
 
 
-# ------------------------------------------------------------------ grid, then seeds
+# ------------------------------------------------------------------ a fake experiment
 @dataclass(frozen=True)
-class Fake:
-    models: tuple = ("a", "b")
+class FakeConfig(TunedConfig):
+    mixers: tuple = ("a", "b")
+    sizes: tuple = (4, 8)
     lr_grid: tuple = (1e-3, 1e-2, 1e-1)
     grid_seed: int = 99
-    seed: int = 0
-    lr: float = 1e-3
-
-    def as_dict(self):
-        return asdict(self)
+    eval_on: str = "test"
 
 
-BEST = {"a": 1e-2, "b": 1e-1}     # each fake model scores best at this rate
+BEST = {"a": 1e-2, "b": 1e-1}       # each fake mixer scores best at this rate
 
 
-def fake_piece(cfg, keep_models=False):
-    (m,) = cfg.models
-    rec = {"model": m, "seed": cfg.seed, "lr": cfg.lr, "score": -abs(cfg.lr - BEST[m])}
-    out = {"records": [rec], "seconds": 1.0}
+def fake_run(cfg: FakeConfig, keep_models: bool = False) -> dict:
+    """'Training' every (mixer, size) of ``cfg``: accuracy 1 at the mixer's best rate, a quarter less
+    per decade away, 0.01 less on the validation stream, the second entry 0.001 less per unit of
+    the seed (module level: the processes of jobs > 1 import it)."""
+    recs, models = [], {}
+    for m in cfg.mixers:
+        for n in cfg.sizes:
+            acc = 1.0 - abs(math.log10(cfg.lr / BEST[m])) / 4 - (0.01 if cfg.eval_on == "validation" else 0.0)
+            recs.append({"mixer": m, "size": n, "seed": cfg.seed, "eval_on": cfg.eval_on,
+                         "accuracy": [acc, acc - 0.001 * cfg.seed], "train_seconds": 0.5})
+            models[f"{m}{n}"] = f"net {m}{n} seed {cfg.seed}"
+    out = {"records": recs, "seconds": 0.5 * len(recs)}
     if keep_models:
-        out["models"] = {m: f"net {m} {cfg.seed}"}
+        out["models"] = models
     return out
 
 
-def test_tune_and_run_picks_each_models_rate_on_the_held_out_seed():
+def _run(cfg=FakeConfig(), seeds=(0, 1), **kw):
+    return tune_and_run(cfg, list(seeds), fake_run, split=("mixers", "sizes"), label=lambda m, n: f"{m}{n}", **kw)
+
+
+# ------------------------------------------------------------------ the protocol
+def test_the_grid_picks_each_models_best_rate_on_the_held_out_seed_then_runs_the_seeds():
     seen = []
 
-    def piece(cfg, **kw):
-        seen.append((cfg.models[0], cfg.seed, cfg.lr))
-        return fake_piece(cfg, **kw)
-    run = common.tune_and_run(Fake(), [0, 1], piece, split=("models",), score=lambda r: r["score"])
-    grid = [(m, 99, lr) for m in "ab" for lr in Fake.lr_grid]
-    assert seen == grid + [("a", 0, 1e-2), ("b", 0, 1e-1), ("a", 1, 1e-2), ("b", 1, 1e-1)]
-    choice = run["config"]["lr_choice"]
-    assert [(c["models"], c["lr"]) for c in choice] == [("a", 1e-2), ("b", 1e-1)]
-    assert choice[0]["scores"] == pytest.approx([-9e-3, 0.0, -9e-2])
-    assert [(r["model"], r["seed"], r["lr"]) for r in run["records"]] == [
-        ("a", 0, 1e-2), ("b", 0, 1e-1), ("a", 1, 1e-2), ("b", 1, 1e-1)]
-    assert run["config"]["seeds"] == [0, 1] and "seed" not in run["config"] and "jobs" not in run["config"]
-    assert run["seconds"] == {0: 2.0, 1: 2.0}
-    kept = common.tune_and_run(Fake(), [0], fake_piece, split=("models",), score=lambda r: r["score"],
-                               keep_models=True)
-    assert kept["models"] == {0: {"a": "net a 0", "b": "net b 0"}}
+    def spy(cfg, **kw):
+        seen.append((cfg.mixers, cfg.sizes, cfg.seed, cfg.lr, cfg.eval_on))
+        return fake_run(cfg, **kw)
+    run = tune_and_run(FakeConfig(), [0, 1], spy, split=("mixers", "sizes"), label=lambda m, n: f"{m}{n}")
+    lrs = FakeConfig.lr_grid
+    grid_calls = [((m,), (n,), 99, lr, "validation") for m in "ab" for n in (4, 8) for lr in lrs]
+    seed_calls = [((m,), (n,), s, BEST[m], "test") for s in (0, 1) for m in "ab" for n in (4, 8)]
+    assert seen == grid_calls + seed_calls                    # one piece per unit, the first split field outermost
+    assert [(r["unit"], r["lr"], r["seed"], r["phase"], r["eval_on"]) for r in run["grid"]] == [
+        (f"{m}{n}", lr, 99, "grid", "validation") for m in "ab" for n in (4, 8) for lr in lrs]
+    assert [(r["unit"], r["lr"], r["seed"], r["phase"], r["eval_on"]) for r in run["records"]] == [
+        (f"{m}{n}", BEST[m], s, "seed", "test") for s in (0, 1) for m in "ab" for n in (4, 8)]
+    # the default score: the mean accuracy of the grid record (seed 99 lowers the second entry by 0.099)
+    for r in run["grid"]:
+        assert r["score"] == pytest.approx(1.0 - abs(math.log10(r["lr"] / BEST[r["mixer"]])) / 4 - 0.01 - 0.0495)
+    cfg = run["config"]
+    assert [(c["unit"], c["mixers"], c["sizes"], c["lr"], c["tuned_by"]) for c in cfg["lr_choice"]] == [
+        (f"{m}{n}", m, n, BEST[m], f"{m}{n}") for m in "ab" for n in (4, 8)]
+    assert cfg["lr_choice"][0]["scores"] == [r["score"] for r in run["grid"][:3]]
+    assert cfg["seeds"] == [0, 1] and cfg["jobs"] == 1 and cfg["lr_grid"] == list(lrs) and cfg["grid_seed"] == 99
+    assert not {"seed", "lr", "eval_on"} & set(cfg)
+    assert run["seconds"] == {0: 2.0, 1: 2.0} and f"{run['seconds']:.1f}" == "4.0"    # formatted: the total
+    assert "models" not in run
 
 
-def test_tune_and_run_ties_one_rate_and_bad_input():
-    # ties go to the earlier rate of the grid
-    flat = common.tune_and_run(Fake(), [0], fake_piece, split=("models",), score=lambda r: 0)
-    assert [c["lr"] for c in flat["config"]["lr_choice"]] == [1e-3, 1e-3]
-    # a one-rate grid skips the grid: no held-out runs, no scores
-    seen = []
-    one = common.tune_and_run(Fake(lr_grid=(0.5,)), [3], lambda c: seen.append(c.seed) or fake_piece(c),
-                              split=("models",), score=lambda r: r["score"])
-    assert seen == [3, 3] and [c["scores"] for c in one["config"]["lr_choice"]] == [None, None]
-    with pytest.raises(ValueError, match="grid_seed must not be one of seeds"):
-        common.tune_and_run(Fake(), [0, 99], fake_piece, split=("models",), score=lambda r: 0)
-    with pytest.raises(ValueError, match="lr_grid must be a non-empty tuple of positive rates"):
-        common.tune_and_run(Fake(lr_grid=()), [0], fake_piece, split=("models",), score=lambda r: 0)
-    with pytest.raises(ValueError, match="lr_grid must be a non-empty tuple of positive rates"):
-        common.tune_and_run(Fake(lr_grid=(1e-3, -1.0)), [0], fake_piece, split=("models",), score=lambda r: 0)
-    with pytest.raises(ValueError, match="seeds must be a non-empty list"):
-        common.tune_and_run(Fake(), [], fake_piece, split=("models",), score=lambda r: 0)
+def test_tune_at_shares_a_rate_and_small_grids_are_not_run():
+    run = _run(tune_at={"sizes": 8})
+    assert {r["unit"] for r in run["grid"]} == {"a8", "b8"}
+    rows = {c["unit"]: c for c in run["config"]["lr_choice"]}
+    assert rows["a4"]["tuned_by"] == "a8" and rows["a4"]["scores"] is None and rows["a4"]["lr"] == BEST["a"]
+    assert rows["b8"]["tuned_by"] == "b8" and len(rows["b8"]["scores"]) == 3
+    with pytest.raises(ValueError, match="tune_at: sizes = 16 must be one of the values"):
+        _run(tune_at={"sizes": 16})
+    one = _run(FakeConfig(lr_grid=(3e-3,), grid_seed=0), seeds=[0, 5])   # a one-rate grid: no held-out seed to keep
+    assert one["grid"] == [] and all(r["lr"] == 3e-3 for r in one["records"]) and len(one["records"]) == 8
+    assert all(c["scores"] is None and c["tuned_by"] is None for c in one["config"]["lr_choice"])
+    empty = _run(FakeConfig(lr_grid=(), lr=0.25), seeds=[0])
+    assert empty["grid"] == [] and {r["lr"] for r in empty["records"]} == {0.25}
+    assert grid_rows(empty) == [] and grid_lines(empty["config"]) == []
 
 
-# ------------------------------------------------------------------ merging stored runs
-def test_merge_stored_keeps_other_pieces_and_refuses_other_settings():
-    cfg = {"steps": 2, "variants": ["k"], "seeds": [0]}
-    old = {"env": {"date": "old"}, "config": cfg,
-           "records": [{"seed": 0, "variant": "k", "acc": 1}, {"seed": 0, "variant": "none", "acc": 2}]}
-    new = {"env": {"date": "new"}, "config": dict(cfg, seeds=[0, 1]),
-           "records": [{"seed": 0, "variant": "none", "acc": 3}, {"seed": 1, "variant": "k", "acc": 4}]}
-    merged = common.merge_stored(old, new, ("variants", "variant"), ("none", "k"))
-    assert [(r["seed"], r["variant"], r["acc"], r["env"]["date"]) for r in merged["records"]] == [
-        (0, "none", 3, "new"), (0, "k", 1, "old"), (1, "k", 4, "new")]
-    assert merged["config"]["seeds"] == [0, 1] and merged["config"]["variants"] == ["none", "k"]
-    assert common.merge_stored(None, new, ("variants", "variant"), ("none", "k"))["config"]["seeds"] == [0, 1]
-    with pytest.raises(ValueError, match="other settings"):
-        common.merge_stored(old, dict(new, config=dict(cfg, steps=3)), ("variants", "variant"), ("none", "k"))
+def test_scores_ties_nan_and_tuples():
+    def chosen(values):
+        """The rate chosen when the grid's score at the j-th rate is values[j]."""
+        at = dict(zip(FakeConfig.lr_grid, values))
+        run = tune_and_run(FakeConfig(mixers=("a",), sizes=(4,)), [0], fake_run, split=("mixers", "sizes"),
+                           score=lambda r: at[r["lr"]])
+        return run["config"]["lr_choice"][0]["lr"]
+    assert chosen([0.5, 0.5, 0.4]) == 1e-3                        # a tie goes to the earlier rate
+    assert chosen([0.4, 0.5, 0.5]) == 1e-2
+    assert chosen([0.2, float("nan"), 0.1]) == 1e-3               # NaN is the worst score
+    assert chosen([float("nan"), float("nan"), 0.0]) == 1e-1
+    assert chosen([(0.5, -0.3), (0.5, -0.1), (0.4, 0.0)]) == 1e-2  # a tuple: later entries break ties
+
+
+def test_protocol_arguments_are_checked():
+    with pytest.raises(ValueError, match="grid_seed must not be one of the seeds"):
+        _run(FakeConfig(grid_seed=1), seeds=[0, 1])
+    with pytest.raises(ValueError, match="lr_grid must hold distinct positive learning rates"):
+        _run(FakeConfig(lr_grid=(1e-3, -1.0)))
+    with pytest.raises(ValueError, match="lr_grid must hold distinct positive learning rates"):
+        _run(FakeConfig(lr_grid=(1e-3, 1e-3)))
+    with pytest.raises(ValueError, match="seeds must be a non-empty list of distinct integers"):
+        _run(seeds=[1, 1])
+    with pytest.raises(ValueError, match="jobs must be an integer >= 1"):
+        _run(jobs=0)
+    with pytest.raises(ValueError, match="split must name config fields that each hold at least one value"):
+        _run(FakeConfig(sizes=()))
+    with pytest.raises(ValueError, match="label must give every unit its own name"):
+        tune_and_run(FakeConfig(), [0], fake_run, split=("mixers", "sizes"), label=lambda m, n: m)
+    with pytest.raises(ValueError, match="run_piece must return one record per unit"):
+        tune_and_run(FakeConfig(), [0], fake_run, split=("mixers",))       # sizes not split: two records a piece
+
+
+def test_runs_in_processes_equal_runs_in_turn_and_models_come_back():
+    a = _run(seeds=[0, 3])
+    b = _run(seeds=[0, 3], jobs=2, keep_models=True)
+    assert a["grid"] == b["grid"] and a["records"] == b["records"] and b["config"]["jobs"] == 2
+    assert b["models"] == {s: {f"{m}{n}": f"net {m}{n} seed {s}" for m in "ab" for n in (4, 8)} for s in (0, 3)}
+
+
+def test_grid_rows_and_lines():
+    run = tune_and_run(FakeConfig(sizes=(4,)), [0], fake_run, split=("mixers", "sizes"), label=lambda m, n: m)
+    rows = grid_rows(run)
+    assert [(r["unit"], r["lrs"], r["chosen"]) for r in rows] == [("a", [1e-3, 1e-2, 1e-1], 1e-2),
+                                                                  ("b", [1e-3, 1e-2, 1e-1], 1e-1)]
+    assert rows[1]["scores"] == [r["score"] for r in run["grid"] if r["unit"] == "b"]
+    lines = grid_lines(run["config"], {"a": "model A", "b": "B"})
+    assert len(lines) == 2 and lines[1].startswith("        B: 0.001 ") and lines[1].endswith("0.1 0.941*")
+    assert lines[0].count("*") == 1 and re.search(r"0\.01 \d\.\d{3}\*", lines[0])
+    assert grid_lines(run["config"], str.upper, digits=1)[0].startswith("  A: 0.001 0.7   0.01 0.9*")
+    # a tuple score is shown by its first entry
+    cfg = dict(run["config"], lr_choice=[dict(c, scores=[[0.25, -1.0]] * 3) for c in run["config"]["lr_choice"]])
+    assert "0.001 0.250 " in grid_lines(cfg)[0]
+
+
+def test_stored_config_drops_the_single_runs_fields():
+    cfg = stored_config(FakeConfig(seed=4, lr=0.5, eval_on="validation"))
+    assert not {"seed", "lr", "eval_on"} & set(cfg) and cfg["mixers"] == ["a", "b"] and cfg["lr_grid"] == [1e-3, 1e-2, 1e-1]
+
+
+# ------------------------------------------------------------------ stored runs and the command line
+def _cli(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    run_seeds = lambda cfg, seeds, jobs=1: _run(cfg, seeds, jobs=jobs)
+    return dict(description="fake", stored="fake", cpu_config=FakeConfig, gpu_config=FakeConfig,
+                run_seeds=run_seeds, describe=lambda r: f"{r['unit']} {r['accuracy'][0]:.2f}", only="mixers")
+
+
+def test_the_command_line_runs_writes_and_reads_back(tmp_path, monkeypatch, capsys):
+    kw = _cli(tmp_path, monkeypatch)
+    with pytest.raises(FileNotFoundError, match="experiments/results/fake_cpu.json; run `make it`"):
+        load_run("fake_cpu", FakeConfig, "make it")
+    assert seeds_cli(["--seeds", "0", "1", "--write"], **kw) == 0
+    out = capsys.readouterr().out
+    assert "learning-rate grid on seed 99" in out and out.count("*") == 1 + 4 and "a4 1.00" in out and "wrote" in out
+    data = load_run("fake_cpu", FakeConfig, "make it")
+    run = _run()
+    assert data["same_as_gpu_config"] and data["env"]["torch"]
+    assert json.loads(json.dumps(run["config"])) == data["config"]
+    assert [r["unit"] for r in data["grid"]] == [r["unit"] for r in run["grid"]]
+    assert [(r["unit"], r["seed"]) for r in data["records"]] == [(r["unit"], r["seed"]) for r in run["records"]]
+    assert grid_rows(data) == json.loads(json.dumps(grid_rows(run)))
+    assert not load_run("fake_cpu", lambda: FakeConfig(steps=7), "make it")["same_as_gpu_config"]
+    # load_current: the run when it is of today's settings, else None and the command that makes it
+    assert load_current(lambda: load_run("fake_cpu", FakeConfig, "c"), "fake_cpu", "c") is not None
+    assert load_current(lambda: load_run("fake_cpu", lambda: FakeConfig(steps=7), "c"), "fake_cpu", "make it") is None
+    assert "made with other" in capsys.readouterr().out
+    assert load_current(lambda: load_run("nothing", FakeConfig, "c"), "nothing", "make it") is None
+    assert "No experiments/results/nothing.json" in capsys.readouterr().out
+    # a file of an earlier format (no lr_choice) loads, as made with other settings, every record a seed's
+    (tmp_path / "old.json").write_text(json.dumps({"name": "old", "env": {}, "config": stored_config(FakeConfig()),
+                                                   "records": [{"seed": 0, "accuracy": [1.0]}]}))
+    old = load_run("old", FakeConfig, "c")
+    assert not old["same_as_gpu_config"] and old["grid"] == [] and len(old["records"]) == 1
+    assert grid_rows(old) == [] and grid_lines(old["config"]) == []
+    with pytest.raises(SystemExit, match="--only: choose from"):
+        seeds_cli(["--only", "c"], **kw)
+
+
+def test_only_merges_with_the_stored_models_and_refuses_other_settings(tmp_path, monkeypatch, capsys):
+    kw = _cli(tmp_path, monkeypatch)
+    assert seeds_cli(["--seeds", "0", "1", "--only", "b", "--write"], **kw) == 0
+    assert [c["unit"] for c in load_run("fake_cpu", FakeConfig, "c")["config"]["lr_choice"]] == ["b4", "b8"]
+    assert seeds_cli(["--seeds", "0", "1", "--only", "a", "--write"], **kw) == 0
+    data = load_run("fake_cpu", FakeConfig, "c")
+    run = _run()
+    assert data["same_as_gpu_config"] and data["config"]["mixers"] == ["a", "b"]
+    assert data["config"]["lr_choice"] == json.loads(json.dumps(run["config"]["lr_choice"]))   # as one run of both
+    assert [(r["unit"], r["lr"]) for r in data["grid"]] == [(r["unit"], r["lr"]) for r in run["grid"]]
+    assert [(r["seed"], r["unit"]) for r in data["records"]] == [(r["seed"], r["unit"]) for r in run["records"]]
+    assert all(r["env"]["torch"] for r in data["grid"] + data["records"])
+    assert seeds_cli(["--seeds", "0", "1", "--only", "b", "--write"], **kw) == 0      # a model run again replaces its own
+    assert len(load_run("fake_cpu", FakeConfig, "c")["records"]) == 8
+    with pytest.raises(ValueError, match="other settings or seeds"):
+        seeds_cli(["--seeds", "0", "2", "--only", "a", "--write"], **kw)
+    with pytest.raises(ValueError, match="other settings or seeds"):
+        seeds_cli(["--seeds", "0", "1", "--steps", "3", "--only", "a", "--write"], **kw)
+    assert seeds_cli(["--seeds", "5", "--write"], **kw) == 0                      # without --only: in place of the file
+    assert load_run("fake_cpu", FakeConfig, "c")["config"]["seeds"] == [5]
+    capsys.readouterr()
+
+
+# ------------------------------------------------------------------ every experiment module
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_each_experiments_gpu_command_is_what_its_command_line_takes(name, monkeypatch, capsys):
+    """The module's COMMAND (what its load_stored, its chapter and its tests' skip messages name) is
+    ``python -m experiments.<name>`` with arguments its command line accepts (without CUDA it then
+    stops before training, saying so); every GPU command its tests name is that one; a stored file
+    of it, when present, loads."""
+    mod = importlib.import_module(f"experiments.{name}")
+    prefix = f"python -m experiments.{name} "
+    assert mod.COMMAND.startswith(prefix + "--gpu ") and "--write" in mod.COMMAND.split()
+    monkeypatch.setattr(common.torch.cuda, "is_available", lambda: False)
+    assert mod.main(mod.COMMAND[len(prefix):].split()) == 2
+    assert capsys.readouterr().out.strip() == "--gpu needs a CUDA GPU"
+    text = (Path(__file__).parent / f"test_{name}.py").read_text()
+    assert set(re.findall(rf"python -m experiments\.{name} --gpu[^)\"`]*", text)) <= {mod.COMMAND}
+    if (common.RESULTS_DIR / f"{mod.STORED}.json").exists():
+        data = mod.load_stored()
+        assert isinstance(data["same_as_gpu_config"], bool) and data["records"] and data["env"]
+    else:
+        with pytest.raises(FileNotFoundError, match=re.escape(mod.COMMAND)):
+            mod.load_stored()

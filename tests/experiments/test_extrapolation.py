@@ -188,8 +188,10 @@ def test_encodings_in_processes_equal_the_seeds_in_turn():
     strip = lambda recs: [{k: v for k, v in r.items() if k != "train_seconds"} for r in recs]
     assert strip(a["records"]) == strip(b["records"])
     assert [(r["seed"], r["encoding"]) for r in b["records"]] == [(s, e) for s in (0, 2) for e in ex.ENCODINGS]
-    assert "jobs" not in a["config"] and b["config"]["jobs"] == 2 and b["config"]["seeds"] == [0, 2]
-    assert a["config"]["lr"] == {e: TINY.lr for e in ex.ENCODINGS} and a["config"]["lr_search"] == []
+    assert a["config"]["jobs"] == 1 and b["config"]["jobs"] == 2 and b["config"]["seeds"] == [0, 2]
+    assert [(c["unit"], c["lr"], c["scores"]) for c in a["config"]["lr_choice"]] == [(e, TINY.lr, None)
+                                                                                  for e in ex.ENCODINGS]
+    assert a["grid"] == [] and all(r["lr"] == TINY.lr for r in a["records"])
     with pytest.raises(ValueError, match="jobs must be an integer >= 1"):
         ex.run_seeds(TINY, [0], jobs=0)
 
@@ -211,7 +213,7 @@ def test_run_and_seed_arguments_are_checked():
     with pytest.raises(ValueError, match="encoding must be one of"):
         ex.train_model("rope", TINY)
     with pytest.raises(ValueError, match="eval_lens must hold train_len"):
-        ex.run_seeds(ex.cpu_config(**{**TINY.as_dict(), "eval_lens": (32,), "lr_grid": (1e-3,)}), [0])
+        ex.run_seeds(ex.cpu_config(**{**TINY.as_dict(), "eval_lens": (32,), "lr_grid": (1e-3, 1e-2)}), [0])
 
 
 def test_the_grid_chooses_by_the_accuracy_at_the_training_length():
@@ -221,13 +223,15 @@ def test_the_grid_chooses_by_the_accuracy_at_the_training_length():
     from dataclasses import replace
     cfg = replace(TINY, encodings=("nope", "fox"), lr_grid=(1e-3, 3e-2), grid_seed=9, steps=6)
     out = ex.run_seeds(cfg, [0])
-    search = out["config"]["lr_search"]
-    assert [(r["model"], r["lr"]) for r in search] == [(e, lr) for e in cfg.encodings for lr in cfg.lr_grid]
+    grid = out["grid"]
+    assert [(r["encoding"], r["lr"], r["seed"]) for r in grid] == [(e, lr, 9) for e in cfg.encodings
+                                                                   for lr in cfg.lr_grid]
+    chosen = {c["unit"]: c["lr"] for c in out["config"]["lr_choice"]}
     for e in cfg.encodings:
-        rows = [r for r in search if r["model"] == e]
+        rows = [r for r in grid if r["encoding"] == e]
         assert all(r["score"] == r["accuracy"][0] for r in rows)
-        assert out["config"]["lr"][e] == max(rows, key=lambda r: (r["score"], -r["lr"]))["lr"]
-    assert {r["encoding"]: r["lr"] for r in out["records"]} == out["config"]["lr"]
+        assert chosen[e] == max(rows, key=lambda r: (r["score"], -r["lr"]))["lr"]
+    assert {r["encoding"]: r["lr"] for r in out["records"]} == chosen
 
 
 def _rec(enc, seed, acc, none=(1.0, 1.0, 1.0), gate=None, value=None):
@@ -242,10 +246,10 @@ def test_claims_hold_on_a_run_that_shows_them_and_fail_on_one_that_does_not():
             none=(1.0, 0.999, 0.998), gate=(0.003, 0.8), nope_best=0.5, value=None):
         recs = [r for s in (0, 1) for r in (_rec("nope", s, nope), _rec("alibi", s, alibi),
                                             _rec("fox", s, fox, none, list(gate), value))]
-        search = [{"model": "nope", "lr": 1e-3, "accuracy": [0.7, 0.5, nope_best]},
-                  {"model": "fox", "lr": 3e-3, "accuracy": [0.97, 0.97, 0.96]}]
-        return {"config": {"lr": {"nope": 1e-3, "fox": 3e-3, "alibi": 3e-3}, "lr_search": search},
-                "records": recs}
+        grid = [{"encoding": "nope", "lr": 1e-3, "accuracy": [0.7, 0.5, nope_best]},
+                {"encoding": "fox", "lr": 3e-3, "accuracy": [0.97, 0.97, 0.96]}]
+        choice = [{"unit": e, "encodings": e, "lr": lr} for e, lr in (("nope", 1e-3), ("alibi", 3e-3), ("fox", 3e-3))]
+        return {"config": {"lr_choice": choice}, "grid": grid, "records": recs}
     good = ex.claims(run())
     assert len(good) == 7 and all(c["holds"] for c in good), [c for c in good if not c["holds"]]
     # 0 both extrapolate, 1 FoX over ALiBi, 2 none answers, 3 the gate, 4 NoPE's gap, 5 NoPE falls,
@@ -259,7 +263,7 @@ def test_claims_hold_on_a_run_that_shows_them_and_fail_on_one_that_does_not():
         got = [c["holds"] for c in ex.claims(run(**bad))]
         assert got == [i not in failing for i in range(7)], (bad, got)
     no_grid = run()
-    no_grid["config"] = {"lr": {}, "lr_search": []}
+    no_grid["grid"] = []
     assert len(ex.claims(no_grid)) == 6
 
 
@@ -280,12 +284,12 @@ def test_seed_summary_and_stored_results(tmp_path, monkeypatch):
     monkeypatch.setattr(experiments.common, "RESULTS_DIR", tmp_path)
     with pytest.raises(FileNotFoundError, match="--gpu --jobs 8 --write"):
         ex.load_stored()
-    cfg = dict(ex.gpu_config().as_dict(), seeds=[0, 1], lr={"nope": 1e-2, "fox": 1e-3}, lr_search=[], jobs=8)
-    cfg.pop("seed")
+    cfg = dict(experiments.common.stored_config(ex.gpu_config()), seeds=[0, 1], jobs=8,
+               lr_choice=[{"unit": "nope", "encodings": "nope", "lr": 1e-2, "scores": None, "tuned_by": None}])
     (tmp_path / f"{ex.STORED}.json").write_text(json.dumps(
         {"name": ex.STORED, "env": {"device": "test"}, "config": cfg, "records": recs}))
     data = ex.load_stored()
-    assert data["same_as_gpu_config"] and data["records"] == recs
+    assert data["same_as_gpu_config"] and data["records"] == recs and data["grid"] == []
     cfg["reset_prob"] = 0.0                                   # another setting: not the same
     (tmp_path / f"{ex.STORED}.json").write_text(json.dumps(
         {"name": ex.STORED, "env": {"device": "test"}, "config": cfg, "records": recs}))
@@ -300,10 +304,15 @@ def test_gpu_setting_runs_through_main(tmp_path, monkeypatch, capsys):
     base = ex.gpu_config
     monkeypatch.setattr(ex, "gpu_config", lambda **c: base(**{"encodings": ("fox",), "eval_batch": 4, **c}))
     assert ex.main(["--gpu", "--device", "cpu", "--steps", "1", "--seeds", "0", "--write"]) == 0
-    assert "chosen rates: fox" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "learning-rate grid on seed 100" in out and out.count("*") == 2 and "wrote" in out   # the header's, the chosen rate
     data = ex.load_stored()
-    assert data["config"]["train_len"] == 128 and len(data["config"]["lr_search"]) == 3
-    assert [r["encoding"] for r in data["records"]] == ["fox"] and data["records"][0]["reset_gate"]
+    assert data["config"]["train_len"] == 128 and not data["same_as_gpu_config"]     # one step, on a CPU
+    assert [(r["encoding"], r["lr"]) for r in data["grid"]] == [("fox", lr) for lr in data["config"]["lr_grid"]]
+    (choice,) = data["config"]["lr_choice"]
+    assert choice["scores"] == [r["score"] for r in data["grid"]] and choice["tuned_by"] == "fox"
+    assert [(r["encoding"], r["lr"]) for r in data["records"]] == [("fox", choice["lr"])]
+    assert data["records"][0]["reset_gate"]
 
 
 def test_token_text_names_the_tokens():

@@ -73,7 +73,7 @@ def test_stored_loader_uses_chapter_9s_settings(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="python -m experiments.mesa_recall --gpu --jobs 16 --write"):
         mr.load_stored()
     for cfg, same in ((mr.gpu_config(), True), (mq.gpu_config(), False)):
-        stored = {**experiments.common.stored_config(cfg), "seeds": [0, 1, 2], "jobs": 16, "chosen_lr": {}}
+        stored = {**experiments.common.stored_config(cfg), "seeds": [0, 1, 2], "jobs": 16, "lr_choice": []}
         (tmp_path / f"{mr.STORED}.json").write_text(json.dumps(
             {"name": mr.STORED, "env": {"device": "test"}, "config": stored, "records": []}))
         assert mr.load_stored()["same_as_gpu_config"] is same
@@ -89,12 +89,13 @@ def test_the_stored_gpu_run_is_complete():
     data = mr.load_stored()
     assert data["same_as_gpu_config"]
     cfg = mr.gpu_config()
-    grid = [r for r in data["records"] if r["phase"] == "grid"]
-    seeds = [r for r in data["records"] if r["phase"] == "seed"]
+    grid, seeds = data["grid"], data["records"]
     assert sorted((r["mixer"], r["lr"]) for r in grid) == sorted((m, lr) for m in cfg.mixers for lr in cfg.lr_grid)
     assert len(data["config"]["seeds"]) >= 3
     assert sorted((r["seed"], r["unit"]) for r in seeds) == sorted(
-        (s, u) for s in data["config"]["seeds"] for u in mq.units(cfg))
+        (s, mq.unit(m, h)) for s in data["config"]["seeds"] for m in cfg.mixers for h in cfg.head_dims)
+    chosen = {row["unit"]: row["lr"] for row in data["config"]["lr_choice"]}
+    assert all(r["lr"] == chosen[r["unit"]] for r in seeds)
     cl = mr.claims(data)
     assert len(cl) == 3 and cl[0]["holds"], cl[0]
     assert failed_claims(cl[:1]) == []

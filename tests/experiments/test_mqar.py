@@ -239,18 +239,24 @@ def test_run_seeds_tunes_then_runs_the_seeds():
     cfg = cpu_config(**{**_TINY, "steps": 3, "mixers": ("linear", "deltanet"), "head_dims": (4, 8),
                         "tune_head_dim": 8, "lr_grid": (1e-3, 1e-2), "grid_seed": 77})
     run = mq.run_seeds(cfg, [0, 1])
-    grid = [r for r in run["records"] if r["phase"] == "grid"]
-    seeds = [r for r in run["records"] if r["phase"] == "seed"]
-    assert sorted((r["unit"], r["lr"]) for r in grid) == [("deltanet@8", 1e-3), ("deltanet@8", 1e-2),
-                                                          ("linear@8", 1e-3), ("linear@8", 1e-2)]
+    grid, seeds = run["grid"], run["records"]
+    assert all(r["phase"] == "grid" for r in grid) and all(r["phase"] == "seed" for r in seeds)
+    assert [(r["unit"], r["lr"]) for r in grid] == [("linear@8", 1e-3), ("linear@8", 1e-2),
+                                                    ("deltanet@8", 1e-3), ("deltanet@8", 1e-2)]
     assert all(r["seed"] == 77 for r in grid)
     assert [(r["seed"], r["unit"]) for r in seeds] == [(s, u) for s in (0, 1)
                                                       for u in ("linear@4", "linear@8", "deltanet@4", "deltanet@8")]
-    chosen = run["config"]["chosen_lr"]
+    chosen = {row["unit"]: row["lr"] for row in run["config"]["lr_choice"]}
     for m in ("linear", "deltanet"):
         best = max((r for r in grid if r["mixer"] == m), key=lambda r: r["score"])["lr"]
         assert chosen[f"{m}@4"] == chosen[f"{m}@8"] == best
         assert all(r["lr"] == best for r in seeds if r["mixer"] == m)
+    # each mixer's grid scores are the mean validation accuracy of its grid records (mqar's default score)
+    rows = {row["unit"]: row for row in run["config"]["lr_choice"]}
+    for m in ("linear", "deltanet"):
+        mine = [r for r in grid if r["mixer"] == m]
+        assert rows[f"{m}@8"]["scores"] == [pytest.approx(sum(r["accuracy"]) / len(r["accuracy"])) for r in mine]
+        assert rows[f"{m}@4"]["scores"] is None and rows[f"{m}@4"]["tuned_by"] == f"{m}@8"
     assert run["config"]["seeds"] == [0, 1] and "seed" not in run["config"] and "lr" not in run["config"]
     with pytest.raises(ValueError, match="tune_head_dim must be one of head_dims"):
         mq.run_seeds(cpu_config(**{**_TINY, "head_dims": (4,), "tune_head_dim": 8}), [0])
@@ -339,7 +345,7 @@ def test_stored_run_loader_checks_the_settings(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="python -m experiments.mqar --gpu --jobs 16 --write"):
         mq.load_stored()
     for cfg, same in ((gpu_config(), True), (gpu_config(steps=1), False)):
-        stored = {**experiments.common.stored_config(cfg), "seeds": [0, 1, 2], "jobs": 16, "chosen_lr": {}}
+        stored = {**experiments.common.stored_config(cfg), "seeds": [0, 1, 2], "jobs": 16, "lr_choice": []}
         (tmp_path / f"{mq.STORED}.json").write_text(json.dumps(
             {"name": mq.STORED, "env": {"device": "test"}, "config": stored, "records": []}))
         assert mq.load_stored()["same_as_gpu_config"] is same
@@ -355,16 +361,15 @@ def test_the_stored_gpu_run_is_complete_and_shows_the_claims():
     data = mq.load_stored()
     assert data["same_as_gpu_config"]
     cfg = gpu_config()
-    grid = [r for r in data["records"] if r["phase"] == "grid"]
-    seeds = [r for r in data["records"] if r["phase"] == "seed"]
+    grid, seeds = data["grid"], data["records"]
     assert sorted((r["mixer"], r["lr"]) for r in grid) == sorted((m, lr) for m in cfg.mixers for lr in cfg.lr_grid)
     assert all(r["head_dim"] == cfg.tune_head_dim and r["seed"] == cfg.grid_seed for r in grid)
     assert len(data["config"]["seeds"]) >= 3
     assert sorted((r["seed"], r["unit"]) for r in seeds) == sorted(
-        (s, u) for s in data["config"]["seeds"] for u in mq.units(cfg))
+        (s, mq.unit(m, h)) for s in data["config"]["seeds"] for m in cfg.mixers for h in cfg.head_dims)
+    chosen = {row["unit"]: row["lr"] for row in data["config"]["lr_choice"]}
     for r in seeds:
-        assert r["lr"] == data["config"]["chosen_lr"][r["unit"]] == data["config"]["chosen_lr"][
-            f"{r['mixer']}@{cfg.tune_head_dim}"]
+        assert r["lr"] == chosen[r["unit"]] == chosen[mq.unit(r["mixer"], cfg.tune_head_dim)]
         assert r["points"] == [list(p) for p in points(cfg)] and all(0 <= a <= 1 for a in r["accuracy"])
         assert r["state_size"] == r["head_dim"] ** 2
     assert data["env"]["device"] and data["env"]["date"] and data["env"]["torch"]

@@ -409,8 +409,8 @@ def test_run_arguments_are_checked():
     with pytest.raises(ValueError, match="curriculum must lie"):
         mh.run_multihop(mh.cpu_config(**{**TINY.as_dict(), "curriculum": -0.1}))
     with pytest.raises(ValueError, match="grid_seed must not be one of the seeds"):
-        mh.run_seeds(mh.cpu_config(**{**TINY.as_dict(), "lr_grid": (1e-3,), "grid_seed": 0}), [0])
-    with pytest.raises(ValueError, match="lr_grid must hold positive"):
+        mh.run_seeds(mh.cpu_config(**{**TINY.as_dict(), "lr_grid": (1e-3, 1e-2), "grid_seed": 0}), [0])
+    with pytest.raises(ValueError, match="lr_grid must hold distinct positive"):
         mh.run_seeds(mh.cpu_config(**{**TINY.as_dict(), "lr_grid": (0.0,)}), [0])
 
 
@@ -422,13 +422,14 @@ def test_the_grid_picks_each_models_best_rate_on_the_grid_seed_then_runs_the_see
     from dataclasses import replace
     cfg = replace(TINY, mixers=("softmax", "deltaformer_free"), lr_grid=(1e-3, 3e-2), grid_seed=7, steps=6)
     out = mh.run_seeds(cfg, [0, 1])
-    search = out["config"]["lr_search"]
-    assert [(r["model"], r["lr"]) for r in search] == [(m, lr) for m in cfg.mixers for lr in cfg.lr_grid]
+    grid = out["grid"]
+    assert [(r["mixer"], r["lr"], r["seed"]) for r in grid] == [(m, lr, 7) for m in cfg.mixers for lr in cfg.lr_grid]
+    chosen = {c["unit"]: c["lr"] for c in out["config"]["lr_choice"]}
     for m in cfg.mixers:
-        rows = [r for r in search if r["model"] == m]
+        rows = [r for r in grid if r["mixer"] == m]
         assert all(r["score"] == pytest.approx(np.mean(r["accuracy"])) for r in rows)
         best = max(rows, key=lambda r: (r["score"], -r["lr"]))["lr"]
-        assert out["config"]["lr"][m] == best
+        assert chosen[m] == best
         direct = mh.run_multihop(replace(cfg, seed=1, lr=best, mixers=(m,)))["records"][0]
         rec = next(r for r in out["records"] if r["mixer"] == m and r["seed"] == 1)
         assert rec["accuracy"] == direct["accuracy"] and rec["lr"] == best
@@ -495,12 +496,13 @@ def test_gpu_setting_runs_and_stores_through_main(tmp_path, monkeypatch, capsys)
         mh.load_stored()
     assert mh.main(["--gpu", "--device", "cpu", "--steps", "1", "--seeds", "0", "--write"]) == 0
     printed = capsys.readouterr().out
-    assert "wrote" in printed and "chosen rates" in printed
+    assert "wrote" in printed and "learning-rate grid on seed" in printed and printed.count("*") == 1 + len(mh.gpu_config().mixers)
     data = mh.load_stored()
     g = mh.gpu_config()
     assert data["env"]["torch"] == torch.__version__ and not data["same_as_gpu_config"]
     assert data["config"]["hops"] == list(g.hops) and data["config"]["steps"] == 1
-    assert set(data["config"]["lr"]) == set(g.mixers) and len(data["config"]["lr_search"]) == 3 * len(g.mixers)
+    assert [c["unit"] for c in data["config"]["lr_choice"]] == list(g.mixers)
+    assert len(data["grid"]) == len(g.lr_grid) * len(g.mixers) and len(data["records"]) == len(g.mixers)
     summ = mh.seed_summary(data["records"])
     assert summ["hops"] == list(g.hops) and set(summ["mean"]) == set(g.mixers)
     assert len(mh.summary_sentences(summ)) == len(summ["hops"]) and len(mh.claims(data)) == 7
@@ -508,8 +510,7 @@ def test_gpu_setting_runs_and_stores_through_main(tmp_path, monkeypatch, capsys)
     mh.plot_summary(summ, ax, "t")
     assert len(ax.get_lines()) == len(g.mixers) + 2                # the models, the guess, the ceiling
     plt.close(fig)
-    cfg = dict(g.as_dict(), seeds=[0], lr={m: 1e-3 for m in g.mixers}, lr_search=[], jobs=8)
-    cfg.pop("seed")
+    cfg = dict(experiments.common.stored_config(g), seeds=[0], jobs=8, lr_choice=data["config"]["lr_choice"])
     (tmp_path / f"{mh.STORED}.json").write_text(json.dumps(
         {"name": mh.STORED, "env": {"device": "test"}, "config": cfg, "records": data["records"]}))
     assert mh.load_stored()["same_as_gpu_config"]

@@ -128,12 +128,13 @@ def test_training_is_deterministic_and_lowers_the_loss():
 def test_run_seeds_and_bad_settings():
     cfg = reg.cpu_config(**{**_TINY, "steps": 3, "lr_grid": (1e-3, 1e-2), "mixers": ("linear", "mesanet")})
     run = reg.run_seeds(cfg, [0, 2])
-    units = {r["unit"] for r in run["records"] if r["phase"] == "seed"}
-    assert units == {"linear/clean", "linear/noise 0.5", "mesanet/clean", "mesanet/noise 0.5"}
-    assert len([r for r in run["records"] if r["phase"] == "grid"]) == 8
-    for u, lr in run["config"]["chosen_lr"].items():
-        grid = [r for r in run["records"] if r["phase"] == "grid" and r["unit"] == u]
-        assert lr == max(grid, key=lambda r: r["score"])["lr"]
+    assert [(r["seed"], r["unit"]) for r in run["records"]] == [
+        (s, u) for s in (0, 2) for u in ("linear/clean", "linear/noise 0.5", "mesanet/clean", "mesanet/noise 0.5")]
+    assert len(run["grid"]) == 8 and {r["seed"] for r in run["grid"]} == {cfg.grid_seed}
+    for row in run["config"]["lr_choice"]:
+        grid = [r for r in run["grid"] if r["unit"] == row["unit"]]
+        assert row["lr"] == max(grid, key=lambda r: r["score"])["lr"] and row["tuned_by"] == row["unit"]
+        assert row["scores"] == [r["score"] for r in grid]
         assert all(r["score"] == pytest.approx(-np.mean(r["error"])) for r in grid)   # lower error, higher score
     with pytest.raises(ValueError, match="head_dim must be >= d_x and d_y"):
         reg.run_seeds(reg.cpu_config(head_dim=4), [0])
@@ -183,7 +184,7 @@ def test_stored_regression_loader(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="python -m experiments.regression --gpu --jobs 18 --write"):
         reg.load_stored()
     for cfg, same in ((reg.gpu_config(), True), (reg.gpu_config(noises=(0.0,)), False)):
-        stored = {**experiments.common.stored_config(cfg), "seeds": [0, 1, 2], "jobs": 16, "chosen_lr": {}}
+        stored = {**experiments.common.stored_config(cfg), "seeds": [0, 1, 2], "jobs": 16, "lr_choice": []}
         (tmp_path / f"{reg.STORED}.json").write_text(json.dumps(
             {"name": reg.STORED, "env": {"device": "test"}, "config": stored, "records": []}))
         assert reg.load_stored()["same_as_gpu_config"] is same
@@ -197,13 +198,13 @@ def test_the_stored_gpu_run_is_complete_and_shows_the_claims():
     data = reg.load_stored()
     assert data["same_as_gpu_config"]
     cfg = reg.gpu_config()
-    grid = [r for r in data["records"] if r["phase"] == "grid"]
-    seeds = [r for r in data["records"] if r["phase"] == "seed"]
-    assert sorted((r["unit"], r["lr"]) for r in grid) == sorted((u, lr) for u in reg.units(cfg) for lr in cfg.lr_grid)
+    grid, seeds = data["grid"], data["records"]
+    units = [reg.unit(m, s) for m in cfg.mixers for s in cfg.noises]
+    assert sorted((r["unit"], r["lr"]) for r in grid) == sorted((u, lr) for u in units for lr in cfg.lr_grid)
     assert len(data["config"]["seeds"]) >= 3
-    assert sorted((r["seed"], r["unit"]) for r in seeds) == sorted(
-        (s, u) for s in data["config"]["seeds"] for u in reg.units(cfg))
-    assert all(r["lr"] == data["config"]["chosen_lr"][r["unit"]] for r in seeds)
+    assert sorted((r["seed"], r["unit"]) for r in seeds) == sorted((s, u) for s in data["config"]["seeds"] for u in units)
+    chosen = {row["unit"]: row["lr"] for row in data["config"]["lr_choice"]}
+    assert all(r["lr"] == chosen[r["unit"]] for r in seeds)
     assert data["env"]["device"] and data["env"]["date"] and data["env"]["torch"]
     cl = reg.claims(data)
     assert len(cl) == 3 and not failed_claims(cl), failed_claims(cl)

@@ -167,7 +167,7 @@ def test_variants_in_processes_equal_the_seeds_in_turn():
     strip = lambda recs: [{k: v for k, v in r.items() if k != "train_seconds"} for r in recs]
     assert strip(a["records"]) == strip(b["records"])
     assert [(r["seed"], r["variant"]) for r in b["records"]] == [(0, "none"), (0, "k"), (1, "none"), (1, "k")]
-    assert "jobs" not in a["config"] and b["config"]["jobs"] == 4 and b["config"]["seeds"] == [0, 1]
+    assert a["config"]["jobs"] == 1 and b["config"]["jobs"] == 4 and b["config"]["seeds"] == [0, 1]
     assert set(b["seconds"]) == {0, 1} and set(b["models"]) == {0, 1} and set(b["models"][1]) == {"none", "k"}
     assert isinstance(b["models"][0]["k"], sc.ConvAblationModel)
     with pytest.raises(ValueError, match="jobs must be an integer >= 1"):
@@ -188,7 +188,7 @@ def test_learning_rate_grid_on_the_held_out_seed():
         rec = next(r for r in run["records"] if r["variant"] == c["variants"])
         assert rec["lr"] == c["lr"] and rec["seed"] == 0
     assert sc.lr_score({"accuracy": [0.5, 1.0], "final_loss": 0.2}) == (0.75, -0.2)
-    with pytest.raises(ValueError, match="grid_seed must not be one of seeds"):
+    with pytest.raises(ValueError, match="grid_seed must not be one of the seeds"):
         sc.run_seeds(cfg, [7])
 
 
@@ -318,6 +318,7 @@ def test_gpu_setting_runs_and_stores_through_main(tmp_path, monkeypatch, capsys)
     assert data["config"]["seq_len"] == real().seq_len and data["config"]["head_dim"] == real().head_dim
     assert [c["variants"] for c in data["config"]["lr_choice"]] == list(sc.VARIANTS)
     assert all(c["lr"] in real().lr_grid for c in data["config"]["lr_choice"])
+    assert [(r["variant"], r["lr"]) for r in data["grid"]] == [(v, lr) for v in sc.VARIANTS for lr in real().lr_grid]
     summ = sc.seed_summary(data["records"])
     assert set(summ["mean"]) == set(sc.VARIANTS)
     assert len(sc.summary_sentences(summ)) == len(sc.VARIANTS)
@@ -326,9 +327,7 @@ def test_gpu_setting_runs_and_stores_through_main(tmp_path, monkeypatch, capsys)
     sc.plot_summary(summ, ax, "t")
     assert len(ax.get_lines()) == len(sc.VARIANTS) + 1          # the variants and the 1/N guess
     plt.close(fig)
-    cfg = real().as_dict()
-    cfg.pop("seed")
-    cfg.update(seeds=[0], lr_choice=data["config"]["lr_choice"])
+    cfg = dict(experiments.common.stored_config(real()), seeds=[0], jobs=1, lr_choice=data["config"]["lr_choice"])
     (tmp_path / f"{sc.STORED}.json").write_text(json.dumps(
         {"name": sc.STORED, "env": {"device": "test"}, "config": cfg, "records": data["records"]}))
     monkeypatch.setattr(sc, "gpu_config", real)

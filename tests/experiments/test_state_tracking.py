@@ -476,7 +476,7 @@ def test_learning_rate_grid_on_the_held_out_seed():
         assert next(r for r in run["records"] if r["model"] == c["models"])["lr"] == c["lr"]
     rec = {"val_accuracy": 0.5, "val_loss": 0.7, "accuracy": [1.0, 0.0], "loss": 9.0}
     assert st.lr_score(rec) == (0.5, -0.7)               # the windows past training do not enter
-    with pytest.raises(ValueError, match="grid_seed must not be one of seeds"):
+    with pytest.raises(ValueError, match="grid_seed must not be one of the seeds"):
         st.run_seeds(cfg, [5])
 
 
@@ -541,9 +541,8 @@ def test_gpu_setting_runs_and_stores_through_main(tmp_path, monkeypatch, capsys)
     assert len(st.claims(data)) == 2 * 10 + 1          # ten per number of cups, RoPE's best shot claimed at 5
     assert "RoPE's best shot with 3 cups" in st.best_shot_sentence(data["records"], 3)
     assert len(st.key_norm_lines(data["records"], 5)) == 1
-    cfg = st.gpu_config().as_dict()
-    cfg.pop("seed")
-    cfg.update(seeds=[0], lr_choice=data["config"]["lr_choice"])
+    cfg = dict(experiments.common.stored_config(st.gpu_config()), seeds=[0], jobs=1,
+               lr_choice=data["config"]["lr_choice"])
     (tmp_path / f"{st.STORED}.json").write_text(json.dumps(
         {"name": st.STORED, "env": {"device": "test"}, "config": cfg, "records": data["records"]}))
     assert st.load_stored()["same_as_gpu_config"]
