@@ -25,7 +25,7 @@ import torch.nn as nn
 __all__ = ["RESULTS_DIR", "TrainConfig", "mlp_block", "residual_stack", "fit", "check_int", "check_seeds",
            "torch_threads", "derived_seeds", "window_means", "summarize_seeds", "train_each", "MODEL_COLORS",
            "MODEL_NAMES", "claim", "failed_claims", "assert_claims", "claims_markdown", "loss_curves",
-           "TunedConfig", "stored_config", "SecondsBySeed", "tune_and_run", "grid_rows", "grid_lines", "load_run",
+           "TunedConfig", "stored_config", "tune_and_run", "grid_rows", "grid_lines", "load_run",
            "load_current", "seeds_cli"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -299,14 +299,6 @@ def stored_config(config) -> dict:
     return cfg
 
 
-class SecondsBySeed(dict):
-    """``{seed: seconds}`` of a run, summed over its pieces; formatted (``f"{s:.0f}"``) it is the
-    total over the seeds."""
-
-    def __format__(self, spec: str) -> str:
-        return format(sum(self.values(), 0.0), spec)
-
-
 @contextlib.contextmanager
 def _runner(jobs: int):
     """``run(fn, work) -> [fn(w) for w in work]``, ``jobs`` at a time in spawned processes (CUDA
@@ -371,7 +363,7 @@ def tune_and_run(config, seeds, run_piece, *, split, label=None, score=None, tun
     unit, else ``None``; ``tuned_by``: the unit whose grid chose the rate, ``None`` without a
     grid). ``grid`` and ``records`` (the seeds'): every record of the pieces with ``unit``, ``lr``,
     ``seed`` and ``phase`` (``"grid"`` or ``"seed"``), a grid record with its ``score`` too.
-    ``seconds``: :class:`SecondsBySeed`, each seed's pieces' seconds summed. :func:`seeds_cli`
+    ``seconds``: ``{seed: seconds}``, each seed's pieces' seconds summed. :func:`seeds_cli`
     stores the run, :func:`load_run` reads it back in the same form."""
     import itertools
     from dataclasses import fields, replace
@@ -409,7 +401,7 @@ def tune_and_run(config, seeds, run_piece, *, split, label=None, score=None, tun
     grid_work = [(u, lr) for u in tuned for lr in grid]
     seed_work = [(u, s) for s in seeds for u in units]
     piece_fn = functools.partial(run_piece, keep_models=True) if keep_models else run_piece
-    grid_recs, recs, seconds, kept = [], [], SecondsBySeed(), {}
+    grid_recs, recs, seconds, kept = [], [], {}, {}
     with _runner(jobs) as run:
         outs = run(run_piece, [piece(u, seed=config.grid_seed, lr=lr, **stream("validation")) for u, lr in grid_work])
         for (u, lr), out in zip(grid_work, outs):
