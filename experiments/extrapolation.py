@@ -7,7 +7,7 @@ sequences up to four times longer. They differ only in what they add to the atte
 ``nope``    nothing: no position encoding at all (the causal mask is the only order)
 ``alibi``   ALiBi's fixed bias ``-slope_h (i - j)``, slopes :func:`lattn_core.alibi_slopes`
 ``fox``     FoX's learned bias ``log Γ_ij = sum_{tau=j+1..i} log f_tau``, a forget gate
-            ``f_t = sigmoid(w_h . x_t + b_h)`` per head computed from the token (data dependent)
+            ``f_t = sigmoid(w_h · x_t + b_h)`` per head computed from the token (data dependent)
 ==========  ==========================================================================
 
 **The task** (:func:`make_recency_recall`), made in code, nothing downloaded: *recall with segment
@@ -64,7 +64,7 @@ ENCODINGS = ("nope", "alibi", "fox")
 NAMES = {"nope": "NoPE", "alibi": "ALiBi", "fox": "FoX"}     # as the book writes them
 IGNORE = -100                   # target at positions that are not scored
 BOS = 0                         # the first token of every sequence
-FOX_GATE_BIAS = 3.0             # f_t = sigmoid(w . x + b) starts near sigmoid(3) ≈ 0.95
+FOX_GATE_BIAS = 3.0             # f_t = sigmoid(w · x + b) starts near sigmoid(3) ≈ 0.95
 
 
 
@@ -182,7 +182,7 @@ def attention_bias(encoding: str, T: int, n_heads: int, log_gates=None, device=N
 
 class SoftmaxAttention(nn.Module):
     """Causal multi-head softmax attention with the bias of ``encoding`` (scale ``head_dim^-1/2``).
-    For ``fox`` a forget gate per head, ``log f_t = logsigmoid(w_h . x_t + b_h)``."""
+    For ``fox`` a forget gate per head, ``log f_t = logsigmoid(w_h · x_t + b_h)``."""
 
     def __init__(self, d_model: int, n_heads: int, encoding: str):
         super().__init__()

@@ -14,9 +14,9 @@ able to answer two hops and a hand-set DeltaFormer as the ceiling:
                       compose (Olsson et al., 2022)
 ``deltaformer``       one layer of DeltaFormer, ``softmax(scale · Q K^T) (I + Diag(beta) B)^{-1} V``
                       with ``B`` the strictly causal row softmax of ``scale · K K^T`` and
-                      ``beta_t = sigmoid(w_h . x_t + b_h)`` in (0, 1), per token and head
+                      ``beta_t = sigmoid(w_h · x_t + b_h)`` in (0, 1), per token and head
                       (``kernels.deltaformer_attn``)
-``deltaformer_free``  the same with ``beta_t = w_h . x_t + b_h`` unconstrained, as
+``deltaformer_free``  the same with ``beta_t = w_h · x_t + b_h`` unconstrained, as
                       flash-linear-attention's ``DeltaFormerAttention`` layer passes it: with
                       ``beta = -1`` a chain's pseudo-values all carry its value with the sign ``+``
 ``deltanet``          DeltaNet (Chapter 5), the token mixer of :mod:`experiments.mqar` without its

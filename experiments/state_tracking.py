@@ -535,7 +535,7 @@ def swap_geometry(model: ShellGameModel, n_cups: int) -> dict:
     """How close each head of a PaTH model's first layer is to the hand-set solution. That layer
     reads the token embedding alone, so its factor at a swap token depends on the swap only. Per
     head ``h``: ``beta[h]``, its ``beta`` at each swap (in the order of :func:`transpositions`);
-    ``beta_gap[h] = max_s |beta_s - 2|``; ``angle_gap[h] = max_{s, s'} | |w_s . w_s'| - |u_s .
+    ``beta_gap[h] = max_s |beta_s - 2|``; ``angle_gap[h] = max_{s, s'} | |w_s · w_s'| - |u_s ·
     u_s'| |`` with ``u = (e_a - e_b) / sqrt 2`` the hand-set unit directions. Both gaps are 0
     exactly when the head's factors at the swaps are reflections whose mirrors meet at the
     angles of the swaps' (then an orthogonal map, with a sign per ``w``, which leaves a

@@ -332,15 +332,10 @@ def _refusals(data: dict, peer: str) -> list:
     return sorted(notes)
 
 
-def show_benchmark(source, *, select=None, title: str | None = None, ours: str = "ours", peer="fla",
-                   plot: bool = True):
-    """Show a family's benchmark of record (``"flash"``, ``"gla"``, ``"delta"``) or a results dict.
-
-    ``select(record) -> bool`` keeps a subset (say, one op). ``peer``: the implementation our time
-    is divided by, or a sequence of them (``("sdpa", "fla")``: one ratio table per peer, the goals
-    marked in fla's). Prints a line and returns ``None`` when no results are stored (a copy of the
-    book without them); otherwise returns the results (the selected subset).
-    """
+def _stored(source, select=None):
+    """The results ``source`` names (a family or a results dict), the records ``select`` keeps, after
+    printing the device line; ``None`` after a line saying why when none are stored, and a line
+    when ``select`` keeps no record. What :func:`show_benchmark` and :func:`show_family` show first."""
     try:
         data = load_results(source) if isinstance(source, str) else source
     except FileNotFoundError as exc:
@@ -351,6 +346,20 @@ def show_benchmark(source, *, select=None, title: str | None = None, ours: str =
     print(_wrap(env_line(data)))
     if not data["records"]:
         print("(no stored record matches)")
+    return data
+
+
+def show_benchmark(source, *, select=None, title: str | None = None, ours: str = "ours", peer="fla",
+                   plot: bool = True):
+    """Show a family's benchmark of record (``"flash"``, ``"gla"``, ``"delta"``) or a results dict.
+
+    ``select(record) -> bool`` keeps a subset (say, one op). ``peer``: the implementation our time
+    is divided by, or a sequence of them (``("sdpa", "fla")``: one ratio table per peer, the goals
+    marked in fla's). Prints a line and returns ``None`` when no results are stored (a copy of the
+    book without them); otherwise returns the results (the selected subset).
+    """
+    data = _stored(source, select)
+    if data is None or not data["records"]:
         return data
     if plot:
         import matplotlib.pyplot as plt
@@ -537,16 +546,8 @@ def show_family(source, *, title: str | None = None, peer="fla", select=None, ou
     results are stored; otherwise returns the (selected) results."""
     from IPython.display import Markdown, display
     import matplotlib.pyplot as plt
-    try:
-        data = load_results(source) if isinstance(source, str) else source
-    except FileNotFoundError as exc:
-        print(_wrap(str(exc)))
-        return None
-    if select is not None:
-        data = dict(data, records=[r for r in data["records"] if select(r)])
-    print(_wrap(env_line(data)))
-    if not data["records"]:
-        print("(no stored record matches)")
+    data = _stored(source, select)
+    if data is None or not data["records"]:
         return data
     if benchmark_figure(data, title=title) is not None:
         plt.show()

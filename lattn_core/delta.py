@@ -13,7 +13,7 @@ DeltaNet (the delta rule, with a per-token step ``beta_t``)::
 
 The parallel form (the article's "inverse trick"). Write ``u_t = beta_t (v_t - S_{t-1} k_t)``, so that
 ``S_t = S_{t-1} + u_t k_t^T`` is plain linear attention on the pseudo-values ``U``. Unrolling
-``S_{t-1} = sum_{j<t} u_j k_j^T`` gives ``u_t = beta_t v_t - beta_t sum_{j<t} (k_t . k_j) u_j``, i.e.
+``S_{t-1} = sum_{j<t} u_j k_j^T`` gives ``u_t = beta_t v_t - beta_t sum_{j<t} (k_t · k_j) u_j``, i.e.
 the lower-triangular system::
 
     (I + A) U = Diag(beta) V,      A = (Diag(beta) K K^T) ⊙ M^-      (strictly lower triangular)
@@ -41,7 +41,7 @@ and everything above carries over with the decay ``exp(b_i - b_j)``, ``b_i = sum
 (differences of log cumulative sums, never ratios of cumulative products, so ``alpha`` near 0 over a
 long sequence neither overflows nor divides by zero)::
 
-    A_ij = beta_i exp(b_i - b_j) k_i . k_j   (j < i),   (I + A) U = Diag(beta)(V - Diag(exp(b)) K S0^T)
+    A_ij = beta_i exp(b_i - b_j) k_i · k_j   (j < i),   (I + A) U = Diag(beta)(V - Diag(exp(b)) K S0^T)
     O_chunk = Diag(exp(b)) Q S0^T + (Q K^T ⊙ Γ) U,   Γ_ij = exp(b_i - b_j) (j <= i)
     S_next  = exp(b_C) S0 + sum_j exp(b_C - b_j) u_j k_j^T
 
@@ -531,7 +531,7 @@ def overwrite_experiment(n_interfering: int, *, beta: float = 1.0, where: str = 
     ``"after"`` puts them all after the second one (the fresh value must survive them).
     Keys are unit vectors in ``d_k`` dimensions. Returns ``{"linear": reads, "delta": reads}``, one
     read per trial: plain linear attention (``S_t = S_{t-1} + v_t k_t^T``, so the read is
-    ``sum_j (k_j . k_x) v_j``) and DeltaNet with the given ``beta`` (all writes).
+    ``sum_j (k_j · k_x) v_j``) and DeltaNet with the given ``beta`` (all writes).
 
     Defined in Chapter 5 (The delta rule).
     """

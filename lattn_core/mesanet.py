@@ -168,7 +168,7 @@ def mesanet_parallel(Q, K, V, gamma, lam, *, beta=None) -> np.ndarray:
 
 
 def _gated_sum_reads(P, K, Values, g, C):
-    """Row ``t``: ``sum_{j<=t} Gamma_tj (k_j . p_t) values_j`` by Chapter 3's chunked gated sums."""
+    """Row ``t``: ``sum_{j<=t} Gamma_tj (k_j · p_t) values_j`` by Chapter 3's chunked gated sums."""
     return decay_attention_chunkwise(P, K, Values, g, chunk_size=C)
 
 
