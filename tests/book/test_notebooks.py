@@ -15,6 +15,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+CODE_WIDTH = 81   # characters of code the text column shows at 1280 px (the page check measures it)
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 REPO_URL = CONFIG["repository"]["url"].rstrip("/")
 BRANCH = CONFIG["repository"].get("branch", "main")
@@ -91,6 +92,14 @@ class TestNotebook:
         assert not missing, f"cells {missing} have no id: nbformat.write(nbformat.read(path, 4), path)"
         assert nb.nbformat == 4
         assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+
+    def test_code_lines_fit_the_column(self, path):
+        """No code line wider than CODE_WIDTH characters: the page check measured a line of 84
+        overflowing the text column at 1280 px by 6 px, and the column holds 81."""
+        nb = _load(path)
+        wide = [(i, len(line)) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+                for line in cell.source.splitlines() if len(line) > CODE_WIDTH]
+        assert not wide, f"code lines over {CODE_WIDTH} characters (cell, length): {wide}"
 
     def test_stored_without_outputs(self, path):
         nb = _load(path)
@@ -299,3 +308,18 @@ def test_bold_symbol_macros_are_defined():
             if cmd not in macros and cmd != "bf":
                 missing.add(f"{name}: \\{cmd}")
     assert not missing, f"undefined bold macros (add them to _config.yml): {sorted(missing)}"
+
+
+def test_book_pages_code_lines_fit_the_column():
+    """The code cells of the book's MyST pages (book/*.md) within CODE_WIDTH characters, as the
+    chapters' (the API page once held a line 164 px too wide)."""
+    wide = []
+    for page in sorted((ROOT / "book").glob("*.md")):
+        inside = False
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            if line.startswith("```"):
+                inside = line.startswith("```{code-cell}")
+                continue
+            if inside and len(line) > CODE_WIDTH:
+                wide.append(f"{page.name}:{n} ({len(line)})")
+    assert not wide, wide
