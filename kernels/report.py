@@ -379,15 +379,7 @@ def show_benchmark(source, *, select=None, title: str | None = None, ours: str =
         if len(peers) > 1:
             print(f"\nour time over {p}'s:")
         print(ratio_table(data, ours=ours, peer=p))
-    errs = {}
-    per_op = len({r.get("op") for r in data["records"]}) > 1      # one line per implementation and op
-    for r in data["records"]:
-        who = f"{r['impl']}, {r.get('op')}" if per_op else r["impl"]
-        for k, v in (r.get("err") or {}).items():
-            if _num(v):
-                errs.setdefault(who, {}).setdefault(k, 0.0)
-                errs[who][k] = max(errs[who][k], v)
-    for who, e in errs.items():
+    for who, e in _largest_errors(data).items():
         print(_wrap(f"largest RMS error ratio vs float64, {who}: "
                     + ", ".join(f"{k} {v:.2e}" for k, v in e.items())))
     for p in peers:
@@ -488,6 +480,13 @@ def goal_table(data: dict, *, ours: str = "ours", peer="fla", select=None) -> st
 def error_lines(data: dict) -> list:
     """One short line per implementation (and op, when the records hold several): its largest RMS
     error ratio against the float64 reference over every output, and which output it was."""
+    return [f"{who} {max(e.values()):.1e} ({max(e, key=e.get)})"
+            for who, e in _largest_errors(data).items()]
+
+
+def _largest_errors(data: dict) -> dict:
+    """``{who: {output: largest RMS error ratio}}`` over the records, ``who`` the implementation (and
+    the op, when the records hold several): what :func:`show_benchmark` and :func:`error_lines` print."""
     errs: dict = {}
     per_op = len({r.get("op") for r in data["records"]}) > 1
     for r in data["records"]:
@@ -496,7 +495,7 @@ def error_lines(data: dict) -> list:
             if _num(v):
                 errs.setdefault(who, {}).setdefault(k, 0.0)
                 errs[who][k] = max(errs[who][k], v)
-    return [f"{who} {max(e.values()):.1e} ({max(e, key=e.get)})" for who, e in errs.items()]
+    return errs
 
 
 def plot_bars(data: dict, *, value: str = "copy_fraction", select=None, ax=None, xlabel: str | None = None,
