@@ -311,8 +311,20 @@ def _runner(jobs: int):
         return
     import concurrent.futures as cf
     import multiprocessing as mp
+    import sys
+    import time
+    t0 = time.perf_counter()
+
+    def run(fn, work):
+        out = []
+        for r in ex.map(fn, work):  # in order; one line per piece, so a long run shows its pace
+            out.append(r)
+            print(f"  piece {len(out)}/{len(work)} done at {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+                  flush=True)
+        return out
+
     with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
-        yield lambda fn, work: list(ex.map(fn, work))
+        yield run
 
 
 def _mean_accuracy(record: dict) -> float:
