@@ -26,7 +26,7 @@ __all__ = ["RESULTS_DIR", "TrainConfig", "mlp_block", "residual_stack", "fit", "
            "torch_threads", "derived_seeds", "window_means", "summarize_seeds", "train_each", "MODEL_COLORS",
            "MODEL_NAMES", "claim", "failed_claims", "assert_claims", "claims_markdown", "loss_curves",
            "TunedConfig", "stored_config", "tune_and_run", "grid_rows", "grid_lines", "load_run",
-           "load_current", "seeds_cli"]
+           "load_current", "seeds_cli", "claims_verdict"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -250,6 +250,21 @@ def claims_markdown(claims: list[dict]) -> str:
                      f"(measured: {c['measured']})" for c in claims)
 
 
+def claims_verdict(claims: list[dict], where: str = "the stored runs") -> str:
+    """One Markdown sentence on ``claims`` as measured ``where``: that every one holds, or how many
+    do not and which, as a negative result. The chapters print it under a stored run's claims in
+    place of asserting them: the claims were fixed before the run, so a claim the run does not
+    support is reported, not revised to fit."""
+    bad = failed_claims(claims)
+    if not claims:
+        raise ValueError("claims must hold at least one claim")
+    if not bad:
+        return f"Every one of the {len(claims)} claims holds in {where}."
+    return (f"**A negative result:** {len(bad)} of the {len(claims)} claims do not hold in {where} (marked "
+            "above): " + " ".join(f"*{c['claim']}*" for c in bad) + " The claims were fixed before these runs "
+            "were made; they are reported as measured, not revised to fit.")
+
+
 # ---------------------------------------------------------------------------------------------
 # loss curves labelled by what each step trained on
 # ---------------------------------------------------------------------------------------------
@@ -301,13 +316,20 @@ def stored_config(config) -> dict:
 
 @contextlib.contextmanager
 def _runner(jobs: int):
-    """``run(fn, work) -> [fn(w) for w in work]``, ``jobs`` at a time in spawned processes (CUDA
-    cannot be used in a forked child; ``fn`` must then be module-level and ``work`` and the results
-    picklable). One pool serves every call inside the ``with``, so that each process compiles its
+    """``run(fn, work, done=None) -> [fn(w) for w in work]``, ``jobs`` at a time in spawned processes
+    (CUDA cannot be used in a forked child; ``fn`` must then be module-level and ``work`` and the
+    results picklable), calling ``done(i, result)`` as each piece finishes. One pool serves every call inside the ``with``, so that each process compiles its
     kernels once. A GPU is shared by the processes: times measured in them are of concurrent runs."""
     check_int(jobs, "jobs", 1)
     if jobs == 1:
-        yield lambda fn, work: [fn(w) for w in work]
+        def one_by_one(fn, work, done=None):
+            out = []
+            for i, w in enumerate(work):
+                out.append(fn(w))
+                if done is not None:
+                    done(i, out[i])
+            return out
+        yield one_by_one
         return
     import concurrent.futures as cf
     import multiprocessing as mp
@@ -315,16 +337,55 @@ def _runner(jobs: int):
     import time
     t0 = time.perf_counter()
 
-    def run(fn, work):
-        out = []
-        for r in ex.map(fn, work):  # in order; one line per piece, so a long run shows its pace
-            out.append(r)
-            print(f"  piece {len(out)}/{len(work)} done at {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+    def run(fn, work, done=None):
+        out, futures = [None] * len(work), {}
+        for i, w in enumerate(work):
+            futures[ex.submit(fn, w)] = i
+        for n, f in enumerate(cf.as_completed(futures), 1):   # one line per piece: a long run shows its pace
+            i = futures[f]
+            out[i] = f.result()
+            if done is not None:
+                done(i, out[i])
+            print(f"  piece {n}/{len(work)} done at {time.perf_counter() - t0:.0f} s", file=sys.stderr,
                   flush=True)
         return out
 
     with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
         yield run
+
+
+def _piece_key(cfg) -> str:
+    import dataclasses
+    return json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str)
+
+
+def _resumed(run, path: Path, fn, work):
+    """``run(fn, work)`` for the pieces that the file ``path`` does not hold yet, each result
+    appended to it as it finishes; the others read back from it (a last line cut off mid-write is
+    ignored). Every result passes through JSON."""
+    keys = [_piece_key(w) for w in work]
+    held = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            held[row["key"]] = row["out"]
+    todo = [i for i, k in enumerate(keys) if k not in held]
+    if len(todo) < len(work):
+        print(f"  {len(work) - len(todo)} of {len(work)} pieces read back from {path.name}", flush=True)
+    outs = [held.get(k) for k in keys]
+
+    def done(j, out):
+        i = todo[j]
+        line = json.dumps({"key": keys[i], "out": out})
+        outs[i] = json.loads(line)["out"]
+        with path.open("a") as f:
+            f.write(line + "\n")
+
+    run(fn, [work[i] for i in todo], done)
+    return outs
 
 
 def _mean_accuracy(record: dict) -> float:
@@ -342,7 +403,7 @@ def _ranked(x):
 
 
 def tune_and_run(config, seeds, run_piece, *, split, label=None, score=None, tune_at: dict | None = None,
-                 jobs: int = 1, keep_models: bool = False) -> dict:
+                 jobs: int = 1, keep_models: bool = False, pieces=None) -> dict:
     """The protocol of every experiment: a learning-rate grid per model on one held-out seed, then
     every seed at each model's chosen rate.
 
@@ -368,6 +429,12 @@ def tune_and_run(config, seeds, run_piece, *, split, label=None, score=None, tun
     one process: every piece is seeded alike). With ``keep_models``, the seeds' pieces are called
     with ``keep_models=True`` and the ``"models"`` they return come back under ``"models"``,
     ``{seed: {name: model}}``.
+
+    ``pieces``: a file (JSON lines) that keeps each piece's result as it finishes, keyed by the
+    piece's whole config; a piece the file already holds is read back, not run again, so a run cut
+    off by a time limit resumes where it stopped (:func:`seeds_cli` keeps one beside the results
+    with ``--write``). Every result then passes through JSON, kept or not, so that a resumed run
+    equals one made at once. Not with ``keep_models``.
 
     Returns ``{"config", "grid", "records", "seconds"}``. ``config``: :func:`stored_config` with
     ``seeds``, ``jobs`` and ``lr_choice``, one row per unit ``{"unit", <its split values>, "lr",
@@ -413,8 +480,11 @@ def tune_and_run(config, seeds, run_piece, *, split, label=None, score=None, tun
     grid_work = [(u, lr) for u in tuned for lr in grid]
     seed_work = [(u, s) for s in seeds for u in units]
     piece_fn = functools.partial(run_piece, keep_models=True) if keep_models else run_piece
+    if pieces is not None and keep_models:
+        raise ValueError("pieces keeps results as JSON, which cannot hold models: not with keep_models")
     grid_recs, recs, seconds, kept = [], [], {}, {}
-    with _runner(jobs) as run:
+    with _runner(jobs) as pool:
+        run = pool if pieces is None else functools.partial(_resumed, pool, Path(pieces))
         outs = run(run_piece, [piece(u, seed=config.grid_seed, lr=lr, **stream("validation")) for u, lr in grid_work])
         for (u, lr), out in zip(grid_work, outs):
             if len(out["records"]) != 1:
@@ -464,13 +534,16 @@ def grid_lines(config: dict, names=None, digits: int = 3) -> list[str]:
         for r in rows]
 
 
-def load_run(name: str, gpu_config, command: str) -> dict:
+def load_run(name: str, gpu_config, command: str, only: str | None = None) -> dict:
     """The stored run ``experiments/results/<name>.json`` as :func:`tune_and_run` returned it
-    (``config``, ``grid``, ``records``: the seeds'), with its ``env`` and ``same_as_gpu_config``:
+    (``config``, ``grid``, ``records``: the seeds'), with its ``env``, ``same_as_gpu_config``:
     whether it was made with the settings ``gpu_config()`` has now (its seeds, jobs and chosen
-    rates aside). A file of an earlier format (no ``lr_choice``) reads back as made with other
-    settings, every record among the seeds'. ``FileNotFoundError`` naming ``command``, the line
-    that makes it, when this copy of the book has none."""
+    rates aside), and ``missing``: with ``only`` (the config field of the models, as the command's
+    ``--only`` takes them), the models of ``gpu_config()`` a run made so far with ``--only`` lacks,
+    its settings otherwise today's (a long setting run a few models per GPU call; else ``[]``). A
+    file of an earlier format (no ``lr_choice``) reads back as made with other settings, every
+    record among the seeds'. ``FileNotFoundError`` naming ``command``, the line that makes it, when
+    this copy of the book has none."""
     from kernels import results
     path = RESULTS_DIR / f"{name}.json"
     if not path.exists():
@@ -478,7 +551,14 @@ def load_run(name: str, gpu_config, command: str) -> dict:
                                 "to create them")
     data = results.load_results(path)
     have = {k: v for k, v in data["config"].items() if k not in ("seeds", "jobs", "lr_choice")}
-    data["same_as_gpu_config"] = "lr_choice" in data["config"] and have == stored_config(gpu_config())
+    full = stored_config(gpu_config())
+    data["same_as_gpu_config"] = "lr_choice" in data["config"] and have == full
+    data["missing"] = []
+    if only is not None and "lr_choice" in data["config"] and not data["same_as_gpu_config"]:
+        rest = lambda c: {k: v for k, v in c.items() if k != only}
+        made = list(have.get(only, ()))
+        if rest(have) == rest(full) and set(made) < set(full[only]):
+            data["missing"] = [m for m in full[only] if m not in made]
     data["grid"] = [r for r in data["records"] if r.get("phase") == "grid"]
     data["records"] = [r for r in data["records"] if r.get("phase") != "grid"]
     return data
@@ -493,7 +573,12 @@ def load_current(load_stored, name: str, command: str):
     except FileNotFoundError:
         data = None
         print(f"No experiments/results/{name}.json in this copy of the book.")
-    if data is not None and not data["same_as_gpu_config"]:
+    if data is not None and data.get("missing"):
+        print(f"The stored experiments/results/{name}.json holds today's setting for\n"
+              f"some models only; not made yet: {', '.join(map(str, data['missing']))}. Not shown until\n"
+              f"complete; to add them: {command} --only {' '.join(map(str, data['missing']))}")
+        data = None
+    elif data is not None and not data["same_as_gpu_config"]:
         print(f"The stored experiments/results/{name}.json was made with other\n"
               "settings (an earlier version of the experiment): not shown.")
         data = None
@@ -539,7 +624,9 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
     records and the seeds', in ``experiments/results/<stored>.json`` (``<stored>_cpu.json`` without
     ``--gpu``) with the device, date and versions; with ``--only``, merged with what the file holds
     for the other models (:func:`_merge_runs`), so that a long setting can be run a few models per
-    call; without, in place of the file."""
+    call; without, in place of the file. While a ``--write`` run goes, each finished piece is kept
+    in ``<stored>.pieces.jsonl`` beside it (``tune_and_run``'s ``pieces``): the same command, run
+    again after a time limit cut it off, resumes; the file goes once the results are written."""
     import argparse
     import time
     from dataclasses import replace
@@ -570,7 +657,10 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
         return 2
     seeds = args.seeds if args.seeds is not None else (list(gpu_seeds) if args.gpu else [0])
     t0 = time.perf_counter()
-    out = run_seeds(cfg, seeds, jobs=args.jobs)
+    name = stored if args.gpu else f"{stored}_cpu"
+    path = RESULTS_DIR / f"{name}.json"
+    pieces = RESULTS_DIR / f"{name}.pieces.jsonl" if args.write else None   # a cut-off run resumes
+    out = run_seeds(cfg, seeds, jobs=args.jobs, pieces=pieces)
     lines = grid_lines(out["config"])
     if lines:
         print(f"learning-rate grid on seed {cfg.grid_seed}, held-out score per rate (* chosen):", *lines, sep="\n")
@@ -580,10 +670,9 @@ def seeds_cli(argv, *, description: str, stored: str, cpu_config, gpu_config, ru
           + f": {time.perf_counter() - t0:.0f} s")
     if args.write:
         from kernels import results
-        name = stored if args.gpu else f"{stored}_cpu"
-        path = RESULTS_DIR / f"{name}.json"
         new = {"config": out["config"], "records": out["grid"] + out["records"], "env": results.environment()}
         if args.only and path.exists():
             new = _merge_runs(results.load_results(path), new, only, base)
         print("wrote", results.write_results(path, name, new["config"], new["records"]))
+        pieces.unlink(missing_ok=True)
     return 0

@@ -391,7 +391,7 @@ def _run_one(config: ExtrapolationConfig) -> dict:
     return out
 
 
-def run_seeds(config: ExtrapolationConfig, seeds, *, jobs: int = 1) -> dict:
+def run_seeds(config: ExtrapolationConfig, seeds, *, jobs: int = 1, pieces=None) -> dict:
     """The learning-rate grid ``config.lr_grid`` for every encoding on ``config.grid_seed``
     (chosen by the accuracy at ``train_len``), then every seed at each encoding's chosen rate
     (:func:`experiments.common.tune_and_run`; with an empty grid, every encoding at
@@ -401,7 +401,7 @@ def run_seeds(config: ExtrapolationConfig, seeds, *, jobs: int = 1) -> dict:
     "score"), "records" (one per encoding and seed), "seconds": {seed: seconds, summed over its
     pieces}}``."""
     _check_config(config)
-    return tune_and_run(config, seeds, _run_one, split=("encodings",), score=_grid_score, jobs=jobs)
+    return tune_and_run(config, seeds, _run_one, split=("encodings",), score=_grid_score, jobs=jobs, pieces=pieces)
 
 
 def seed_summary(records: list[dict], field: str = "accuracy") -> dict:
@@ -545,7 +545,7 @@ def load_stored() -> dict:
     ``same_as_gpu_config``: whether they were run with the settings :func:`gpu_config` has now
     (:func:`experiments.common.load_run`). Raises ``FileNotFoundError`` when this copy of the book
     has none."""
-    return load_run(STORED, gpu_config, COMMAND)
+    return load_run(STORED, gpu_config, COMMAND, only="encodings")
 
 
 def main(argv=None) -> int:

@@ -65,9 +65,9 @@ def gpu_config(**changes) -> mqar.RecallConfig:
     return mqar.gpu_config(**{"mixers": MIXERS, "head_dims": (16, 32), "tune_head_dim": 16, **changes})
 
 
-def run_seeds(config: mqar.RecallConfig, seeds, *, jobs: int = 1) -> dict:
+def run_seeds(config: mqar.RecallConfig, seeds, *, jobs: int = 1, pieces=None) -> dict:
     """:func:`experiments.mqar.run_seeds`: the rate grid on the held-out seed, then the seeds."""
-    return mqar.run_seeds(config, seeds, jobs=jobs)
+    return mqar.run_seeds(config, seeds, jobs=jobs, pieces=pieces)
 
 
 summary = mqar.summary
@@ -118,7 +118,7 @@ def claims(run: dict) -> list[dict]:
 def load_stored() -> dict:
     """The stored GPU run (``experiments/results/mqar_mesanet.json``) with ``same_as_gpu_config``;
     ``FileNotFoundError`` naming the command that writes it when this copy of the book has none."""
-    return load_run(STORED, gpu_config, COMMAND)
+    return load_run(STORED, gpu_config, COMMAND, only="mixers")
 
 
 def main(argv=None) -> int:

@@ -89,7 +89,7 @@ __all__ = ["MIXERS", "ALL_MIXERS", "FILLER", "IGNORE", "GATE_TEMPERATURE", "make
            "MQARModel", "state_size", "RecallConfig", "points", "cpu_config", "gpu_config", "unit",
            "evaluate", "train_recall", "run_one", "run_seeds", "summary", "rewrite_claims", "capacity_claims",
            "claims", "PAPER_CLAIMS", "plot_rewrites", "plot_write_once", "plot_capacity", "plot_loss",
-           "draw_sequence", "STORED", "COMMAND", "describe", "load_stored", "main"]
+           "draw_sequence", "STORED", "COMMAND", "describe", "load_stored", "main", "untrained_runs"]
 
 MIXERS = ("linear", "decay", "deltanet", "gated_deltanet")
 ALL_MIXERS = MIXERS + ("mesanet",)     # Chapter 10 adds MesaNet to the comparison
@@ -485,7 +485,7 @@ def run_one(config: RecallConfig) -> dict:
     return {"records": recs, "seconds": time.perf_counter() - t0}
 
 
-def run_seeds(config: RecallConfig, seeds, *, jobs: int = 1) -> dict:
+def run_seeds(config: RecallConfig, seeds, *, jobs: int = 1, pieces=None) -> dict:
     """:func:`experiments.common.tune_and_run` for every model of ``config`` (one per mixer and
     head size, named by :func:`unit`): each mixer's rate grid at ``d_k = tune_head_dim`` on
     ``config.grid_seed``, scored on the validation stream (skipped when the grid has one rate), its
@@ -498,7 +498,7 @@ def run_seeds(config: RecallConfig, seeds, *, jobs: int = 1) -> dict:
         raise ValueError(f"tune_head_dim must be one of head_dims {config.head_dims} (the rates are chosen "
                          f"there); got {config.tune_head_dim}")
     return tune_and_run(config, seeds, run_one, split=("mixers", "head_dims"), label=unit,
-                        tune_at={"head_dims": config.tune_head_dim}, jobs=jobs)
+                        tune_at={"head_dims": config.tune_head_dim}, jobs=jobs, pieces=pieces)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,6 +518,19 @@ def summary(run: dict) -> dict:
     for r in recs:
         out["by_seed"].setdefault(r["unit"], {})[r["seed"]] = r["accuracy"]
     return out
+
+
+def untrained_runs(run: dict, floor: float = 0.05) -> list[dict]:
+    """The seed runs of ``run`` that did not learn the task at their chosen rate: accuracy at most
+    ``floor`` at every setting (far below what every rule reaches at its smallest ``N``; the
+    guess among the values is ``1/n_values``), one dict each: ``seed``, ``mixer``, ``head_dim``,
+    ``lr``, ``best`` (its highest accuracy). The claims count such a run as measured; the chapters
+    name it beside them, since a run that did not train says something about the rate, not the
+    rule."""
+    if not 0 <= floor < 1:
+        raise ValueError(f"floor must lie in [0, 1); got {floor!r}")
+    return [{"seed": r["seed"], "mixer": r["mixer"], "head_dim": r["head_dim"], "lr": r["lr"],
+             "best": max(r["accuracy"])} for r in run["records"] if max(r["accuracy"]) <= floor]
 
 
 def _at(s: dict, point) -> int:
@@ -604,7 +617,8 @@ def capacity_claims(run: dict) -> list[dict]:
     1. every rule's accuracy (mean over ``N``) is at least 0.25 higher at the largest ``d_k`` than
        at the smallest: the state size decides;
     2. at every ``d_k`` the rules' accuracies (mean over ``N``) lie within 0.15 of each other: written
-       once, the update rule matters little next to the state size."""
+       once, the update rule matters little next to the state size (only for a run of two rules or
+       more)."""
     s = summary(run)
     dims = s["head_dims"]
     _, _, once = _rewrite_setting(s)
@@ -617,7 +631,7 @@ def capacity_claims(run: dict) -> list[dict]:
     low = min(gain, key=gain.get)
     spread = {h: max(wo[m, h] for m in s["mixers"]) - min(wo[m, h] for m in s["mixers"]) for h in dims}
     wide = max(spread, key=spread.get)
-    return [
+    out = [
         claim(f"Written once (N = {Ns}), every rule recalls at least 0.25 more (mean over N) at d_k = {dims[-1]} "
               f"than at d_k = {dims[0]}.", gain[low] >= 0.25,
               f"smallest gain {gain[low]:+.3f} ({MODEL_NAMES[low]}); "
@@ -627,6 +641,7 @@ def capacity_claims(run: dict) -> list[dict]:
               f"largest spread {spread[wide]:.3f} (d_k = {wide}); "
               + ", ".join(f"{spread[h]:.3f} (d_k = {h})" for h in dims)),
     ]
+    return out if len(s["mixers"]) > 1 else out[:1]     # one rule has no spread to claim
 
 
 def claims(run: dict) -> list[dict]:
@@ -783,7 +798,7 @@ def load_stored() -> dict:
     ``seeds`` and ``lr_choice``, ``grid``, ``records``) with ``same_as_gpu_config``
     (:func:`experiments.common.load_run`). ``FileNotFoundError`` naming the command that writes it
     when this copy of the book has none."""
-    return load_run(STORED, gpu_config, COMMAND)
+    return load_run(STORED, gpu_config, COMMAND, only="mixers")
 
 
 def describe(r: dict) -> str:

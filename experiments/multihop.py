@@ -582,7 +582,7 @@ def _grid_score(record: dict) -> float:
     return sum(record["accuracy"]) / len(record["accuracy"])
 
 
-def run_seeds(config: MultihopConfig, seeds, *, jobs: int = 1) -> dict:
+def run_seeds(config: MultihopConfig, seeds, *, jobs: int = 1, pieces=None) -> dict:
     """The learning-rate grid ``config.lr_grid`` for every mixer on ``config.grid_seed`` (chosen by
     the mean accuracy over the hop counts), then every seed at each mixer's chosen rate
     (:func:`experiments.common.tune_and_run`; with an empty grid, every mixer at ``config.lr``);
@@ -590,7 +590,7 @@ def run_seeds(config: MultihopConfig, seeds, *, jobs: int = 1) -> dict:
     ``{"config" (with "seeds" and "lr_choice"), "grid" (the grid's records, each with its "score"),
     "records" (one per mixer and seed), "seconds": {seed: seconds}}``."""
     _check_config(config)
-    return tune_and_run(config, seeds, run_multihop, split=("mixers",), score=_grid_score, jobs=jobs)
+    return tune_and_run(config, seeds, run_multihop, split=("mixers",), score=_grid_score, jobs=jobs, pieces=pieces)
 
 
 def _per_seed(records: list[dict], mixer: str, field: str = "accuracy") -> list[list[float]]:
@@ -738,7 +738,7 @@ def load_stored() -> dict:
     ``same_as_gpu_config``: whether they were run with the settings :func:`gpu_config` has now
     (:func:`experiments.common.load_run`). Raises ``FileNotFoundError`` when this copy of the book
     has none."""
-    return load_run(STORED, gpu_config, COMMAND)
+    return load_run(STORED, gpu_config, COMMAND, only="mixers")
 
 
 def main(argv=None) -> int:

@@ -250,12 +250,12 @@ def _score(record: dict) -> float:
     return -sum(record["error"]) / len(record["error"])
 
 
-def run_seeds(config: RegressionConfig, seeds, *, jobs: int = 1) -> dict:
+def run_seeds(config: RegressionConfig, seeds, *, jobs: int = 1, pieces=None) -> dict:
     """:func:`experiments.common.tune_and_run` for every model of ``config`` (one per mixer and
     task, named by :func:`unit`), the grid scored by the mean error over every number of pairs on
     the validation stream. Returns ``{"config", "grid", "records", "seconds"}``."""
     _check(config)
-    return tune_and_run(config, seeds, run_one, split=("mixers", "noises"), label=unit, score=_score, jobs=jobs)
+    return tune_and_run(config, seeds, run_one, split=("mixers", "noises"), label=unit, score=_score, jobs=jobs, pieces=pieces)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,7 +341,7 @@ def plot_errors(s: dict, task: str, ax, title: str | None = None):
 def load_stored() -> dict:
     """The stored GPU run (``experiments/results/regression.json``) with ``same_as_gpu_config``;
     ``FileNotFoundError`` naming the command that writes it when this copy of the book has none."""
-    return load_run(STORED, gpu_config, COMMAND)
+    return load_run(STORED, gpu_config, COMMAND, only="mixers")
 
 
 def describe(r: dict) -> str:

@@ -355,14 +355,14 @@ def lr_score(record: dict) -> tuple:
     return (round(sum(record["accuracy"]) / len(record["accuracy"]), 6), -record["final_loss"])
 
 
-def run_seeds(config: ShortConvConfig, seeds, *, jobs: int = 1, keep_models: bool = False) -> dict:
+def run_seeds(config: ShortConvConfig, seeds, *, jobs: int = 1, pieces=None, keep_models: bool = False) -> dict:
     """The learning-rate grid on ``config.grid_seed``, then every seed at each variant's chosen rate
     (:func:`experiments.common.tune_and_run`, one piece per variant, ``jobs`` at a time in their
     own processes). Returns ``{"config" (with "seeds" and "lr_choice"), "grid", "records" (one per
     variant and seed), "seconds"}``; with ``keep_models``, the trained models under ``"models"``,
     ``{seed: {variant: model}}``."""
     _check_config(config)
-    return tune_and_run(config, seeds, run_short_conv, split=("variants",), score=lr_score, jobs=jobs,
+    return tune_and_run(config, seeds, run_short_conv, split=("variants",), score=lr_score, jobs=jobs, pieces=pieces,
                         keep_models=keep_models)
 
 
@@ -496,7 +496,7 @@ def load_stored() -> dict:
     ``seeds`` and ``lr_choice``, the ``grid``, ``records``), with ``same_as_gpu_config``: whether they were
     run with the settings :func:`gpu_config` has now (:func:`experiments.common.load_run`). Raises
     ``FileNotFoundError`` when this copy of the book has none."""
-    return load_run(STORED, gpu_config, COMMAND)
+    return load_run(STORED, gpu_config, COMMAND, only="variants")
 
 
 def main(argv=None) -> int:

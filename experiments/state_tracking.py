@@ -673,14 +673,14 @@ def lr_score(record: dict) -> tuple:
     return (round(record["val_accuracy"], 6), -record["val_loss"])
 
 
-def run_seeds(config: StateTrackingConfig, seeds, *, jobs: int = 1, progress: bool = False) -> dict:
+def run_seeds(config: StateTrackingConfig, seeds, *, jobs: int = 1, pieces=None, progress: bool = False) -> dict:
     """The learning-rate grid on ``config.grid_seed``, then every seed at each model's chosen rate
     (:func:`experiments.common.tune_and_run`, one piece per number of cups and model, ``jobs`` at a
     time; each named ``"<cups>/<model>"``). Returns ``{"config" (with "seeds" and "lr_choice"), "grid",
     "records" (one per number of cups, model and seed), "seconds"}``."""
     _check_config(config)
     run = run_state_tracking if not progress else _run_with_progress
-    return tune_and_run(config, seeds, run, split=("cups", "models"), score=lr_score, jobs=jobs)
+    return tune_and_run(config, seeds, run, split=("cups", "models"), score=lr_score, jobs=jobs, pieces=pieces)
 
 
 def _run_with_progress(cfg):
@@ -902,7 +902,7 @@ def load_stored() -> dict:
     ``seeds`` and ``lr_choice``, the ``grid``, ``records``), with ``same_as_gpu_config``: whether they
     were run with the settings :func:`gpu_config` has now (:func:`experiments.common.load_run`).
     Raises ``FileNotFoundError`` when this copy of the book has none."""
-    return load_run(STORED, gpu_config, COMMAND)
+    return load_run(STORED, gpu_config, COMMAND, only="models")
 
 
 def _describe(r: dict) -> str:

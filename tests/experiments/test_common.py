@@ -36,6 +36,12 @@ def test_claim_form_and_checks():
     assert "B holds. (measured: 0.2)" in str(err.value) and "A holds." not in str(err.value)
     md = common.claims_markdown([good, bad])
     assert md.splitlines() == ["- **holds**: A holds. (measured: 1.0)", "- **does not hold**: B holds. (measured: 0.2)"]
+    assert common.claims_verdict([good, good]) == "Every one of the 2 claims holds in the stored runs."
+    verdict = common.claims_verdict([good, bad], "seed 7")
+    assert verdict.startswith("**A negative result:** 1 of the 2 claims do not hold in seed 7")
+    assert "*B holds.*" in verdict and "A holds." not in verdict
+    with pytest.raises(ValueError, match="at least one claim"):
+        common.claims_verdict([])
 
 
 # ------------------------------------------------------------------ a fake experiment
@@ -177,10 +183,36 @@ def test_stored_config_drops_the_single_runs_fields():
     assert not {"seed", "lr", "eval_on"} & set(cfg) and cfg["mixers"] == ["a", "b"] and cfg["lr_grid"] == [1e-3, 1e-2, 1e-1]
 
 
+def test_a_cut_off_run_resumes_from_its_pieces(tmp_path):
+    """With ``pieces``, each finished piece is kept; a second run with the same settings runs only
+    the pieces the file lacks and returns what one run at once returns; other settings run anew."""
+    calls = []
+
+    def counting(cfg, keep_models=False):
+        calls.append((cfg.mixers[0], cfg.sizes[0], cfg.seed, cfg.lr))
+        return fake_run(cfg)
+
+    path = tmp_path / "fake.pieces.jsonl"
+    whole = _run(pieces=path)
+    assert len(path.read_text().splitlines()) == 4 * 3 + 4 * 2       # the grid's pieces, then the seeds'
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:9]) + "\n" + lines[9][:20])     # cut off after nine, mid-line
+    resumed = tune_and_run(FakeConfig(), [0, 1], counting, split=("mixers", "sizes"),
+                           label=lambda m, n: f"{m}{n}", pieces=path)
+    assert len(calls) == 20 - 9 and resumed["records"] == whole["records"] and resumed["grid"] == whole["grid"]
+    assert resumed["config"] == whole["config"]
+    calls.clear()
+    tune_and_run(FakeConfig(steps=2), [0, 1], counting, split=("mixers", "sizes"), label=lambda m, n: f"{m}{n}",
+                 pieces=path)
+    assert len(calls) == 20                                                # another setting: nothing read back
+    with pytest.raises(ValueError, match="not with keep_models"):
+        _run(pieces=path, keep_models=True)
+
+
 # ------------------------------------------------------------------ stored runs and the command line
 def _cli(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
-    run_seeds = lambda cfg, seeds, jobs=1: _run(cfg, seeds, jobs=jobs)
+    run_seeds = lambda cfg, seeds, jobs=1, pieces=None: _run(cfg, seeds, jobs=jobs, pieces=pieces)
     return dict(description="fake", stored="fake", cpu_config=FakeConfig, gpu_config=FakeConfig,
                 run_seeds=run_seeds, describe=lambda r: f"{r['unit']} {r['accuracy'][0]:.2f}", only="mixers")
 
@@ -190,6 +222,7 @@ def test_the_command_line_runs_writes_and_reads_back(tmp_path, monkeypatch, caps
     with pytest.raises(FileNotFoundError, match="experiments/results/fake_cpu.json; run `make it`"):
         load_run("fake_cpu", FakeConfig, "make it")
     assert seeds_cli(["--seeds", "0", "1", "--write"], **kw) == 0
+    assert not (tmp_path / "fake_cpu.pieces.jsonl").exists()            # kept while running, gone once written
     out = capsys.readouterr().out
     assert "learning-rate grid on seed 99" in out and out.count("*") == 1 + 4 and "a4 1.00" in out and "wrote" in out
     data = load_run("fake_cpu", FakeConfig, "make it")
@@ -220,6 +253,13 @@ def test_only_merges_with_the_stored_models_and_refuses_other_settings(tmp_path,
     kw = _cli(tmp_path, monkeypatch)
     assert seeds_cli(["--seeds", "0", "1", "--only", "b", "--write"], **kw) == 0
     assert [c["unit"] for c in load_run("fake_cpu", FakeConfig, "c")["config"]["lr_choice"]] == ["b4", "b8"]
+    part = load_run("fake_cpu", FakeConfig, "c", only="mixers")          # a run made so far for b only
+    assert not part["same_as_gpu_config"] and part["missing"] == ["a"]
+    assert load_run("fake_cpu", FakeConfig, "c")["missing"] == []      # without `only`: not asked
+    capsys.readouterr()
+    assert load_current(lambda: part, "fake_cpu", "cmd") is None       # shown only once complete
+    said = " ".join(capsys.readouterr().out.split())
+    assert "not made yet: a." in said and "to add them: cmd --only a" in said
     assert seeds_cli(["--seeds", "0", "1", "--only", "a", "--write"], **kw) == 0
     data = load_run("fake_cpu", FakeConfig, "c")
     run = _run()

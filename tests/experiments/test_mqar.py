@@ -354,19 +354,22 @@ def test_stored_run_loader_checks_the_settings(tmp_path, monkeypatch):
 @pytest.mark.skipif(not (RESULTS_DIR / "mqar_recall.json").exists(),
                     reason="the stored GPU run is not made yet (python -m experiments.mqar --gpu --jobs 16 --write); the chapter says so")
 def test_the_stored_gpu_run_is_complete_and_shows_the_claims():
-    """experiments/results/mqar_recall.json (written by the GPU command of gpu_config's docstring):
-    run with the settings gpu_config() has now, with the grid (every rate for every mixer at
-    tune_head_dim, on the grid seed), every model in at least three seeds at its mixer's chosen
-    rate, the device and versions recorded, and every claim of Chapter 6 holding."""
+    """experiments/results/mqar_recall.json (written by the GPU command of gpu_config's docstring,
+    whole or a few rules per call with --only): run with the settings gpu_config() has now, with the
+    grid (every rate for every stored mixer at tune_head_dim, on the grid seed), every model in at
+    least three seeds at its mixer's chosen rate, the device and versions recorded, and every claim
+    that the stored rules support holding; all six once every rule is stored."""
     data = mq.load_stored()
-    assert data["same_as_gpu_config"]
     cfg = gpu_config()
+    assert data["same_as_gpu_config"] or data["missing"], "made with other settings: run the command anew"
+    mixers = [m for m in cfg.mixers if m not in data["missing"]]
+    assert mixers == list(data["config"]["mixers"])
     grid, seeds = data["grid"], data["records"]
-    assert sorted((r["mixer"], r["lr"]) for r in grid) == sorted((m, lr) for m in cfg.mixers for lr in cfg.lr_grid)
+    assert sorted((r["mixer"], r["lr"]) for r in grid) == sorted((m, lr) for m in mixers for lr in cfg.lr_grid)
     assert all(r["head_dim"] == cfg.tune_head_dim and r["seed"] == cfg.grid_seed for r in grid)
     assert len(data["config"]["seeds"]) >= 3
     assert sorted((r["seed"], r["unit"]) for r in seeds) == sorted(
-        (s, mq.unit(m, h)) for s in data["config"]["seeds"] for m in cfg.mixers for h in cfg.head_dims)
+        (s, mq.unit(m, h)) for s in data["config"]["seeds"] for m in mixers for h in cfg.head_dims)
     chosen = {row["unit"]: row["lr"] for row in data["config"]["lr_choice"]}
     for r in seeds:
         assert r["lr"] == chosen[r["unit"]] == chosen[mq.unit(r["mixer"], cfg.tune_head_dim)]
@@ -374,4 +377,20 @@ def test_the_stored_gpu_run_is_complete_and_shows_the_claims():
         assert r["state_size"] == r["head_dim"] ** 2
     assert data["env"]["device"] and data["env"]["date"] and data["env"]["torch"]
     cl = mq.claims(data)
-    assert len(cl) == 6 and not failed_claims(cl), failed_claims(cl)
+    assert cl and not failed_claims(cl), failed_claims(cl)
+    if data["missing"]:
+        pytest.skip(f"the stored GPU run holds {mixers} only (their {len(cl)} claims hold); not made yet: "
+                    f"{data['missing']} ({mq.COMMAND} --only {' '.join(data['missing'])}); the appendix says so")
+    assert len(cl) == 6
+
+
+def test_untrained_runs_are_those_at_the_floor_everywhere():
+    """A seed run counts as untrained when every accuracy is at most the floor, not when one is."""
+    rec = lambda seed, acc: {"seed": seed, "mixer": "mesanet", "head_dim": 32, "lr": 0.01, "accuracy": acc}
+    run = {"records": [rec(0, [0.002, 0.003, 0.001]), rec(1, [0.9, 0.01, 0.02]), rec(2, [0.05, 0.05, 0.0])]}
+    got = mq.untrained_runs(run)
+    assert [(r["seed"], r["best"]) for r in got] == [(0, 0.003), (2, 0.05)]
+    assert got[0] == {"seed": 0, "mixer": "mesanet", "head_dim": 32, "lr": 0.01, "best": 0.003}
+    assert [r["seed"] for r in mq.untrained_runs(run, floor=0.004)] == [0]
+    with pytest.raises(ValueError, match="floor must lie in"):
+        mq.untrained_runs(run, floor=1.0)
