@@ -61,7 +61,7 @@ def gpu_config(**changes) -> mqar.RecallConfig:
     """The stored setting: Chapter 6's GPU setting (:func:`experiments.mqar.gpu_config`) with the three
     mixers at ``d_k = d_v`` = 16 and 32 (MesaNet's states 512 and 2048 numbers, the others' 256 and
     1024): ``python -m experiments.mesa_recall --gpu --jobs 16 --write`` (9 grid runs, 18 seed runs;
-    about 5 minutes on one H200, MesaNet's solve counted as half as slow again as the delta rule)."""
+    321 s on one H200 at ``--jobs 14``, 2026-11-29)."""
     return mqar.gpu_config(**{"mixers": MIXERS, "head_dims": (16, 32), "tune_head_dim": 16, **changes})
 
 

@@ -397,8 +397,9 @@ def gpu_config(**changes) -> RecallConfig:
     16, 32, 64 and ``N = 8`` keys written 2, 4 and 8 times; 1500 steps of 256 sequences; each
     mixer's rate chosen at ``d_k = 16`` from ``(1e-3, 3e-3, 1e-2)`` on the held-out seed 1000, then
     seeds 0, 1, 2 at every ``d_k``: ``python -m experiments.mqar --gpu --jobs 16 --write`` (12 grid
-    runs, 48 seed runs; about 7 minutes on one H200, estimated from a timing of this model's steps
-    there: sixteen processes share the GPU at about 300 steps a second in all)."""
+    runs, 48 seed runs). On one H200 (2026-11-29) the whole run did not finish within one 600 s call
+    at ``--jobs 16``; one rule alone took 134 s at ``--jobs 15``: run a rule or two per call with
+    ``--only`` (merged into the stored file), or run the command again after a cut (it resumes)."""
     base = RecallConfig(head_dims=(8, 16, 32, 64), tune_head_dim=16, kv_pairs=(8, 16, 32, 64), rewrite_pairs=8,
                         writes_per_key=(2, 4, 8), vocab_size=1024, seq_len=256, d_model=128, steps=1500,
                         batch=256, lr=3e-3, lr_grid=(1e-3, 3e-3, 1e-2), eval_batch=1024, threads=1,
