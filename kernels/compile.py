@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["capture", "compile_launch", "family_launches", "source_key", "main"]
+__all__ = ["capture", "compile_launch", "family_launches", "source_key", "NOT_COMPILED", "main"]
 
 
 class _Capture:
@@ -199,17 +199,22 @@ def family_launches(family: str, quick: bool = False, caps=None, half=None):
     return _dedup(sink)
 
 
+#: Shipped modules that no launch depends on: the survey, and results' files, tables and figures.
+NOT_COMPILED = ("survey.py", "report.py", "results.py", "catalog.py")
+
+
 def source_key() -> str:
     """A digest of everything a compile check's result depends on: the source of every shipped
-    module of ``kernels`` (the lab, the survey and the other benchmarks, ``bench_*.py``, apart; a
-    family's ``bench.py`` declares its compile cases, so it counts) and Triton's version. The check's
-    cache (``tests/kernels/test_compile.py``) is valid while this stays the same."""
+    module of ``kernels`` (the lab, the survey and the other benchmarks, ``bench_*.py``, apart, and
+    the modules that only read, write or draw results, ``NOT_COMPILED``; a family's ``bench.py``
+    declares its compile cases, so it counts) and Triton's version. The check's cache
+    (``tests/kernels/test_compile.py``) is valid while this stays the same."""
     import triton
     root = Path(__file__).resolve().parent
     h = hashlib.sha256(f"triton {triton.__version__}".encode())
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
-        if "lab" in rel.parts or rel.name.startswith("bench_") or rel.name == "survey.py":
+        if "lab" in rel.parts or rel.name.startswith("bench_") or str(rel) in NOT_COMPILED:
             continue
         h.update(str(rel).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()

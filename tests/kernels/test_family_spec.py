@@ -187,7 +187,7 @@ def test_the_compile_check_runs_the_familys_declared_calls(monkeypatch):
 
 def test_the_compile_key_follows_the_familys_declaration(tmp_path):
     """The compile check's cache key covers each family's bench.py (its compile cases live there),
-    and not the other benchmarks (bench_*.py) or the survey."""
+    and not the other benchmarks (bench_*.py), the survey or the results' reading and drawing."""
     import shutil
     copy = tmp_path / "kernels"
     shutil.copytree(ROOT / "kernels", copy, ignore=shutil.ignore_patterns("lab", "__pycache__", "*.json"))
@@ -201,6 +201,8 @@ def test_the_compile_key_follows_the_familys_declaration(tmp_path):
     a = key()
     (copy / "survey.py").write_text((copy / "survey.py").read_text() + "\n")
     (copy / "conv" / "bench_layer.py").write_text((copy / "conv" / "bench_layer.py").read_text() + "\n")
+    for name in ("report.py", "results.py", "catalog.py"):
+        (copy / name).write_text((copy / name).read_text() + "\n")
     b = key()
     (copy / "gla" / "bench.py").write_text((copy / "gla" / "bench.py").read_text() + "\n")
     c = key()
