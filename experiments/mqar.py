@@ -525,13 +525,23 @@ def untrained_runs(run: dict, floor: float = 0.05) -> list[dict]:
     """The seed runs of ``run`` that did not learn the task at their chosen rate: accuracy at most
     ``floor`` at every setting (far below what every rule reaches at its smallest ``N``; the
     guess among the values is ``1/n_values``), one dict each: ``seed``, ``mixer``, ``head_dim``,
-    ``lr``, ``best`` (its highest accuracy). The claims count such a run as measured; the chapters
-    name it beside them, since a run that did not train says something about the rate, not the
-    rule."""
+    ``lr``, ``best`` (its highest accuracy), ``final_loss`` (``None`` when the record has none) and
+    ``n_values`` and ``plateau``, the loss of a uniform guess among those values, ``ln n_values``, where
+    such a run's loss stays, and ``trained_seeds``, the seeds at which the same model did learn the
+    task (above the floor somewhere). The claims count such a run as measured; the chapters name it beside
+    them, since a run that did not train says something about the rate, not the rule."""
     if not 0 <= floor < 1:
         raise ValueError(f"floor must lie in [0, 1); got {floor!r}")
+    vocab = run["config"]["vocab_size"] if "config" in run else None
+    n_values = None if vocab is None else vocab - vocab // 2               # make_mqar's values
+    plateau = None if vocab is None else math.log(n_values)
+    model = lambda r: (r["mixer"], r["head_dim"])
+    trained = lambda m: [r["seed"] for r in run["records"] if model(r) == m and max(r["accuracy"]) > floor]
     return [{"seed": r["seed"], "mixer": r["mixer"], "head_dim": r["head_dim"], "lr": r["lr"],
-             "best": max(r["accuracy"])} for r in run["records"] if max(r["accuracy"]) <= floor]
+             "best": max(r["accuracy"]), "final_loss": r.get("final_loss"), "n_values": n_values,
+             "plateau": plateau,
+             "trained_seeds": trained(model(r))}
+            for r in run["records"] if max(r["accuracy"]) <= floor]
 
 
 def _at(s: dict, point) -> int:

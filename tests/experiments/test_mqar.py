@@ -1,6 +1,7 @@
 """Chapter 6's recall experiment (experiments.mqar): the rewrites generator, the models, their state
 sizes, training, the loss curves, the claims on constructed runs, and the stored GPU run."""
 import json
+import math
 
 import pytest
 
@@ -386,11 +387,14 @@ def test_the_stored_gpu_run_is_complete_and_shows_the_claims():
 
 def test_untrained_runs_are_those_at_the_floor_everywhere():
     """A seed run counts as untrained when every accuracy is at most the floor, not when one is."""
-    rec = lambda seed, acc: {"seed": seed, "mixer": "mesanet", "head_dim": 32, "lr": 0.01, "accuracy": acc}
-    run = {"records": [rec(0, [0.002, 0.003, 0.001]), rec(1, [0.9, 0.01, 0.02]), rec(2, [0.05, 0.05, 0.0])]}
+    rec = lambda seed, acc: {"seed": seed, "mixer": "mesanet", "head_dim": 32, "lr": 0.01, "accuracy": acc,
+                             "final_loss": 6.2}
+    run = {"config": {"vocab_size": 1024},
+           "records": [rec(0, [0.002, 0.003, 0.001]), rec(1, [0.9, 0.01, 0.02]), rec(2, [0.05, 0.05, 0.0])]}
     got = mq.untrained_runs(run)
     assert [(r["seed"], r["best"]) for r in got] == [(0, 0.003), (2, 0.05)]
-    assert got[0] == {"seed": 0, "mixer": "mesanet", "head_dim": 32, "lr": 0.01, "best": 0.003}
+    assert got[0] == {"seed": 0, "mixer": "mesanet", "head_dim": 32, "lr": 0.01, "best": 0.003, "final_loss": 6.2,
+                      "n_values": 512, "plateau": math.log(512), "trained_seeds": [1]}   # 1024 tokens: 511 keys, 512 values
     assert [r["seed"] for r in mq.untrained_runs(run, floor=0.004)] == [0]
     with pytest.raises(ValueError, match="floor must lie in"):
         mq.untrained_runs(run, floor=1.0)
