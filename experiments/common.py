@@ -260,7 +260,8 @@ def claims_verdict(claims: list[dict], where: str = "the stored runs") -> str:
         raise ValueError("claims must hold at least one claim")
     if not bad:
         return f"Every one of the {len(claims)} claims holds in {where}."
-    return (f"**A negative result:** {len(bad)} of the {len(claims)} claims do not hold in {where} (marked "
+    verb = "does" if len(bad) == 1 else "do"
+    return (f"**A negative result:** {len(bad)} of the {len(claims)} claims {verb} not hold in {where} (marked "
             "above): " + " ".join(f"*{c['claim']}*" for c in bad) + " The claims were fixed before these runs "
             "were made; they are reported as measured, not revised to fit.")
 

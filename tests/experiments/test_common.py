@@ -38,7 +38,8 @@ def test_claim_form_and_checks():
     assert md.splitlines() == ["- **holds**: A holds. (measured: 1.0)", "- **does not hold**: B holds. (measured: 0.2)"]
     assert common.claims_verdict([good, good]) == "Every one of the 2 claims holds in the stored runs."
     verdict = common.claims_verdict([good, bad], "seed 7")
-    assert verdict.startswith("**A negative result:** 1 of the 2 claims do not hold in seed 7")
+    assert verdict.startswith("**A negative result:** 1 of the 2 claims does not hold in seed 7")
+    assert "2 of the 2 claims do not hold" in common.claims_verdict([bad, bad])
     assert "*B holds.*" in verdict and "A holds." not in verdict
     with pytest.raises(ValueError, match="at least one claim"):
         common.claims_verdict([])
