@@ -319,8 +319,8 @@ def stored_config(config) -> dict:
 def _runner(jobs: int):
     """``run(fn, work, done=None) -> [fn(w) for w in work]``, ``jobs`` at a time in spawned processes
     (CUDA cannot be used in a forked child; ``fn`` must then be module-level and ``work`` and the
-    results picklable), calling ``done(i, result)`` as each piece finishes. One pool serves every call inside the ``with``, so that each process compiles its
-    kernels once. A GPU is shared by the processes: times measured in them are of concurrent runs."""
+    results picklable), calling ``done(i, result)`` as each piece finishes. One pool serves every
+    call inside the ``with``, so that each process compiles its kernels once. A GPU is shared by the processes: times measured in them are of concurrent runs."""
     check_int(jobs, "jobs", 1)
     if jobs == 1:
         def one_by_one(fn, work, done=None):
@@ -356,8 +356,7 @@ def _runner(jobs: int):
 
 
 def _piece_key(cfg) -> str:
-    import dataclasses
-    return json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str)
+    return json.dumps(asdict(cfg), sort_keys=True, default=str)
 
 
 def _resumed(run, path: Path, fn, work):
