@@ -552,6 +552,8 @@ def load_run(name: str, gpu_config, command: str, only: str | None = None) -> di
     data = results.load_results(path)
     have = {k: v for k, v in data["config"].items() if k not in ("seeds", "jobs", "lr_choice")}
     full = stored_config(gpu_config())
+    if only is not None and not isinstance(full.get(only), (list, tuple)):
+        raise ValueError(f"only must name the config field that lists the models; got {only!r}")
     data["same_as_gpu_config"] = "lr_choice" in data["config"] and have == full
     data["missing"] = []
     if only is not None and "lr_choice" in data["config"] and not data["same_as_gpu_config"]:

@@ -257,6 +257,8 @@ def test_only_merges_with_the_stored_models_and_refuses_other_settings(tmp_path,
     part = load_run("fake_cpu", FakeConfig, "c", only="mixers")          # a run made so far for b only
     assert not part["same_as_gpu_config"] and part["missing"] == ["a"]
     assert load_run("fake_cpu", FakeConfig, "c")["missing"] == []      # without `only`: not asked
+    with pytest.raises(ValueError, match="only must name the config field that lists the models; got 'seed'"):
+        load_run("fake_cpu", FakeConfig, "c", only="seed")
     capsys.readouterr()
     assert load_current(lambda: part, "fake_cpu", "cmd") is None       # shown only once complete
     said = " ".join(capsys.readouterr().out.split())
