@@ -523,13 +523,13 @@ def summary(run: dict) -> dict:
 
 def untrained_runs(run: dict, floor: float = 0.05) -> list[dict]:
     """The seed runs of ``run`` that did not learn the task at their chosen rate: accuracy at most
-    ``floor`` at every setting (far below what every rule reaches at its smallest ``N``; the
-    guess among the values is ``1/n_values``), one dict each: ``seed``, ``mixer``, ``head_dim``,
-    ``lr``, ``best`` (its highest accuracy), ``final_loss`` (``None`` when the record has none) and
-    ``n_values`` and ``plateau``, the loss of a uniform guess among those values, ``ln n_values``, where
-    such a run's loss stays, and ``trained_seeds``, the seeds at which the same model did learn the
-    task (above the floor somewhere). The claims count such a run as measured; the chapters name it beside
-    them, since a run that did not train says something about the rate, not the rule."""
+    ``floor`` at every setting (far below what every rule reaches at its smallest ``N``; the guess
+    among the values is ``1/n_values``). One dict each: ``seed``, ``mixer``, ``head_dim``, ``lr``;
+    ``best``, its highest accuracy; ``final_loss`` (``None`` when the record has none);
+    ``n_values``, and ``plateau = ln n_values``, the loss of a uniform guess among the values,
+    where such a run's loss stays; ``trained_seeds``, the seeds at which the same model did learn
+    (above the floor somewhere). The claims count such a run as measured; the chapters name it
+    beside them, since a run that did not train says something about the rate, not the rule."""
     if not 0 <= floor < 1:
         raise ValueError(f"floor must lie in [0, 1); got {floor!r}")
     vocab = run["config"]["vocab_size"] if "config" in run else None
