@@ -398,8 +398,10 @@ def gpu_config(**changes) -> RecallConfig:
     mixer's rate chosen at ``d_k = 16`` from ``(1e-3, 3e-3, 1e-2)`` on the held-out seed 1000, then
     seeds 0, 1, 2 at every ``d_k``: ``python -m experiments.mqar --gpu --jobs 16 --write`` (12 grid
     runs, 48 seed runs). On one H200 (2026-11-29) the whole run did not finish within one 600 s call
-    at ``--jobs 16``; one rule alone took 134 s at ``--jobs 15``: run a rule or two per call with
-    ``--only`` (merged into the stored file), or run the command again after a cut (it resumes)."""
+    at ``--jobs 16``; one rule alone took 134 s at ``--jobs 15``; the other three together took a
+    call cut off at 555 s (beside two other experiments) and 292 s more, resumed, at ``--jobs 12``:
+    run a rule or two per call with ``--only`` (merged into the stored file), or run the command
+    again after a cut (it resumes)."""
     base = RecallConfig(head_dims=(8, 16, 32, 64), tune_head_dim=16, kv_pairs=(8, 16, 32, 64), rewrite_pairs=8,
                         writes_per_key=(2, 4, 8), vocab_size=1024, seq_len=256, d_model=128, steps=1500,
                         batch=256, lr=3e-3, lr_grid=(1e-3, 3e-3, 1e-2), eval_batch=1024, threads=1,
@@ -642,6 +644,8 @@ def capacity_claims(run: dict) -> list[dict]:
     low = min(gain, key=gain.get)
     spread = {h: max(wo[m, h] for m in s["mixers"]) - min(wo[m, h] for m in s["mixers"]) for h in dims}
     wide = max(spread, key=spread.get)
+    top = {h: max(s["mixers"], key=lambda m: wo[m, h]) for h in dims}
+    bottom = {h: min(s["mixers"], key=lambda m: wo[m, h]) for h in dims}
     out = [
         claim(f"Written once (N = {Ns}), every rule recalls at least 0.25 more (mean over N) at d_k = {dims[-1]} "
               f"than at d_k = {dims[0]}.", gain[low] >= 0.25,
@@ -649,7 +653,8 @@ def capacity_claims(run: dict) -> list[dict]:
               + ", ".join(f"{MODEL_NAMES[m]} {wo[m, dims[0]]:.3f} → {wo[m, dims[-1]]:.3f}" for m in s["mixers"])),
         claim(f"Written once, at every d_k = {', '.join(map(str, dims))} the rules' accuracies (mean over N) lie "
               "within 0.15 of each other.", spread[wide] <= 0.15,
-              f"largest spread {spread[wide]:.3f} (d_k = {wide}); "
+              f"largest spread {spread[wide]:.3f} (d_k = {wide}: {MODEL_NAMES[top[wide]]} {wo[top[wide], wide]:.3f}, "
+              f"{MODEL_NAMES[bottom[wide]]} {wo[bottom[wide], wide]:.3f}); "
               + ", ".join(f"{spread[h]:.3f} (d_k = {h})" for h in dims)),
     ]
     return out if len(s["mixers"]) > 1 else out[:1]     # one rule has no spread to claim

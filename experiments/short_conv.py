@@ -76,7 +76,10 @@ number the first version found enough for a convolution on K, for every variant.
 doubles the sequence, the vocabulary, the head size and ``N``, and was sized from timings of the
 first version's model at these shapes on one H200 (400 steps: 11.8 ms a step alone; twelve
 processes at once were no faster than one after another) so that the whole stored run (grid and
-seeds, six variants, 36 pieces of 1000 steps) fits in about eight minutes there.
+seeds, six variants, 36 pieces of 1000 steps) would fit in about eight minutes there. Measured on
+2026-11-29 (the stored run): the grid took 465 s three pieces at a time beside two other
+experiments on the same H200, and the seeds 293 s six at a time, over two calls (the second
+resumed from the pieces file).
 
 Entry points: :func:`train_model`, :func:`run_short_conv` (one seed, every variant),
 :func:`run_seeds` (the grid, then every seed), :func:`seed_summary`, :func:`claims`,
@@ -102,7 +105,7 @@ from .mqar import make_mqar
 __all__ = ["VARIANTS", "CPU_VARIANTS", "NAMES", "COLORS", "guess_baseline", "STORED", "token_shift", "ShortConvolution",
            "TiedDeltaNetMixer", "ConvAblationModel", "identity_gap", "ShortConvConfig", "cpu_config", "gpu_config",
            "evaluate", "train_model", "run_short_conv", "lr_score", "run_seeds", "seed_summary", "claims",
-           "plot_summary", "summary_sentences", "COMMAND", "load_stored", "main"]
+           "plot_summary", "recovery_lines", "summary_sentences", "COMMAND", "load_stored", "main"]
 
 STORED = "short_conv"          # experiments/results/short_conv.json: the GPU runs
 COMMAND = "python -m experiments.short_conv --gpu --write --jobs 3"
@@ -457,6 +460,31 @@ def claims(run: dict) -> list[dict]:
         else:
             out.append(claim(f"A convolution on {v.upper()} alone does not: it recovers less than {CLOSES:.0%} "
                              "of the deficit (mean over N and seeds).", share < CLOSES, measured))
+    return out
+
+
+def recovery_lines(run: dict) -> list[str]:
+    """Seed by seed, as lines of text (measured, not claims): the tied (``none``) and untied layers'
+    mean accuracy over ``N``, the tied layer's deficit, and each tied variant with a convolution
+    that the run holds, with the share of that seed's deficit it recovers. The claims judge the mean
+    over the seeds; these lines show whether one seed carries a verdict (a deficit of a few points
+    makes a share noisy)."""
+    recs = run["records"]
+    tied, untied = _per_seed(recs, "none"), _per_seed(recs, "untied")
+    if not tied or not untied or sorted(tied) != sorted(untied):
+        raise ValueError("run must hold the 'none' and 'untied' variants for the same seeds")
+    mean = lambda r: float(np.mean(r["accuracy"]))
+    convs = [v for v in VARIANTS if v not in ("none", "untied") and sorted(_per_seed(recs, v)) == sorted(tied)]
+    out = []
+    for s in sorted(tied):
+        t, u = mean(tied[s]), mean(untied[s])
+        parts = []
+        for v in convs:
+            m = mean(_per_seed(recs, v)[s])
+            share = f"{(m - t) / (u - t):+.2f}" if u > t else "n/a"
+            parts.append(f"{NAMES[v]} {m:.3f} ({share})")
+        out.append(f"seed {s}: tied {t:.3f}, untied {u:.3f} (deficit {u - t:.3f})"
+                   + ("; " + ", ".join(parts) if parts else ""))
     return out
 
 

@@ -92,8 +92,10 @@ one-layer model's (the PaTH paper's construction is one layer too). The CPU sett
 set from the time budget of a live chapter by timing training steps. The GPU setting's were set
 from timings of 400 steps of the first version's models on one H200 (width 128, one layer, 64
 games of 128 swaps: 21 ms a step for PaTH alone; twelve processes at once did not finish sooner
-than one after another would), so that the whole run, grid and seeds, is estimated at six to eight
-minutes there.
+than one after another would), so that the whole run, grid and seeds, was estimated at six to eight
+minutes there. Measured on 2026-11-29 (the stored run), three pieces at a time beside two other
+experiments on the same H200: the grid and half the seeds in 549 s, the other half in 228 s (a
+second call, resumed from the pieces file).
 
 Entry points: :func:`train_model` (one model), :func:`run_state_tracking` (one seed, every model
 at ``config.lr``), :func:`run_seeds` (the grid, then every seed), :func:`seed_summary`,
@@ -122,7 +124,7 @@ __all__ = ["MIXERS", "MODELS", "NAMES", "COLORS", "StateTrackingConfig", "cpu_co
            "householder_solution", "swap_geometry", "rope_rotate", "Mixer", "ShellGameModel", "curriculum",
            "train_model", "evaluate", "window_accuracy", "interventions", "carried_key_norms", "diagnose_path",
            "run_state_tracking", "lr_score", "run_seeds", "seed_summary", "plot_summary", "plot_interventions",
-           "key_norm_lines", "best_shot_sentence", "summary_sentences",
+           "key_norm_lines", "path_seed_lines", "best_shot_sentence", "summary_sentences",
            "claims", "STORED", "COMMAND", "load_stored", "main"]
 
 STORED = "state_tracking"       # experiments/results/state_tracking.json: the GPU runs
@@ -758,6 +760,30 @@ def key_norm_lines(records: list[dict], n_cups: int) -> list[str]:
         out.append(f"seed {r['seed']}, head {h} (mean 2 − β {d['beta_gap'][0][h]:.3f}): carried key's "
                    f"norm {norms[0]:.2f} at n = {r['eval_lens'][0]} to {norms[-1]:.2f} at "
                    f"n = {r['eval_lens'][-1]}")
+    return out
+
+
+def path_seed_lines(records: list[dict], n_cups: int, train_len: int) -> list[str]:
+    """PaTH seed by seed with ``n_cups`` cups, as lines of text (measured, not claims): its lowest
+    window up to the training length ``train_len``, the first window past it and the last window,
+    and whether that seed learned the game (``LEARNED`` in every window up to ``train_len``) and
+    fell (the last window ``FALL`` below that lowest one). A claim "in every seed" fails when one
+    seed does; these lines say which seed, and whether it failed to learn or learned and fell."""
+    mine = sorted((r for r in records if r["n_cups"] == n_cups and r["model"] == "path"), key=lambda r: r["seed"])
+    if not mine:
+        raise ValueError(f"records must hold PaTH with {n_cups} cups")
+    out = []
+    for r in mine:
+        lens, acc = r["eval_lens"], r["accuracy"]
+        inside = [a for n, a in zip(lens, acc) if n <= train_len]
+        past = next((a for n, a in zip(lens, acc) if n > train_len), None)
+        lo = min(inside)
+        learned = "learned the game" if lo >= LEARNED else f"did not learn it fully (below {LEARNED:g})"
+        fell = "and fell" if acc[-1] <= lo - FALL else "and held"
+        out.append(f"seed {r['seed']}: lowest window up to {train_len} swaps {lo:.3f}, "
+                   + (f"swaps {train_len + 1}-{lens[lens.index(train_len) + 1]} {past:.3f}, " if past is not None
+                      and train_len in lens else "")
+                   + f"last window {acc[-1]:.3f}: {learned} {fell}")
     return out
 
 

@@ -354,12 +354,15 @@ def test_stored_run_loader_checks_the_settings(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not (RESULTS_DIR / "mqar_recall.json").exists(),
                     reason="the stored GPU run is not made yet (python -m experiments.mqar --gpu --jobs 16 --write); the chapter says so")
-def test_the_stored_gpu_run_is_complete_and_shows_the_claims():
+def test_the_stored_gpu_run_is_complete_and_judges_the_claims():
     """experiments/results/mqar_recall.json (written by the GPU command of gpu_config's docstring,
     whole or a few rules per call with --only): run with the settings gpu_config() has now, with the
     grid (every rate for every stored mixer at tune_head_dim, on the grid seed), every model in at
-    least three seeds at its mixer's chosen rate, the device and versions recorded, and every claim
-    that the stored rules support holding; all six once every rule is stored."""
+    least three seeds at its mixer's chosen rate, the device and versions recorded, and a verdict with
+    its measurement on every claim the stored rules can test; all six once every rule is stored. The
+    claims were fixed before the run: the appendix reports the verdicts (``claims_verdict``), whichever
+    way they come out, so this test asserts that each is judged, not that each holds (what the claims
+    compute is tested on constructed runs above)."""
     data = mq.load_stored()
     cfg = gpu_config()
     assert data["same_as_gpu_config"] or data["missing"], "made with other settings: run the command anew"
@@ -378,9 +381,9 @@ def test_the_stored_gpu_run_is_complete_and_shows_the_claims():
         assert r["state_size"] == r["head_dim"] ** 2
     assert data["env"]["device"] and data["env"]["date"] and data["env"]["torch"]
     cl = mq.claims(data)
-    assert cl and not failed_claims(cl), failed_claims(cl)
+    assert cl and all(isinstance(c["holds"], bool) and c["measured"] for c in cl), cl
     if data["missing"]:
-        pytest.skip(f"the stored GPU run holds {mixers} only (their {len(cl)} claims hold); not made yet: "
+        pytest.skip(f"the stored GPU run holds {mixers} only ({len(cl)} claims judged); not made yet: "
                     f"{data['missing']} ({mq.COMMAND} --only {' '.join(data['missing'])}); the appendix says so")
     assert len(cl) == 6
 
