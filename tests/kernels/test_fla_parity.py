@@ -1100,6 +1100,7 @@ def test_fla_measure_and_import_hygiene():
             assert t.abs_err(a, b) == get_abs_err(a, b), dt
         print("ok")
     """)
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    # the repository first, then whatever path this process was given (fla-core may be installed there)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr

@@ -435,6 +435,7 @@ def _gpu_memory_gb() -> float:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton needs a CUDA device")
 @pytest.mark.skipif(_gpu_memory_gb() < 120, reason="tensors past 2^31 elements need over 100 GB of GPU memory")
+@pytest.mark.bigmem
 def test_gpu_offsets_past_int32():
     """fla's tracker records an int32 overflow in PaTH on long inputs. Here every [B, T, H, D] tensor
     has B·T·H·D = 1040·1024·16·128 > 2^31 elements (bfloat16, w too; inputs, copies, outputs and
