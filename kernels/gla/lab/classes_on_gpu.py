@@ -7,6 +7,7 @@ A class's tiles are valid launches on any newer GPU, so a Hopper runs the T4's, 
 the float32 PyTorch implementations (outputs only; each op's backward is run too). See
 ``kernels/gla/NOTES.md``, "Other GPUs", "Open": the T4 plan at float16, K = 128 faulted here once.
 """
+import subprocess
 import sys
 
 import torch
@@ -19,12 +20,19 @@ from kernels.flash.op import flash_attention_triton
 from kernels.gla.op import chunk_gla_triton
 from kernels.harness import err_ratio
 
+# one process per class: a fault (an illegal address) leaves the CUDA context unusable, and the
+# classes after it would not be run
+archs = [int(a) for a in sys.argv[1:]] or list(GPU_CLASSES)
+if len(archs) > 1:
+    codes = [subprocess.run([sys.executable, __file__, str(a)]).returncode for a in archs]
+    print("exit codes per class:", dict(zip(archs, codes)), flush=True)
+    sys.exit(max(codes))
 dev = torch.device("cuda")
 print("device_caps:", device_caps(dev), torch.cuda.get_device_name(), flush=True)
 torch.manual_seed(0)
 B, T, H, K = 2, 1000, 4, 128
 scale = K ** -0.5
-for arch in [int(a) for a in sys.argv[1:]] or list(GPU_CLASSES):
+for arch in archs:
     caps = GPU_CLASSES[arch]
     for dt in ((torch.bfloat16, torch.float16, torch.float32) if caps.major >= 8 else (torch.float16, torch.float32)):
         q, k, v = (torch.randn(B, T, H, K, device=dev, dtype=dt) for _ in range(3))
