@@ -5,6 +5,7 @@
 # starved by the others (ten processes beside a 99 GB test ran out of memory: book/logs/kernel_tests_gpu_20261129.log).
 # Usage (on a GPU machine, from the repository root):
 #   bash tools/gpu_pytest_split.sh N tests/kernels/test_path.py [more pytest selection args, e.g. -k expr]
+# Options for every process (not only the collection) go in PYTEST_ADDOPTS, e.g. PYTEST_ADDOPTS="--gpu-class 75".
 # Logs: $OUT/split_<i>.log and $OUT/split_bigmem.log (or under /tmp/split), one line per test as it ends
 # (-v), so a process cut off by a time limit still says what ran; exit status: the worst of them.
 set -u
