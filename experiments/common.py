@@ -25,7 +25,7 @@ import torch.nn as nn
 __all__ = ["RESULTS_DIR", "TrainConfig", "mlp_block", "residual_stack", "fit", "check_int", "check_seeds",
            "torch_threads", "derived_seeds", "window_means", "summarize_seeds", "train_each", "MODEL_COLORS",
            "MODEL_NAMES", "claim", "failed_claims", "assert_claims", "claims_markdown", "loss_curves",
-           "TunedConfig", "stored_config", "tune_and_run", "grid_rows", "grid_lines", "load_run",
+           "TunedConfig", "stored_config", "tune_and_run", "grid_rows", "grid_lines", "grid_edges", "load_run",
            "load_current", "seeds_cli", "claims_verdict"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -532,6 +532,29 @@ def grid_lines(config: dict, names=None, digits: int = 3) -> list[str]:
     return [f"  {name(r['unit']):>{width}}: " + "  ".join(
         f"{lr:g} {first(s):.{digits}f}{'*' if lr == r['chosen'] else ' '}" for lr, s in zip(r["lrs"], r["scores"]))
         for r in rows]
+
+
+def grid_edges(config: dict, names=None) -> str | None:
+    """A sentence on the units of a run's learning-rate grid (:func:`grid_rows`) whose chosen rate is
+    the grid's largest or smallest: for them the best rate may lie outside the grid, so the grid
+    bounds what the comparison can say. ``None`` when every choice is inside the grid (or there is no
+    grid of three rates or more). ``names`` as for :func:`grid_lines`."""
+    rows = [r for r in grid_rows({"config": config}) if len(r["lrs"]) >= 3]
+    name = (names.get if isinstance(names, dict) else names) or str
+    first = lambda sc: sc[0] if isinstance(sc, (tuple, list)) else sc
+    ends = {"largest": [], "smallest": []}
+    for r in rows:
+        by_lr = sorted(zip(r["lrs"], map(first, r["scores"])))
+        for end, (edge, inner) in (("largest", (by_lr[-1], by_lr[-2])), ("smallest", (by_lr[0], by_lr[1]))):
+            if r["chosen"] == edge[0] and edge[1] > inner[1]:      # strictly better than its neighbour
+                ends[end].append(name(r["unit"]))
+    parts = [f"{', '.join(units)} at the {end} ({(max if end == 'largest' else min)(rows[0]['lrs']):g})"
+             for end, units in ends.items() if units]
+    if not parts:
+        return None
+    n = sum(map(len, ends.values()))
+    return (f"{n} of the {len(rows)} grids chose a rate at the edge of the grid: " + "; ".join(parts)
+            + ". For those the best rate may lie beyond it; the grid bounds what the comparison can say.")
 
 
 def load_run(name: str, gpu_config, command: str, only: str | None = None) -> dict:

@@ -303,3 +303,23 @@ def test_each_experiments_gpu_command_is_what_its_command_line_takes(name, monke
     else:
         with pytest.raises(FileNotFoundError, match=re.escape(mod.COMMAND)):
             mod.load_stored()
+
+
+def test_grid_edges_names_the_choices_at_either_end_that_beat_their_neighbour():
+    """grid_edges on constructed configs: a unit whose largest rate scores strictly best and one whose
+    smallest does are named with the edge; a choice inside the grid, or one at the edge only by a tie
+    with its neighbour, is not; no such unit (or a grid of two rates) gives None. Tuple scores count
+    by their first entry."""
+    from experiments.common import grid_edges
+    row = lambda unit, scores, lr: {"unit": unit, "scores": scores, "lr": lr}
+    cfg = {"lr_grid": [0.001, 0.003, 0.01], "lr_choice": [
+        row("a", [0.1, 0.2, 0.3], 0.01),            # largest, strictly best: named
+        row("b", [(0.5, 1.0), (0.4, 0.0), (0.3, 0.0)], 0.001),   # smallest, by the first entry
+        row("c", [0.1, 0.3, 0.2], 0.003),           # inside
+        row("d", [0.2, 0.2, 0.2], 0.001),           # a three-way tie broken toward the edge
+        row("e", None, 0.01)]}                      # not tuned
+    got = grid_edges(cfg, {"a": "A", "b": "B", "c": "C", "d": "D"})
+    assert got.startswith("2 of the 4 grids chose a rate at the edge of the grid: A at the largest (0.01); "
+                          "B at the smallest (0.001).")
+    assert grid_edges({**cfg, "lr_choice": cfg["lr_choice"][2:]}) is None
+    assert grid_edges({"lr_grid": [0.001, 0.01], "lr_choice": [row("a", [0.1, 0.2], 0.01)]}) is None
