@@ -98,7 +98,11 @@ def _other_class(caps: Caps, gate: int, K: int, V: int, dtype, hopper: dict):
     # T4: CUDA-core products; the [64, K] q and k tiles must leave room in 64 KiB
     itemsize = torch.empty((), dtype=dtype).element_size()
     path = "torch" if gate == 2 or K * itemsize > 256 else "triton"
-    return _fma_tiles(K, V), path
+    # stages_f = 2: compiled for sm_75 the forward march is the same kernel as with one stage (same
+    # shared memory, registers and spills: no pipelining below sm_80); forced on the H200 (sm_90) one
+    # stage stopped with an illegal memory access at float16, K = V = 128 and two ran right
+    # (lab/t4_fault.py, lab/logs/t4_fault_h200_20261129.log)
+    return dict(_fma_tiles(K, V), stages_f=2), path
 
 
 def plan_for(dtype, device, *, gate: int, B: int, T: int, H: int, K: int, V: int, num_segments: int | None = None,

@@ -28,7 +28,7 @@ from ..backend import launch
 from ..common.solve import chunk_cumsum, solve_chunks
 from .plan import CHUNK
 
-__all__ = ["prepare_blocks", "local_backward"]
+__all__ = ["prepare_blocks", "local_backward", "local_columns"]
 
 
 @triton.jit
@@ -201,6 +201,13 @@ def _local_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, dqt_ptr, dkh_ptr, g
         _store_cols(dw_ptr + row_base, dw, t0, c0, T, H * K, KB)
 
 
+def local_columns(plan, K: int) -> int:
+    """The per-block backward's key-column block: the plan's ``local_kb`` (default 64), never wider
+    than ``K`` (a block of 32 columns at ``K = 16`` read and wrote the next head's columns: the A100
+    plan's float32 gradients at ``K = 16`` were wrong, ``book/logs/gpu_class_80_20261129.log``)."""
+    return min(plan.local_kb or 64, K)
+
+
 def local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, plan, dw_dtype):
     """Stage 1's gradient: ``(dq, dk, dw, dbeta)`` in the dtypes of ``q, k``, ``dw_dtype`` and
     ``beta``'s from the float32 gradients of the prepared tensors (``[B·H, NT·64, ·]``)."""
@@ -210,5 +217,5 @@ def local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, plan, dw_dtype):
     dw, dbeta = torch.empty_like(w, dtype=dw_dtype), torch.empty_like(beta)
     launch(_local_bwd_kernel, (NT, B * H),
            (q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, dq, dk, dw, dbeta, T, H, dqt.shape[1], NT * CHUNK),
-           dict(K=K, KB=plan.local_kb or min(K, 64), PREC=plan.local_precision), plan.local)
+           dict(K=K, KB=local_columns(plan, K), PREC=plan.local_precision), plan.local)
     return dq, dk, dw, dbeta

@@ -121,7 +121,8 @@ def test_gla_plans_per_class():
             assert {k: got[k] for k in fma} == fma and got["path"] == "triton"
     for gate in (0, 1):                      # T4: CUDA-core tiles where q, k fit, else PyTorch
         got = asdict(p(gate, 128, f16, T4))
-        assert {k: got[k] for k in fma} == fma and got["path"] == "triton"
+        # two stages for the forward march: one faulted when forced on the H200 (kernels/gla/NOTES.md)
+        assert {k: got[k] for k in fma} == dict(fma, stages_f=2) and got["path"] == "triton"
         assert p(gate, 64, f32, T4).path == "triton"
         assert p(gate, 128, f32, T4).path == "torch" and p(gate, 256, f16, T4).path == "torch"
     assert p(2, 64, f16, T4).path == "torch"                                   # the vector gate
