@@ -65,3 +65,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _uses_bfloat16(item):
             item.add_marker(skip)
+
+
+T4_BF16 = "is bfloat16, which needs compute capability 8.0 or newer"   # kernels.backend's refusal
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under --gpu-class 75, a test whose body makes bfloat16 inputs (not a parameter the collection
+    sees) stops at the T4's refusal, the ValueError kernels.backend raises by design: reported as
+    skipped with that reason. Only that exact error is turned into a skip; any other failure stays."""
+    outcome = yield
+    rep = outcome.get_result()
+    if (rep.when == "call" and rep.failed and call.excinfo is not None
+            and item.config.getoption("--gpu-class") == 75
+            and call.excinfo.errisinstance(ValueError) and T4_BF16 in str(call.excinfo.value)):
+        rep.outcome = "skipped"
+        rep.longrepr = (str(item.path), item.location[1] or 0,
+                        "Skipped: --gpu-class 75: bfloat16 inputs meet the T4's ValueError (a T4 has no bfloat16)")
