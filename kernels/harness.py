@@ -16,9 +16,14 @@ to :func:`run_benchmark`, which does the rest the same way for every family:
 
       {"name": ..., "env": {device, date, torch, triton, fla, cuda, python}, "config": {...},
        "records": [{"impl", "op", "B", "T", <case fields>, "pass", "ms", "err", "note",
-                    "peak_mib" (forward + backward only)}, ...]}
+                    "peak_mib" (forward + backward only), "io_bytes", "tflops"}, ...]}
 
-  rewritten after every case, so a killed run keeps what it measured.
+  rewritten after every case, so a killed run keeps what it measured;
+* the roofline's yardsticks, measured in the same run (:func:`measure_device`: the copy bandwidth and
+  the bf16 matrix-multiply rate, in the config), and per record the bytes the pass cannot avoid
+  moving (:func:`io_bytes`) and, where the family counts operations (``flops(case)``), the achieved
+  rate: :func:`kernels.report.roofline_table` says how far each time is from its floor (runs from
+  2026-11-29 on; the files written before hold neither).
 
 Results files are read and written by :mod:`kernels.results` (which also records the environment);
 the book shows them through :mod:`kernels.report`; no measured number is typed by hand.
@@ -70,6 +75,45 @@ def bench_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
     """Median time of ``fn()`` in milliseconds, with CUDA events (``triton.testing.do_bench``)."""
     from triton.testing import do_bench
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def measure_device() -> dict:
+    """The two yardsticks of a roofline, measured on the current CUDA device in the benchmark's own
+    run: the bfloat16 matrix-multiply rate (``torch.matmul``, 8192³, median) and the copy bandwidth
+    (``x.clone()`` of 1 GiB, bytes read plus bytes written over the median time). Every family's
+    benchmark records them in its config (:func:`bench_main`); :func:`kernels.report.roofline_rows`
+    reads them."""
+    import torch
+    if not torch.cuda.is_available():
+        raise ValueError("measure_device needs a CUDA device (it times the GPU's matmul and copy)")
+    n = 8192
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ms = bench_ms(lambda: a @ b, warmup=25, rep=100)
+    del a, b
+    x = torch.empty(2 ** 29, device="cuda", dtype=torch.float16)
+    copy_ms = bench_ms(lambda: x.clone(), warmup=10, rep=50)
+    return {"bf16_matmul_tflops": round(2 * n ** 3 / ms / 1e9, 1), "matmul_shape": [n, n, n],
+            "copy_gbps": round(2 * x.nbytes / copy_ms / 1e6, 1), "copy_bytes": 2 * x.nbytes}
+
+
+def io_bytes(pass_: str, inputs: dict, out, grad_names=()) -> int:
+    """The bytes a pass cannot avoid moving through memory, counted from the tensors themselves:
+    the forward (``"fwd"``) reads every input once and writes the output; forward + backward
+    (``"fwdbwd"``) also reads the inputs again, reads the output's gradient (the output's size) and
+    writes the gradients of ``grad_names``. Saved intermediates, scratch and re-reads are not
+    counted: a kernel's time over ``io_bytes / copy bandwidth`` is how far it is from the memory
+    roofline (:func:`kernels.report.roofline_rows`)."""
+    if pass_ not in ("fwd", "fwdbwd"):
+        raise ValueError(f"pass_ must be 'fwd' or 'fwdbwd'; got {pass_!r}")
+    size = {n: t.numel() * t.element_size() for n, t in inputs.items()}
+    unknown = [n for n in grad_names if n not in size]
+    if unknown:
+        raise ValueError(f"grad_names must name inputs; {unknown} are not among {sorted(size)}")
+    o = out.numel() * out.element_size()
+    total = sum(size.values()) + o
+    if pass_ == "fwdbwd":
+        total += sum(size.values()) + o + sum(size[n] for n in grad_names)
+    return int(total)
 
 
 def err_ratio(x, ref) -> float:
@@ -313,6 +357,7 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
         o_ref = o_ref.detach()
         do_full = torch.randn(x[out_like].shape if out_like in x else o_ref.shape, device=o_ref.device,
                               dtype=next(iter(x.values())).dtype, generator=gen)
+        o_shape = do_full if out_like in x else None     # the whole output's size, for io_bytes
         for impl, fn in impls(case).items():
             base = dict(impl=impl, **case, err_T=err_T)
             if isinstance(fn, BaseException):
@@ -364,6 +409,8 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
                     annotate(case, rec, extra)
                 if flops is not None and rec["ms"]:
                     rec["tflops"] = round(flops(case) * (3.5 if p == "fwdbwd" else 1.0) / rec["ms"] / 1e9, 1)
+                if rec["ms"] and o_shape is not None:
+                    rec["io_bytes"] = io_bytes(p, x, o_shape, names if p == "fwdbwd" else ())
                 rec["wall_s"] = round(time.perf_counter() - t_impl, 1)
                 records.append(rec)
                 torch.cuda.empty_cache()
@@ -390,9 +437,10 @@ def bench_main(argv, module):
     implementations and the differentiated inputs of every case), ``cases(ops, quick)`` (or
     ``cases(quick)``), ``make_inputs``, ``reference``, ``CONFIG`` (recorded with the results) and
     ``RUN`` (``ops``, ``budget_s`` and keywords of :func:`run_benchmark`); and optionally
-    ``impls(case)`` (other implementations beside ours and the peer: flash's SDPA), ``flops(case)``
-    (see :func:`run_benchmark`) and ``measure_config()``, measurements of the device recorded in the
-    config (flash: the bf16 matrix-multiply rate)."""
+    ``impls(case)`` (other implementations beside ours and the peer: flash's SDPA) and ``flops(case)``
+    (see :func:`run_benchmark`). The device's yardsticks (:func:`measure_device`: the bf16
+    matrix-multiply rate and the copy bandwidth) are measured in the same run and recorded in the
+    config."""
     import argparse
     kw = dict(module.RUN)
     ops, budget_s = kw.pop("ops", None), kw.pop("budget_s", 500.0)
@@ -412,8 +460,7 @@ def bench_main(argv, module):
         print(f"the benchmark needs a CUDA GPU; the stored results: kernels.report.show_benchmark({family!r})")
         return 2
     config = dict(module.CONFIG, **({"ops": chosen} if ops else {}))
-    if hasattr(module, "measure_config"):
-        config.update(module.measure_config())
+    config.update(measure_device())
     run_benchmark(family, cases=module.cases(chosen, args.quick) if ops else module.cases(args.quick),
                   make_inputs=module.make_inputs, impls=bench_impls(module), reference=module.reference,
                   grad_names=lambda case: list(op_named(module.OPS, case["op"]).grads),

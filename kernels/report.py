@@ -24,13 +24,14 @@ from .results import load_results
 
 __all__ = ["show_benchmark", "ratio_table", "ratio_rows", "stored_goal", "goal_verdicts", "describe_verdicts", "plot_results",
            "series_colors", "env_line", "plot_tradeoff", "benchmark_figure", "goal_table", "error_lines",
-           "plot_bars", "show_family"]
+           "plot_bars", "show_family", "roofline_rows", "roofline_table"]
 
 # The implementation the stored goals compare us with (config["goals"]: our time / this one's).
 GOALS_PEER = "fla"
 
 # Record fields that are measurements or bookkeeping, not part of what was measured.
-_NOT_KEY = {"impl", "ms", "err", "note", "wall_s", "err_T", "tflops", "max_abs_err", "ok", "env", "peak_mib", "gbps", "copy_fraction"}
+_NOT_KEY = {"impl", "ms", "err", "note", "wall_s", "err_T", "tflops", "max_abs_err", "ok", "env", "peak_mib", "gbps", "copy_fraction",
+            "io_bytes"}
 
 
 def _num(v) -> bool:
@@ -560,3 +561,44 @@ def show_family(source, *, title: str | None = None, peer="fla", select=None, ou
         md.append("Recorded without a time: " + "; ".join(notes) + ".")
     display(Markdown("\n\n".join(md)))
     return data
+
+
+def roofline_rows(data: dict, *, impl: str = "ours") -> list:
+    """How far each timed record of ``impl`` is from the device's roofline, from a results file whose
+    config holds the run's own yardsticks (:func:`kernels.harness.measure_device`: ``copy_gbps``,
+    ``bf16_matmul_tflops``). Per record: ``io_ms``, the time to move its ``io_bytes``
+    (:func:`kernels.harness.io_bytes`) at the copy's bandwidth; ``flop_ms``, the time of its
+    operations at the matrix-multiply rate (from ``tflops``, where the family counts operations);
+    ``bound_ms``, the larger; and ``of_roofline = bound_ms / ms`` (1: at the roofline). Records or
+    files without the fields (runs before 2026-11-29) give no row. Raises ``ValueError`` when the
+    config lacks the copy bandwidth."""
+    cfg = data.get("config", {})
+    gbps, mm = cfg.get("copy_gbps"), cfg.get("bf16_matmul_tflops")
+    if not _num(gbps):
+        raise ValueError("data's config has no copy_gbps: the run predates kernels.harness.measure_device")
+    rows = []
+    for r in data["records"]:
+        if r.get("impl") != impl or not _num(r.get("ms")) or not _num(r.get("io_bytes")):
+            continue
+        io_ms = r["io_bytes"] / gbps / 1e6
+        flop_ms = r["tflops"] * r["ms"] / mm if _num(r.get("tflops")) and _num(mm) else None
+        bound = max(io_ms, flop_ms or 0.0)
+        row = {k: v for k, v in r.items() if k not in _NOT_KEY}
+        row.update(ms=r["ms"], io_ms=io_ms, flop_ms=flop_ms, bound_ms=bound, of_roofline=bound / r["ms"])
+        rows.append(row)
+    return rows
+
+
+def roofline_table(data: dict, *, impl: str = "ours") -> str:
+    """:func:`roofline_rows` as text: one line per op, shape and pass."""
+    rows = roofline_rows(data, impl=impl)
+    cfg = data["config"]
+    head = (f"{impl}: time against the roofline (copy {cfg['copy_gbps']:.0f} GB/s, bf16 matmul "
+            f"{cfg.get('bf16_matmul_tflops', float('nan')):.0f} TFLOP/s, measured in the run)")
+    lines = [head, f"{'op':24s} {'B':>3s} {'T':>6s} {'pass':7s} {'ms':>8s} {'io ms':>8s} {'flop ms':>8s} "
+                   f"{'of roofline':>11s}"]
+    for r in rows:
+        flop = f"{r['flop_ms']:8.3f}" if r["flop_ms"] is not None else f"{'-':>8s}"
+        lines.append(f"{r.get('op', ''):24s} {r.get('B', ''):>3} {r.get('T', ''):>6} {r['pass']:7s} "
+                     f"{r['ms']:8.3f} {r['io_ms']:8.3f} {flop} {r['of_roofline']:11.2f}")
+    return "\n".join(lines)

@@ -17,7 +17,7 @@ Inputs q, k, v ~ N(0, 1), scale K^-0.5. Accuracy: batch 0, the first min(T, 8192
 0-1, against the float64 reference (:func:`kernels.reference.attention_ref`), fla's RMS ratio.
 fla runs its pure Triton path (``FLA_DISABLE_BACKEND_DISPATCH=1``); its refusals are recorded.
 Each record's ``tflops`` is its achieved rate (:func:`flops`); the config holds the device's measured
-bf16 matrix-multiply rate (:func:`measure_config`).
+bf16 matrix-multiply rate and copy bandwidth (:func:`kernels.harness.measure_device`).
 """
 from __future__ import annotations
 
@@ -85,17 +85,6 @@ def flops(case):
     ``T(T+1)/2`` visible (query, key) pairs, per batch element and head."""
     T = case["T"]
     return 4 * case["B"] * H * D * T * (T + 1) // 2
-
-
-def measure_config():
-    """The device's bfloat16 matrix-multiply rate (``torch.matmul``, 8192³, median), the yardstick
-    for the kernels' ``tflops``."""
-    import torch
-    from kernels.harness import bench_ms
-    n = 8192
-    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    ms = bench_ms(lambda: a @ b, warmup=25, rep=100)
-    return {"bf16_matmul_tflops": round(2 * n ** 3 / ms / 1e9, 1), "matmul_shape": [n, n, n]}
 
 
 def reference(case, x):

@@ -230,3 +230,45 @@ def test_plot_bars_one_bar_per_impl_and_shape():
     assert len(ax.patches) == 8 and len(ax.get_yticklabels()) == 4
     assert {round(b.get_width(), 2) for b in ax.patches} == {0.8, 0.5}
     assert ax.get_xlabel() == "copy fraction"
+
+
+def test_io_bytes_counts_inputs_output_and_gradients():
+    """The forward reads every input and writes the output; forward + backward also reads the inputs
+    again and the output's gradient, and writes the named gradients. Exact byte counts."""
+    x = {"q": torch.zeros(2, 8, 3, 4, dtype=torch.bfloat16), "g": torch.zeros(2, 8, 3),    # 384 B, 192 B
+         "v": torch.zeros(2, 8, 3, 5, dtype=torch.bfloat16)}                                # 480 B
+    o = torch.zeros(2, 8, 3, 5, dtype=torch.bfloat16)                                        # 480 B
+    assert harness.io_bytes("fwd", x, o) == 384 + 192 + 480 + 480
+    assert harness.io_bytes("fwdbwd", x, o, ("q", "v")) == 2 * (384 + 192 + 480 + 480) + 384 + 480
+    with pytest.raises(ValueError, match="pass_ must be"):
+        harness.io_bytes("bwd", x, o)
+    with pytest.raises(ValueError, match="grad_names must name inputs"):
+        harness.io_bytes("fwdbwd", x, o, ("k",))
+
+
+def test_roofline_rows_take_the_larger_floor():
+    """Time to move the bytes at the copy's bandwidth against time of the operations at the matmul
+    rate: the larger is the floor, and its share of the measured time is ``of_roofline``; records of
+    other implementations or without the fields give no row; a file without the yardsticks raises."""
+    recs = [{"impl": "ours", "op": "a", "B": 1, "T": 64, "pass": "fwd", "ms": 2.0, "io_bytes": 1e9},  # io 1 ms
+            {"impl": "ours", "op": "b", "B": 1, "T": 64, "pass": "fwd", "ms": 4.0, "io_bytes": 1e6,
+             "tflops": 250.0},                                                   # 1e12 operations: 2 ms at 500
+            {"impl": "fla", "op": "a", "B": 1, "T": 64, "pass": "fwd", "ms": 1.0, "io_bytes": 1e9},
+            {"impl": "ours", "op": "c", "B": 1, "T": 64, "pass": "fwd", "ms": 1.0}]
+    data = {"name": "t", "env": ENV, "config": {"copy_gbps": 1000.0, "bf16_matmul_tflops": 500.0}, "records": recs}
+    rows = report.roofline_rows(data)
+    assert [r["op"] for r in rows] == ["a", "b"]
+    assert rows[0]["io_ms"] == pytest.approx(1.0) and rows[0]["flop_ms"] is None
+    assert rows[0]["of_roofline"] == pytest.approx(0.5)
+    assert rows[1]["flop_ms"] == pytest.approx(2.0) and rows[1]["bound_ms"] == pytest.approx(2.0)
+    assert rows[1]["of_roofline"] == pytest.approx(0.5)
+    text = report.roofline_table(data)
+    assert "copy 1000 GB/s" in text and len(text.splitlines()) == 4
+    with pytest.raises(ValueError, match="copy_gbps"):
+        report.roofline_rows({"config": {}, "records": recs})
+
+
+def test_measure_device_needs_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        harness.measure_device()
