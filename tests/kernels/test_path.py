@@ -472,16 +472,21 @@ def test_gpu_offsets_past_int32():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("T,with_g", [(1, False), (100, True), (128, False), (257, True)])
 def test_query_blocks_of_128_rows(device, T, with_g):
-    from kernels.path.op import PathFunction
     from kernels.path.plan import plan_for
     inputs = make_inputs(1, T, 2, 16, 32, torch.float32, device, gates=with_g, seed=T + 7)
     plan = plan_for(torch.float32, torch.device(device), rows=128)
-    if plan.path == "torch":   # --gpu-class 89: an L4 runs float32 PaTH in PyTorch (plan.py), no blocks to test
+    if plan.path == "torch":   # --gpu-class 89 or 75: float32 PaTH runs in PyTorch there (plan.py)
         pytest.skip("this GPU class runs float32 PaTH on the PyTorch path")
     assert plan.rows == 128
-    scale = 16 ** -0.5
     gen = torch.Generator().manual_seed(3)
     do = torch.randn(1, T, 2, 32, generator=gen).to(device)
+    _plan_against_float64(inputs, plan, 16 ** -0.5, do, f"rows=128 T={T}")
+
+
+def _plan_against_float64(inputs, plan, scale, do, label):
+    """The op run with ``plan`` (through ``PathFunction``) against the float64 reference: the output and
+    every gradient, max error over the reference's largest entry (at least 1)."""
+    from kernels.path.op import PathFunction
     ours = grads(lambda q, k, v, w, b, g: PathFunction.apply(q, k, v, w, b, g, scale, plan), inputs, do)
     d64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)   # noqa: E731
     ref = grads(lambda *a: path_attn_ref(*a, scale=scale), [d64(x) for x in inputs], d64(do))
@@ -489,7 +494,7 @@ def test_query_blocks_of_128_rows(device, T, with_g):
         r = ref[name].detach()
         err = (a.detach().to("cpu", torch.float64) - r).abs().max().item() / max(r.abs().max().item(), 1.0)
         # float32 with IEEE products, as test_float32_against_float64: ~1e-6, tolerance with margin
-        assert err <= (2e-5 if name == "o" else 5e-5), f"rows=128 T={T} {name}: {err:.2e}"
+        assert err <= (2e-5 if name == "o" else 5e-5), f"{label} {name}: {err:.2e}"
 
 
 # The per-block backward's column block is clamped to K: the A100 plan's float32 block of 32 columns
@@ -499,22 +504,13 @@ def test_query_blocks_of_128_rows(device, T, with_g):
 def test_column_block_wider_than_the_head(device, H):
     from dataclasses import replace
     from kernels.path.local import local_columns
-    from kernels.path.op import PathFunction
     from kernels.path.plan import plan_for
     T, K, V = 70, 16, 32
     inputs = make_inputs(1, T, H, K, V, torch.float32, device, gates=True, seed=21)
     plan = replace(plan_for(torch.float32, torch.device(device), K=K), local_kb=32)
     assert local_columns(plan, K) == K and local_columns(plan, 64) == 32
-    scale = K ** -0.5
     do = torch.randn(1, T, H, V, generator=torch.Generator().manual_seed(4)).to(device)
-    ours = grads(lambda q, k, v, w, b, g: PathFunction.apply(q, k, v, w, b, g, scale, plan), inputs, do)
-    d64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)   # noqa: E731
-    ref = grads(lambda *a: path_attn_ref(*a, scale=scale), [d64(x) for x in inputs], d64(do))
-    for name, a in ours.items():
-        r = ref[name].detach()
-        err = (a.detach().to("cpu", torch.float64) - r).abs().max().item() / max(r.abs().max().item(), 1.0)
-        # float32 with IEEE products, as test_query_blocks_of_128_rows (~1e-6; tolerance with margin)
-        assert err <= (2e-5 if name == "o" else 5e-5), f"local_kb=32, K=16, H={H} {name}: {err:.2e}"
+    _plan_against_float64(inputs, plan, K ** -0.5, do, f"local_kb=32, K=16, H={H}")
 
 
 def test_plan_rows_must_be_64_or_128():
