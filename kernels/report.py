@@ -590,15 +590,19 @@ def roofline_rows(data: dict, *, impl: str = "ours") -> list:
 
 
 def roofline_table(data: dict, *, impl: str = "ours") -> str:
-    """:func:`roofline_rows` as text: one line per op, shape and pass."""
+    """:func:`roofline_rows` as text: one line per op, shape and pass; ``case`` names the record's
+    other fields (``D=4096``, ``wb=float32``) where the family's cases have them."""
     rows = roofline_rows(data, impl=impl)
     cfg = data["config"]
     head = (f"{impl}: time against the roofline (copy {cfg['copy_gbps']:.0f} GB/s, bf16 matmul "
             f"{cfg.get('bf16_matmul_tflops', float('nan')):.0f} TFLOP/s, measured in the run)")
-    lines = [head, f"{'op':24s} {'B':>3s} {'T':>6s} {'pass':7s} {'ms':>8s} {'io ms':>8s} {'flop ms':>8s} "
-                   f"{'of roofline':>11s}"]
-    for r in rows:
+    shown = {"op", "B", "T", "pass", "ms", "io_ms", "flop_ms", "bound_ms", "of_roofline"}
+    cases = [" ".join(f"{k}={v}" for k, v in r.items() if k not in shown) for r in rows]
+    width = max([4] + [len(c) for c in cases])
+    lines = [head, f"{'op':24s} {'B':>3s} {'T':>6s} {'case':{width}s} {'pass':7s} {'ms':>8s} {'io ms':>8s} "
+                   f"{'flop ms':>8s} {'of roofline':>11s}"]
+    for r, case in zip(rows, cases):
         flop = f"{r['flop_ms']:8.3f}" if r["flop_ms"] is not None else f"{'-':>8s}"
-        lines.append(f"{r.get('op', ''):24s} {r.get('B', ''):>3} {r.get('T', ''):>6} {r['pass']:7s} "
+        lines.append(f"{r.get('op', ''):24s} {r.get('B', ''):>3} {r.get('T', ''):>6} {case:{width}s} {r['pass']:7s} "
                      f"{r['ms']:8.3f} {r['io_ms']:8.3f} {flop} {r['of_roofline']:11.2f}")
     return "\n".join(lines)

@@ -217,5 +217,5 @@ def local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, plan, dw_dtype):
     dw, dbeta = torch.empty_like(w, dtype=dw_dtype), torch.empty_like(beta)
     launch(_local_bwd_kernel, (NT, B * H),
            (q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, dq, dk, dw, dbeta, T, H, dqt.shape[1], NT * CHUNK),
-           dict(K=K, KB=local_columns(plan, K), PREC=plan.local_precision), plan.local)
+           dict(K=K, KB=local_columns(plan, K), PREC=plan.local_precision), plan.local_bwd)
     return dq, dk, dw, dbeta

@@ -30,9 +30,10 @@ class _SolvePlan:
 @dataclass(frozen=True)
 class PathPlan:
     """``transport``: dtype of the carried queries and of ``K̂, U, W``; ``precision``: the passes'
-    ``tl.dot`` precision; ``local_precision``: the per-block stage's; ``fwd``, ``bwd``, ``local``:
-    launches; ``slots_per_sm``: persistent backward programs per SM; ``rows``: query rows per
-    program of the passes (64, or 128: two 64-blocks, half the tile reads and atomics per query);
+    ``tl.dot`` precision; ``local_precision``: the per-block stage's; ``fwd``, ``bwd``, ``local``
+    (the per-block preparation), ``local_bwd`` (its backward): launches; ``slots_per_sm``:
+    persistent backward programs per SM; ``rows``: query rows per program of the passes (64, or
+    128: two 64-blocks, half the tile reads and atomics per query);
     ``local_kb``: the per-block backward's key-column block (``None``: ``min(K, 64)``);
     ``path``: ``"torch"`` where the class cannot run these kernels."""
     transport: torch.dtype
@@ -41,6 +42,7 @@ class PathPlan:
     fwd: tuple = field(default_factory=lambda: (Launch(4, 2), Launch(4, 1)))
     bwd: tuple = field(default_factory=lambda: (Launch(8, 1), Launch(4, 1)))
     local: tuple = field(default_factory=lambda: (Launch(8, 1), Launch(4, 1)))
+    local_bwd: tuple = field(default_factory=lambda: (Launch(8, 1), Launch(4, 1)))
     slots_per_sm: int = 2
     rows: int = 64
     local_kb: int | None = None
@@ -97,11 +99,22 @@ def plan_for(dtype, device, *, K: int | None = None, rows: int | None = None, ca
         if small and not rows_asked:
             rows = 64
         if transport == torch.float32:
+            # on an A100 at K = 128 the float32 tiles do not fit either: the forward's first launch
+            # needs 176 KiB, the backward's 208 KiB (sm_80 compile, lab/f32_compile.py,
+            # lab/logs/a100_f32_k128_compile_cpu.log; its kernels took over 5 minutes to compile, and
+            # forced on the H200 the test did not finish in 300 s), so K above 64 takes PyTorch
+            if (K or 128) > 64:
+                return PathPlan(transport, prec, local_prec, path="torch")
             local_kb = 32
     fwd = (Launch(8, 2), Launch(8, 1)) if rows == 128 else (Launch(4, 2), Launch(4, 1))
     if small_half:
         local_prec = "ieee"
-    return PathPlan(transport, prec, local_prec, fwd=fwd, rows=rows, local_kb=local_kb)
+    # the per-block backward on Hopper with 16-bit inputs: 4 warps, 0.85 of 8 warps' time at B = 32,
+    # T = 2048 and B = 1, T = 32768, the same gradients bit for bit (lab/bwd_sweep.py,
+    # lab/logs/bwd_sweep_h200.json); 16 warps take 2.6x; key-column blocks of 32 are slower
+    hopper_half = half and caps.smem >= HOPPER_SMEM
+    local_bwd = (Launch(4, 1), Launch(8, 1)) if hopper_half else (Launch(8, 1), Launch(4, 1))
+    return PathPlan(transport, prec, local_prec, fwd=fwd, rows=rows, local_kb=local_kb, local_bwd=local_bwd)
 
 
 def backward_slots(plan: PathPlan, device, work: int) -> int:

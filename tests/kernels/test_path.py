@@ -340,7 +340,7 @@ def test_plan():
     for dtype, transport in ((torch.float32, torch.float32), (torch.float16, torch.float16),
                              (torch.bfloat16, torch.float16)):
         for caps in (GPU_CLASSES[80], GPU_CLASSES[90]):
-            plan = plan_for(dtype, cuda, interpret=False, caps=caps)
+            plan = plan_for(dtype, cuda, interpret=False, caps=caps, K=64)
             assert plan.transport == transport and plan.path == "triton"
         assert plan_for(dtype, torch.device("cpu"), interpret=True).transport == transport
     assert plan_for(torch.float32, cuda, interpret=False, caps=GPU_CLASSES[90]).precision == "ieee"
@@ -349,6 +349,13 @@ def test_plan():
     plans = [plan_for(torch.bfloat16, cuda, interpret=False, caps=GPU_CLASSES[90], K=K) for K in (16, 32, 128)]
     assert [(p.local_precision, p.rows) for p in plans] == [("ieee", 64), ("tf32", 128), ("tf32", 128)]
     assert plan_for(torch.float32, cuda, interpret=False, caps=GPU_CLASSES[90], K=16).rows == 128
+    # float32 at K = 128 on an A100: its tiles do not fit 163 KiB (plan.py), so PyTorch; K = 64 fits
+    a100 = [plan_for(torch.float32, cuda, interpret=False, caps=GPU_CLASSES[80], K=K) for K in (64, 128)]
+    assert [(p.path, p.local_kb) for p in a100] == [("triton", 32), ("torch", None)]
+    assert plan_for(torch.bfloat16, cuda, interpret=False, caps=GPU_CLASSES[80], K=128).path == "triton"
+    # the per-block backward on 4 warps for 16-bit inputs on Hopper (measured, plan.py); 8 elsewhere
+    assert [plan_for(dt, cuda, interpret=False, caps=GPU_CLASSES[c]).local_bwd[0].num_warps
+            for dt, c in ((torch.bfloat16, 90), (torch.float32, 90), (torch.bfloat16, 80))] == [4, 8, 8]
     assert plan_for(torch.float16, cuda, interpret=False, caps=GPU_CLASSES[75]).path == "torch"
     assert plan_for(torch.float16, torch.device("cpu"), interpret=True).precision == "ieee"
     assert HEAD_SIZES == (16, 32, 64, 128)

@@ -250,7 +250,7 @@ def test_roofline_rows_take_the_larger_floor():
     """Time to move the bytes at the copy's bandwidth against time of the operations at the matmul
     rate: the larger is the floor, and its share of the measured time is ``of_roofline``; records of
     other implementations or without the fields give no row; a file without the yardsticks raises."""
-    recs = [{"impl": "ours", "op": "a", "B": 1, "T": 64, "pass": "fwd", "ms": 2.0, "io_bytes": 1e9},  # io 1 ms
+    recs = [{"impl": "ours", "op": "a", "B": 1, "T": 64, "D": 8, "pass": "fwd", "ms": 2.0, "io_bytes": 1e9},  # io 1 ms
             {"impl": "ours", "op": "b", "B": 1, "T": 64, "pass": "fwd", "ms": 4.0, "io_bytes": 1e6,
              "tflops": 250.0},                                                   # 1e12 operations: 2 ms at 500
             {"impl": "fla", "op": "a", "B": 1, "T": 64, "pass": "fwd", "ms": 1.0, "io_bytes": 1e9},
@@ -264,6 +264,7 @@ def test_roofline_rows_take_the_larger_floor():
     assert rows[1]["of_roofline"] == pytest.approx(0.5)
     text = report.roofline_table(data)
     assert "copy 1000 GB/s" in text and len(text.splitlines()) == 4
+    assert " D=8 " in text.splitlines()[2]        # the fields that tell records apart
     with pytest.raises(ValueError, match="copy_gbps"):
         report.roofline_rows({"config": {}, "records": recs})
 

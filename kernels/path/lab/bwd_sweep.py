@@ -1,0 +1,96 @@
+"""Lab: where the two backward passes' time goes, and which launches fit them (issue 41, PaTH).
+
+At B = 32, T = 2048 and B = 1, T = 32768 (bfloat16, H = 16, K = V = 128, w and β in float32):
+
+- the per-block backward (``local._local_bwd_kernel``) under warps × key-column blocks
+  (the plan's ``local`` launch and ``local_kb``);
+- the main backward pass (``backward._path_bwd_kernel``) as is, on 4 warps, and in variants built
+  from its source at run time (``atomics_cost.variant``): ``no sums`` (the per-pair float32 tiles
+  ``dK̂, dV, W M, U Mᵀ`` not written at all: a masked store that never fires, the products kept),
+  ``no sums, no scratch`` (also the scratch of X and dS not written: the products and tile loads alone).
+  Wrong gradients in the variants; time only.
+
+    python kernels/path/lab/bwd_sweep.py [out.json]
+"""
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from atomics_cost import ms, variant  # noqa: E402
+
+import kernels.path.backward as product  # noqa: E402
+from kernels.backend import Launch  # noqa: E402
+from kernels.path.forward import path_forward  # noqa: E402
+from kernels.path.local import local_backward, prepare_blocks  # noqa: E402
+from kernels.path.plan import plan_for  # noqa: E402
+
+SHAPES = [(32, 2048), (1, 32768)]
+H, D = 16, 128
+ADD = 'tl.atomic_add(base + r[:, None] * D + tl.arange(0, D)[None, :], x, sem="relaxed")'
+NEVER = "tl.store(base + r[:, None] * D + tl.arange(0, D)[None, :], x, mask=(r < 0)[:, None])"
+MPUT = ('@triton.jit\ndef _probs(', '@triton.jit\ndef _mput_tile(base, row0, x, R: tl.constexpr, D: tl.constexpr):\n'
+        '    r = row0 + tl.arange(0, R)\n'
+        '    tl.store(base + r[:, None] * D + tl.arange(0, D)[None, :], x.to(base.dtype.element_ty), '
+        'mask=(r < 0)[:, None])\n\n\n@triton.jit\ndef _probs(')
+VARIANTS = {
+    "no sums": variant("nosums", [(ADD, NEVER)]),
+    "no sums, no scratch": variant("noscratch", [(ADD, NEVER), MPUT, ("_put_tile(xs_base", "_mput_tile(xs_base"),
+                                                 ("_put_tile(dzs_base", "_mput_tile(dzs_base")]),
+}
+
+
+def main(out=None):
+    rows = []
+    for B, T in SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(B * 100000 + T)
+        q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+        w = torch.nn.functional.normalize(torch.randn(B, T, H, D, device="cuda", generator=g), dim=-1)
+        beta = 2 * torch.sigmoid(torch.randn(B, T, H, device="cuda", generator=g))
+        plan = plan_for(q.dtype, q.device)
+        scale = D ** -0.5
+        w = w.to(plan.transport)
+        qt, kh, u, wt, aloc, tm = prepare_blocks(q, k, w, beta, plan)
+        o, lse = path_forward(qt, kh, u, wt, aloc, v, None, scale, plan)
+        do = torch.randn_like(o)
+        dqt, dkh, gw, hu, daloc, dv, dG = product.path_backward(qt, kh, u, wt, aloc, v, do, o, lse, None, scale, plan)
+        ref = local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, plan, torch.float32)
+        rec = dict(B=B, T=T, H=H, D=D, plan_local=str(plan.local[0]), plan_bwd=str(plan.bwd[0]))
+        for warps in (4, 8, 16):
+            for kb in (32, 64):
+                p2 = dataclasses.replace(plan, local=(Launch(warps, 1),), local_kb=kb)
+                name = f"local_ms[w{warps} kb{kb}]"
+                try:
+                    got = local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, p2, torch.float32)
+                    same = max(float((a.float() - b.float()).abs().max() / b.float().abs().max()) for a, b in zip(got, ref))
+                    rec[name] = ms(lambda: local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, p2, torch.float32))
+                    rec[name.replace("_ms", "_maxdiff")] = round(same, 6)
+                except Exception as e:  # noqa: BLE001 - a launch that does not fit: recorded
+                    rec[name] = f"{type(e).__name__}: {str(e)[:80]}"
+                print(name, rec[name], flush=True)
+        rec["backward_ms[as is]"] = ms(lambda: product.path_backward(qt, kh, u, wt, aloc, v, do, o, lse, None, scale, plan))
+        p4 = dataclasses.replace(plan, bwd=(Launch(4, 1),))
+        try:
+            rec["backward_ms[4 warps]"] = ms(lambda: product.path_backward(qt, kh, u, wt, aloc, v, do, o, lse, None, scale, p4))
+        except Exception as e:  # noqa: BLE001
+            rec["backward_ms[4 warps]"] = f"{type(e).__name__}: {str(e)[:80]}"
+        for name, mod in VARIANTS.items():
+            rec[f"backward_ms[{name}]"] = ms(lambda: mod.path_backward(qt, kh, u, wt, aloc, v, do, o, lse, None,
+                                                                       scale, plan))
+        print(json.dumps(rec), flush=True)
+        rows.append(rec)
+        torch.cuda.empty_cache()
+    res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=rows)
+    if out:
+        Path(out).write_text(json.dumps(res, indent=1))
+    return res
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else None)
