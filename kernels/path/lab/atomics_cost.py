@@ -63,21 +63,39 @@ def ms(f):
     return round(triton.testing.do_bench(f, warmup=5, rep=30), 3)
 
 
+def stage_inputs(B, T):
+    """The benchmark's inputs at ``(B, T)`` (seeded by the shape), prepared and run forward as
+    ``op.py`` does; ``do`` a random output gradient. A dict of every tensor a stage reads."""
+    g = torch.Generator(device="cuda").manual_seed(B * 100000 + T)
+    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    w = torch.nn.functional.normalize(torch.randn(B, T, H, D, device="cuda", generator=g), dim=-1)
+    beta = 2 * torch.sigmoid(torch.randn(B, T, H, device="cuda", generator=g))
+    plan = plan_for(q.dtype, q.device)
+    scale = D ** -0.5
+    w = w.to(plan.transport)            # as op.py passes it to every stage
+    qt, kh, u, wt, aloc, tm = prepare_blocks(q, k, w, beta, plan)
+    o, lse = path_forward(qt, kh, u, wt, aloc, v, None, scale, plan)
+    return dict(q=q, k=k, v=v, w=w, beta=beta, plan=plan, scale=scale, qt=qt, kh=kh, u=u, wt=wt, aloc=aloc,
+                tm=tm, o=o, lse=lse, do=torch.randn_like(o))
+
+
+def save(out, rows, device):
+    """The run's record (device, versions, date, rows), written to ``out`` when given."""
+    res = dict(device=device, torch=torch.__version__, triton=triton.__version__,
+               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=rows)
+    if out:
+        Path(out).write_text(json.dumps(res, indent=1))
+    return res
+
+
 def main(out=None):
     dev = measure_device()
     rows = []
     for B, T in SHAPES:
         t0 = time.perf_counter()
-        g = torch.Generator(device="cuda").manual_seed(B * 100000 + T)
-        q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-        w = torch.nn.functional.normalize(torch.randn(B, T, H, D, device="cuda", generator=g), dim=-1)
-        beta = 2 * torch.sigmoid(torch.randn(B, T, H, device="cuda", generator=g))
-        plan = plan_for(q.dtype, q.device)
-        scale = D ** -0.5
-        w = w.to(plan.transport)            # as op.py passes it to every stage
-        qt, kh, u, wt, aloc, tm = prepare_blocks(q, k, w, beta, plan)
-        o, lse = path_forward(qt, kh, u, wt, aloc, v, None, scale, plan)
-        do = torch.randn_like(o)
+        x = stage_inputs(B, T)
+        q, k, v, w, beta, plan, scale = (x[n] for n in ("q", "k", "v", "w", "beta", "plan", "scale"))
+        qt, kh, u, wt, aloc, tm, o, lse, do = (x[n] for n in ("qt", "kh", "u", "wt", "aloc", "tm", "o", "lse", "do"))
         rec = dict(B=B, T=T, H=H, D=D)
         rec["prepare_ms"] = ms(lambda: prepare_blocks(q, k, w, beta, plan))
         rec["forward_ms"] = ms(lambda: path_forward(qt, kh, u, wt, aloc, v, None, scale, plan))
@@ -97,13 +115,9 @@ def main(out=None):
         rec["wall_s"] = round(time.perf_counter() - t0, 1)
         print(json.dumps(rec), flush=True)
         rows.append(rec)
-        del q, k, v, w, beta, qt, kh, u, wt, aloc, tm, o, lse, do, grads
+        del x, q, k, v, w, beta, qt, kh, u, wt, aloc, tm, o, lse, do, grads
         torch.cuda.empty_cache()
-    res = dict(device=dev, torch=torch.__version__, triton=triton.__version__,
-               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=rows)
-    if out:
-        Path(out).write_text(json.dumps(res, indent=1))
-    return res
+    return save(out, rows, dev)
 
 
 if __name__ == "__main__":

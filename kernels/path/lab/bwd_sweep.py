@@ -2,8 +2,9 @@
 
 At B = 32, T = 2048 and B = 1, T = 32768 (bfloat16, H = 16, K = V = 128, w and β in float32):
 
-- the per-block backward (``local._local_bwd_kernel``) under warps × key-column blocks
-  (the plan's ``local`` launch and ``local_kb``);
+- the per-block backward (``local.local_backward``) under warps × key-column blocks (the plan's
+  ``local_bwd`` launch and ``local_kb``; the run of record, ``logs/bwd_sweep_h200.json``, swept
+  ``local``, which launched the per-block backward until the plan gave it its own field);
 - the main backward pass (``backward._path_bwd_kernel``) as is, on 4 warps, and in variants built
   from its source at run time (``atomics_cost.variant``): ``no sums`` (the per-pair float32 tiles
   ``dK̂, dV, W M, U Mᵀ`` not written at all: a masked store that never fires, the products kept),
@@ -14,21 +15,18 @@ At B = 32, T = 2048 and B = 1, T = 32768 (bfloat16, H = 16, K = V = 128, w and �
 """
 import dataclasses
 import json
+import os
 import sys
-import time
-from pathlib import Path
 
 import torch
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from atomics_cost import ms, variant  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomics_cost import ms, save, stage_inputs, variant  # noqa: E402
 
 import kernels.path.backward as product  # noqa: E402
 from kernels.backend import Launch  # noqa: E402
-from kernels.path.forward import path_forward  # noqa: E402
-from kernels.path.local import local_backward, prepare_blocks  # noqa: E402
-from kernels.path.plan import plan_for  # noqa: E402
+from kernels.path.local import local_backward  # noqa: E402
 
 SHAPES = [(32, 2048), (1, 32768)]
 H, D = 16, 128
@@ -48,22 +46,15 @@ VARIANTS = {
 def main(out=None):
     rows = []
     for B, T in SHAPES:
-        g = torch.Generator(device="cuda").manual_seed(B * 100000 + T)
-        q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-        w = torch.nn.functional.normalize(torch.randn(B, T, H, D, device="cuda", generator=g), dim=-1)
-        beta = 2 * torch.sigmoid(torch.randn(B, T, H, device="cuda", generator=g))
-        plan = plan_for(q.dtype, q.device)
-        scale = D ** -0.5
-        w = w.to(plan.transport)
-        qt, kh, u, wt, aloc, tm = prepare_blocks(q, k, w, beta, plan)
-        o, lse = path_forward(qt, kh, u, wt, aloc, v, None, scale, plan)
-        do = torch.randn_like(o)
+        x = stage_inputs(B, T)
+        q, k, v, w, beta, plan, scale = (x[n] for n in ("q", "k", "v", "w", "beta", "plan", "scale"))
+        qt, kh, u, wt, aloc, tm, o, lse, do = (x[n] for n in ("qt", "kh", "u", "wt", "aloc", "tm", "o", "lse", "do"))
         dqt, dkh, gw, hu, daloc, dv, dG = product.path_backward(qt, kh, u, wt, aloc, v, do, o, lse, None, scale, plan)
         ref = local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, plan, torch.float32)
-        rec = dict(B=B, T=T, H=H, D=D, plan_local=str(plan.local[0]), plan_bwd=str(plan.bwd[0]))
+        rec = dict(B=B, T=T, H=H, D=D, plan_local_bwd=str(plan.local_bwd[0]), plan_bwd=str(plan.bwd[0]))
         for warps in (4, 8, 16):
             for kb in (32, 64):
-                p2 = dataclasses.replace(plan, local=(Launch(warps, 1),), local_kb=kb)
+                p2 = dataclasses.replace(plan, local_bwd=(Launch(warps, 1),), local_kb=kb)
                 name = f"local_ms[w{warps} kb{kb}]"
                 try:
                     got = local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, p2, torch.float32)
@@ -84,12 +75,9 @@ def main(out=None):
                                                                        scale, plan))
         print(json.dumps(rec), flush=True)
         rows.append(rec)
+        del x
         torch.cuda.empty_cache()
-    res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=rows)
-    if out:
-        Path(out).write_text(json.dumps(res, indent=1))
-    return res
+    return save(out, rows, torch.cuda.get_device_name())
 
 
 if __name__ == "__main__":
