@@ -426,7 +426,8 @@ def run_benchmark(name: str, *, cases, make_inputs, impls, reference, grad_names
     if path is not None:
         print(f"wrote {write()}")
     from .report import ratio_table
-    print("\n" + ratio_table({"name": name, "records": records}))
+    peers = [i for i in dict.fromkeys(r["impl"] for r in records) if i != "ours"]
+    print("\n" + ratio_table({"name": name, "records": records}, peer=peers[0] if len(peers) == 1 else "fla"))
     return records
 
 
