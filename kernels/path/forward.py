@@ -48,6 +48,28 @@ def _tile_rows(base, row0, R: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
+def _add_tile(base, row0, x, R: tl.constexpr, D: tl.constexpr):
+    """``base[row0 : row0+R, :D] += x`` (float32 atomics, relaxed: only the sums matter)."""
+    r = row0 + tl.arange(0, R)
+    tl.atomic_add(base + r[:, None] * D + tl.arange(0, D)[None, :], x, sem="relaxed")
+
+
+@triton.jit
+def _put_tile(base, row0, x, R: tl.constexpr, D: tl.constexpr):
+    r = row0 + tl.arange(0, R)
+    tl.store(base + r[:, None] * D + tl.arange(0, D)[None, :], x.to(base.dtype.element_ty))
+
+
+@triton.jit
+def _probs(s, lse, valid, do, v, dlt, qk_scale, PREC: tl.constexpr):
+    """The probabilities of one block of scores and ``dZ = P ⊙ (dO Vᵀ − δ)``, the gradient of the
+    logits ``scale · A + G_i − G_j``; rows past ``T`` give zeros."""
+    p = tl.where(valid[:, None], tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
+    dz = p * (tl.dot(do, tl.trans(v), input_precision=PREC) - dlt[:, None])
+    return p, dz
+
+
+@triton.jit
 def diagonal_scores(aloc_ptr, xt, kh_ptr, g_row, g_base, t0, T, H, g_to_s,
                     K: tl.constexpr, BM: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr):
     """The scores of a query block of ``BM`` rows against its own keys, ``(s_a, s_b)``: ``s_a``

@@ -524,3 +524,27 @@ def test_plan_rows_must_be_64_or_128():
     from kernels.path.plan import plan_for
     with pytest.raises(ValueError, match="rows must be 64 or 128"):
         plan_for(torch.float32, torch.device("cpu"), rows=96)
+
+
+# The backward across windows (windows.py; the algebra in lab/windowed_bwd.py): pairs of blocks in
+# different windows go through the window products, pushed keys and the queries' gradient at their
+# window's start. Windows of one block, of two with 128-row query blocks, and a partial last window,
+# with and without gates, against float64.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,rows,window,with_g", [(200, 64, 1, True), (300, 64, 3, False), (520, 128, 2, True)])
+def test_windows_against_float64(device, T, rows, window, with_g):
+    from dataclasses import replace
+    from kernels.path.plan import plan_for
+    inputs = make_inputs(1, T, 2, 16, 32, torch.float32, device, gates=with_g, seed=T + window)
+    plan = plan_for(torch.float32, torch.device(device), K=16, rows=rows)
+    if plan.path == "torch":   # --gpu-class 89 or 75: float32 PaTH runs in PyTorch there (plan.py)
+        pytest.skip("this GPU class runs float32 PaTH on the PyTorch path")
+    plan = replace(plan, window_blocks=window)
+    do = torch.randn(1, T, 2, 32, generator=torch.Generator().manual_seed(5)).to(device)
+    _plan_against_float64(inputs, plan, 16 ** -0.5, do, f"window_blocks={window} rows={rows} T={T}")
+
+
+def test_window_blocks_must_fit_the_query_rows():
+    from kernels.path.plan import plan_for
+    with pytest.raises(ValueError, match="window_blocks must be"):
+        plan_for(torch.float32, torch.device("cpu"), rows=128, window_blocks=3)
