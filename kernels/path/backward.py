@@ -27,7 +27,8 @@ import triton.language as tl
 
 from ..backend import launch
 from ..common.softmax import LOG2E
-from .forward import _add_tile, _gates, _in_rows, _probs, _put_tile, _tile, _tile_rows, diagonal_scores
+from .forward import (_add_tile, _gates, _in_rows, _probs, _put_tile, _query_block, _tile, _tile_rows,
+                      diagonal_scores)
 from .plan import CHUNK, backward_slots
 from .windows import cross_window_grads, window_grads_back, window_prepare
 
@@ -50,13 +51,11 @@ def _path_bwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, do_ptr, lse
     xs_base = xs_ptr + i_p.to(tl.int64) * SLOT * K
     dzs_base = dzs_ptr + i_p.to(tl.int64) * SLOT * 64
     for i_mbh in range(i_p, NQ * BH, nprog):
-        i_bh = (i_mbh % BH).to(tl.int64)
-        i_m = NQ - 1 - i_mbh // BH                               # longest first
+        i_bh, t0, rows, valid, do, lse, dlt, g_row = _query_block(i_mbh, NQ, BH, T, H, NTC, do_ptr, lse_ptr, dlt_ptr,
+                                                                  G_ptr, V, BM, HAS_G)
+        i_m = t0 // BM
         i_b = i_bh // H
         i_h = i_bh % H
-        t0 = i_m * BM
-        rows = t0 + r
-        valid = rows < T
         ws = 0                                                   # the walk's first key block
         if WB > 0:
             ws = t0 // 64 // WB * WB
@@ -64,13 +63,6 @@ def _path_bwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, do_ptr, lse
         v_base = v_ptr + (i_b * T * H + i_h) * V
         g_base = G_ptr + i_b * T * H + i_h
         x = _tile_rows(qt_ptr + buf, t0, BM, K).to(tl.float32)
-        do = tl.load(do_ptr + (i_b * T * H + i_h) * V + rows.to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :],
-                     mask=valid[:, None], other=0.0)
-        lse = tl.load(lse_ptr + i_bh * NTC + rows)
-        dlt = tl.load(dlt_ptr + i_bh * NTC + rows)
-        g_row = tl.zeros([BM], dtype=tl.float32)
-        if HAS_G:
-            g_row = tl.load(g_base + rows.to(tl.int64) * H, mask=valid, other=0.0)
         dg_row = tl.zeros([BM], dtype=tl.float32)
         # the block's own keys (stage 1's A_loc: their gradient goes back there), as the forward
         s_a, s_b = diagonal_scores(aloc_ptr + i_bh * NTC * 64, x.to(td), kh_ptr + buf, g_row, g_base, t0, T, H,

@@ -70,6 +70,28 @@ def _probs(s, lse, valid, do, v, dlt, qk_scale, PREC: tl.constexpr):
 
 
 @triton.jit
+def _query_block(i_mbh, NQ, BH, T, H, NTC, do_ptr, lse_ptr, dlt_ptr, G_ptr,
+                 V: tl.constexpr, BM: tl.constexpr, HAS_G: tl.constexpr):
+    """A backward work item ``i_mbh`` of the persistent grids (query blocks longest first): its
+    batch·head ``i_bh``, first row ``t0``, rows, which rows exist, ``dO``, the log-sum-exp, ``δ``
+    and the rows' cumulative gates (zeros without gates)."""
+    i_bh = (i_mbh % BH).to(tl.int64)
+    t0 = (NQ - 1 - i_mbh // BH) * BM
+    i_b = i_bh // H
+    i_h = i_bh % H
+    rows = t0 + tl.arange(0, BM)
+    valid = rows < T
+    do = tl.load(do_ptr + (i_b * T * H + i_h) * V + rows.to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :],
+                 mask=valid[:, None], other=0.0)
+    lse = tl.load(lse_ptr + i_bh * NTC + rows)
+    dlt = tl.load(dlt_ptr + i_bh * NTC + rows)
+    g_row = tl.zeros([BM], dtype=tl.float32)
+    if HAS_G:
+        g_row = tl.load(G_ptr + i_b * T * H + i_h + rows.to(tl.int64) * H, mask=valid, other=0.0)
+    return i_bh, t0, rows, valid, do, lse, dlt, g_row
+
+
+@triton.jit
 def diagonal_scores(aloc_ptr, xt, kh_ptr, g_row, g_base, t0, T, H, g_to_s,
                     K: tl.constexpr, BM: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr):
     """The scores of a query block of ``BM`` rows against its own keys, ``(s_a, s_b)``: ``s_a``

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..backend import launch
-from .forward import _add_tile as _add, _gates, _probs, _put_tile as _put, _tile, _tile_rows
+from .forward import _add_tile as _add, _gates, _probs, _put_tile as _put, _query_block, _tile, _tile_rows
 
 __all__ = ["window_prepare", "cross_window_grads", "window_grads_back"]
 
@@ -96,31 +96,20 @@ def _cross_q_kernel(qa_ptr, kbar_ptr, pi_ptr, v_ptr, do_ptr, lse_ptr, dlt_ptr, G
                     HAS_G: tl.constexpr, PREC: tl.constexpr):
     i_p = tl.program_id(0)
     nprog = tl.num_programs(0)
-    r = tl.arange(0, BM)
     cols = tl.arange(0, 64)
     kk = tl.arange(0, K)
     td = qa_ptr.dtype.element_ty
     xs_base = xs_ptr + i_p.to(tl.int64) * NW * BM * K       # this program's slot: X_w and G_w per window
     gs_base = gs_ptr + i_p.to(tl.int64) * NW * BM * K
     for i_mbh in range(i_p, NQ * BH, nprog):
-        i_bh = (i_mbh % BH).to(tl.int64)
-        i_m = NQ - 1 - i_mbh // BH                           # longest first
+        i_bh, t0, rows, valid, do, lse, dlt, g_row = _query_block(i_mbh, NQ, BH, T, H, NTC, do_ptr, lse_ptr, dlt_ptr,
+                                                                  G_ptr, V, BM, HAS_G)
         i_b = i_bh // H
         i_h = i_bh % H
-        t0 = i_m * BM
-        rows = t0 + r
-        valid = rows < T
         i_a = t0 // 64 // WB                                 # the queries' window
         buf = i_bh * NTC * K
         v_base = v_ptr + (i_b * T * H + i_h) * V
         g_base = G_ptr + i_b * T * H + i_h
-        do = tl.load(do_ptr + (i_b * T * H + i_h) * V + rows.to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :],
-                     mask=valid[:, None], other=0.0)
-        lse = tl.load(lse_ptr + i_bh * NTC + rows)
-        dlt = tl.load(dlt_ptr + i_bh * NTC + rows)
-        g_row = tl.zeros([BM], dtype=tl.float32)
-        if HAS_G:
-            g_row = tl.load(g_base + rows.to(tl.int64) * H, mask=valid, other=0.0)
         dg_row = tl.zeros([BM], dtype=tl.float32)
         x = _tile_rows(qa_ptr + buf, t0, BM, K).to(tl.float32)
         pi_base = pi_ptr + i_bh * NW * K * K
