@@ -30,7 +30,7 @@ from ..common.softmax import LOG2E
 from .forward import (_add_tile, _gates, _in_rows, _probs, _put_tile, _query_block, _tile, _tile_rows,
                       diagonal_scores)
 from .plan import CHUNK, backward_slots
-from .windows import cross_window_grads, window_grads_back, window_prepare
+from .windows import cross_window_grads, window_blocks, window_grads_back, window_prepare
 
 __all__ = ["path_backward"]
 
@@ -136,7 +136,7 @@ def _path_bwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, do_ptr, lse
         tl.debug_barrier()            # every read of the slot done before the next pair writes it
 
 
-def path_backward(qt, kh, u, wt, aloc, v, do, o, lse, G, scale: float, plan):
+def path_backward(qt, kh, u, wt, aloc, v, do, o, lse, G, scale: float, plan, windows=None):
     """Stage 2's gradient. Returns float32 ``(dqt, dkh, gw, hu, daloc, dv, dG)``: the first five in
     the prepared layouts (for :func:`kernels.path.local.local_backward`), ``dv`` ``[B, T, H, V]`` in
     ``v``'s dtype, ``dG`` ``[B, T, H]`` (the gradient of the cumulative gates) or ``None``."""
@@ -154,13 +154,13 @@ def path_backward(qt, kh, u, wt, aloc, v, do, o, lse, G, scale: float, plan):
     daloc = torch.empty(BH, NTC, CHUNK, **f32)
     dv = torch.zeros(BH, NTC, V, **f32)
     dG = torch.zeros(BH, NTC, **f32) if G is not None else None
-    WB = plan.window_blocks if plan.window_blocks and NTC // CHUNK > plan.window_blocks else 0
+    WB = window_blocks(plan, NTC)
     dqa = dlt
     if WB:
         # the pairs in different windows (windows.py): their part of dV and dG, the queries'
         # gradient at their window's start, and dK̂, gw, hu through the pushed keys and the
         # window products
-        qa, kbar, pi = window_prepare(qt, kh, u, wt, plan)
+        qa, kbar, pi = windows if windows is not None else window_prepare(qt, kh, u, wt, plan)
         dqa, dkbar, mw = cross_window_grads(qa, kbar, pi, v, do, lse, dlt, G, scale, plan, dv, dG)
         window_grads_back(kh, u, wt, dkbar, mw, dkh, gw, hu, plan)
     nprog = backward_slots(plan, dev, NQ * BH)

@@ -31,7 +31,7 @@ import triton.language as tl
 from ..backend import launch
 from .forward import _add_tile as _add, _gates, _probs, _put_tile as _put, _query_block, _tile, _tile_rows
 
-__all__ = ["window_prepare", "cross_window_grads", "window_grads_back"]
+__all__ = ["window_blocks", "window_prepare", "cross_window_grads", "window_grads_back"]
 
 
 @triton.jit
@@ -72,6 +72,13 @@ def _window_prep_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, qa_ptr, kbar_ptr, pi_ptr,
             a = tl.dot(p.to(td), tl.trans(_tile(wt_ptr + buf, s0, K)), input_precision=PREC)
             p -= tl.dot(a.to(td), _tile(u_ptr + buf, s0, K), input_precision=PREC)
         _put(pi_ptr + (i_bh * NW + i_t // WB) * K * K, 0, p, K, K)
+
+
+def window_blocks(plan, NTC: int) -> int:
+    """Blocks per window for buffers of ``NTC`` rows a head: ``plan.window_blocks``, or 0 (no
+    windows) when the plan has none or one window would hold every block."""
+    WB = plan.window_blocks
+    return WB if WB and NTC // 64 > WB else 0
 
 
 def window_prepare(qt, kh, u, wt, plan):

@@ -548,3 +548,23 @@ def test_window_blocks_must_fit_the_query_rows():
     from kernels.path.plan import plan_for
     with pytest.raises(ValueError, match="window_blocks must be"):
         plan_for(torch.float32, torch.device("cpu"), rows=128, window_blocks=3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_windows_half_inputs(device):
+    """16-bit inputs (float16 transport: the window products and the carried queries in float16, as
+    fla's ``hc_whole``) across windows of three blocks, at fla's RMS tolerances against float64."""
+    from dataclasses import replace
+    from kernels.path.op import PathFunction
+    from kernels.path.plan import plan_for
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16   # the interpreter computes float16 in NumPy
+    inputs = make_inputs(1, 450, 2, 32, 32, dtype, device, gates=True, w_dtype=torch.float32, seed=12)
+    plan = replace(plan_for(dtype, torch.device(device), K=32, rows=64), window_blocks=3)
+    scale = 32 ** -0.5
+    do = torch.randn(1, 450, 2, 32, generator=torch.Generator().manual_seed(6)).to(dtype).to(device)
+    ours = grads(lambda q, k, v, w, b, g: PathFunction.apply(q, k, v, w, b, g, scale, plan), inputs, do)
+    d64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)   # noqa: E731
+    ref = grads(lambda *a: path_attn_ref(*a, scale=scale), [d64(x) for x in inputs], d64(do))
+    for name, a in ours.items():
+        err = err_ratio(a.detach().to("cpu", torch.float64), ref[name].detach())
+        assert err <= RMS_TOL[name], f"windows of 3, {dtype} {name}: {err:.3e} > {RMS_TOL[name]:g}"
