@@ -56,23 +56,26 @@ def main(out=None):
             for kb in (32, 64):
                 p2 = dataclasses.replace(plan, local_bwd=(Launch(warps, 1),), local_kb=kb)
                 name = f"local_ms[w{warps} kb{kb}]"
+                run = lambda: local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, p2,  # noqa: E731
+                                             torch.float32)
                 try:
-                    got = local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, p2, torch.float32)
-                    same = max(float((a.float() - b.float()).abs().max() / b.float().abs().max()) for a, b in zip(got, ref))
-                    rec[name] = ms(lambda: local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, p2, torch.float32))
+                    got = run()
+                    same = max(float((a.float() - b.float()).abs().max() / b.float().abs().max())
+                               for a, b in zip(got, ref))
+                    rec[name] = ms(run)
                     rec[name.replace("_ms", "_maxdiff")] = round(same, 6)
                 except Exception as e:  # noqa: BLE001 - a launch that does not fit: recorded
                     rec[name] = f"{type(e).__name__}: {str(e)[:80]}"
                 print(name, rec[name], flush=True)
-        rec["backward_ms[as is]"] = ms(lambda: product.path_backward(qt, kh, u, wt, aloc, v, do, o, lse, None, scale, plan))
+        bwd = lambda mod, p: mod.path_backward(qt, kh, u, wt, aloc, v, do, o, lse, None, scale, p)  # noqa: E731
+        rec["backward_ms[as is]"] = ms(lambda: bwd(product, plan))
         p4 = dataclasses.replace(plan, bwd=(Launch(4, 1),))
         try:
-            rec["backward_ms[4 warps]"] = ms(lambda: product.path_backward(qt, kh, u, wt, aloc, v, do, o, lse, None, scale, p4))
+            rec["backward_ms[4 warps]"] = ms(lambda: bwd(product, p4))
         except Exception as e:  # noqa: BLE001
             rec["backward_ms[4 warps]"] = f"{type(e).__name__}: {str(e)[:80]}"
         for name, mod in VARIANTS.items():
-            rec[f"backward_ms[{name}]"] = ms(lambda: mod.path_backward(qt, kh, u, wt, aloc, v, do, o, lse, None,
-                                                                       scale, plan))
+            rec[f"backward_ms[{name}]"] = ms(lambda: bwd(mod, plan))
         print(json.dumps(rec), flush=True)
         rows.append(rec)
         del x
