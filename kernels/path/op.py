@@ -115,7 +115,7 @@ def parallel_path_attn_triton(q, k, v, w, beta, g, scale: float, *, caps=None):
         o = parallel_path_attn_triton(pad_axis(q, Kp), pad_axis(k, Kp), pad_axis(v, Vp), pad_axis(w, Kp), beta, g,
                                       scale, caps=caps)
         return o[..., :V].contiguous()
-    plan = plan_for(q.dtype, q.device, K=q.shape[-1], caps=caps)
+    plan = plan_for(q.dtype, q.device, K=q.shape[-1], T=q.shape[1], caps=caps)
     if plan.path == "torch":    # a class these kernels do not fit (plan.py): PyTorch on the device
         return path_attn_ref(q, k, v, w, beta, g, scale)
     return PathFunction.apply(q, k, v, w, beta, g, float(scale), plan)

@@ -358,6 +358,13 @@ def test_plan():
             for dt, c in ((torch.bfloat16, 90), (torch.float32, 90), (torch.bfloat16, 80))] == [4, 8, 8]
     assert plan_for(torch.float16, cuda, interpret=False, caps=GPU_CLASSES[75]).path == "torch"
     assert plan_for(torch.float16, torch.device("cpu"), interpret=True).precision == "ieee"
+    # windows (windows.py) by default only on Hopper with 16-bit inputs, from T: none up to 32 blocks,
+    # then the largest power of two not above sqrt(T / 64) (plan.default_window_blocks, measured)
+    hop = lambda dt, T, c=90: plan_for(dt, cuda, interpret=False, caps=GPU_CLASSES[c], K=128, T=T).window_blocks  # noqa: E731
+    assert [hop(torch.bfloat16, T) for T in (None, 1000, 2048, 2049, 4096, 8192, 32768)] == [0, 0, 0, 4, 8, 8, 16]
+    assert [hop(torch.float32, 8192), hop(torch.bfloat16, 8192, 80), hop(torch.float16, 8192, 89)] == [0, 0, 0]
+    assert plan_for(torch.bfloat16, cuda, interpret=False, caps=GPU_CLASSES[90], K=128, T=8192,
+                    window_blocks=0).window_blocks == 0
     assert HEAD_SIZES == (16, 32, 64, 128)
     q, k, v, w, beta, _ = make_inputs(1, 8, 2, 16, 16, torch.bfloat16, "cpu")
     with pytest.raises(ValueError, match="q is bfloat16, which needs compute capability 8.0"):
@@ -373,6 +380,7 @@ GPU_SHAPES = [(1, 1000, 2, 128, 128, torch.bfloat16, torch.float32, False),
               (1, 1000, 2, 128, 128, torch.float16, torch.float32, True),
               (2, 777, 3, 64, 64, torch.float16, torch.float16, True),
               (1, 4096, 2, 128, 128, torch.bfloat16, torch.float32, True),
+              (1, 2650, 2, 128, 64, torch.bfloat16, torch.float32, False),   # windows of 4, the last partial
               (1, 513, 2, 32, 16, torch.float32, torch.float32, True)]
 
 
@@ -542,6 +550,25 @@ def test_windows_against_float64(device, T, rows, window, with_g):
     plan = replace(plan, window_blocks=window)
     do = torch.randn(1, T, 2, 32, generator=torch.Generator().manual_seed(5)).to(device)
     _plan_against_float64(inputs, plan, 16 ** -0.5, do, f"window_blocks={window} rows={rows} T={T}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_per_block_backward_in_launches_of_heads(device):
+    """The per-block backward's matrices (local.py) go in launches of at most plan.local_scratch bytes
+    of heads: with room for one head a launch (six launches here) every gradient equals the single
+    launch's bit for bit (the same kernels on the same values)."""
+    from dataclasses import replace
+    from kernels.path.op import PathFunction
+    from kernels.path.plan import plan_for
+    inputs = make_inputs(2, 100, 3, 16, 16, torch.float32, device, gates=True, seed=4)
+    plan = plan_for(torch.float32, torch.device(device), K=16)
+    if plan.path == "torch":   # --gpu-class 89 or 75: float32 PaTH runs in PyTorch there (plan.py)
+        pytest.skip("this GPU class runs float32 PaTH on the PyTorch path")
+    do = torch.randn(2, 100, 3, 16, generator=torch.Generator().manual_seed(2)).to(device)
+    got = [grads(lambda q, k, v, w, b, g: PathFunction.apply(q, k, v, w, b, g, 0.25, p), inputs, do)
+           for p in (plan, replace(plan, local_scratch=1))]
+    for name, a in got[0].items():
+        assert torch.equal(a, got[1][name]), name
 
 
 def test_window_blocks_must_fit_the_query_rows():
