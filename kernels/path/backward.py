@@ -27,40 +27,20 @@ import triton.language as tl
 
 from ..backend import launch
 from ..common.softmax import LOG2E
-from .forward import _gates, _in_rows, _tile, _tile_rows, diagonal_scores
+from .forward import (_add_tile, _gates, _in_rows, _probs, _put_tile, _query_block, _tile, _tile_rows,
+                      diagonal_scores)
 from .plan import CHUNK, backward_slots
+from .windows import cross_window_grads, window_blocks, window_grads_back, window_prepare
 
 __all__ = ["path_backward"]
 
 
-@triton.jit
-def _add_tile(base, row0, x, R: tl.constexpr, D: tl.constexpr):
-    """``base[row0 : row0+R, :D] += x`` (float32 atomics, relaxed: only the sums matter)."""
-    r = row0 + tl.arange(0, R)
-    tl.atomic_add(base + r[:, None] * D + tl.arange(0, D)[None, :], x, sem="relaxed")
-
-
-@triton.jit
-def _put_tile(base, row0, x, R: tl.constexpr, D: tl.constexpr):
-    r = row0 + tl.arange(0, R)
-    tl.store(base + r[:, None] * D + tl.arange(0, D)[None, :], x.to(base.dtype.element_ty))
-
-
-@triton.jit
-def _probs(s, lse, valid, do, v, dlt, qk_scale, PREC: tl.constexpr):
-    """The probabilities of one block of scores and ``dZ = P ⊙ (dO Vᵀ − δ)``, the gradient of the
-    logits ``scale · A + G_i − G_j``; rows past ``T`` give zeros."""
-    p = tl.where(valid[:, None], tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
-    dz = p * (tl.dot(do, tl.trans(v), input_precision=PREC) - dlt[:, None])
-    return p, dz
-
-
-@triton.jit(do_not_specialize=["T", "H", "NQ", "NTC", "BH"])
+@triton.jit(do_not_specialize=["T", "H", "NQ", "NTC", "BH", "SLOT"])
 def _path_bwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, do_ptr, lse_ptr, dlt_ptr, G_ptr,
-                     dqt_ptr, dkh_ptr, gw_ptr, hu_ptr, daloc_ptr, dv_ptr, dG_ptr, xs_ptr, dzs_ptr,
-                     T, H, NQ, NTC, BH, scale, qk_scale, g_to_s,
+                     dqt_ptr, dkh_ptr, gw_ptr, hu_ptr, daloc_ptr, dv_ptr, dG_ptr, xs_ptr, dzs_ptr, dqa_ptr,
+                     T, H, NQ, NTC, BH, SLOT, scale, qk_scale, g_to_s,
                      K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, HAS_G: tl.constexpr,
-                     PREC: tl.constexpr):
+                     WB: tl.constexpr, PREC: tl.constexpr):
     i_p = tl.program_id(0)
     nprog = tl.num_programs(0)
     r = tl.arange(0, BM)
@@ -68,27 +48,21 @@ def _path_bwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, do_ptr, lse
     top = r < 64
     td = qt_ptr.dtype.element_ty
     # this program's slot of scratch: BM rows of X (and of dS) per 64-token key block
-    xs_base = xs_ptr + i_p.to(tl.int64) * NTC * BM * K // 64
-    dzs_base = dzs_ptr + i_p.to(tl.int64) * NTC * BM
+    xs_base = xs_ptr + i_p.to(tl.int64) * SLOT * K
+    dzs_base = dzs_ptr + i_p.to(tl.int64) * SLOT * 64
     for i_mbh in range(i_p, NQ * BH, nprog):
-        i_bh = (i_mbh % BH).to(tl.int64)
-        i_m = NQ - 1 - i_mbh // BH                               # longest first
+        i_bh, t0, rows, valid, do, lse, dlt, g_row = _query_block(i_mbh, NQ, BH, T, H, NTC, do_ptr, lse_ptr, dlt_ptr,
+                                                                  G_ptr, V, BM, HAS_G)
+        i_m = t0 // BM
         i_b = i_bh // H
         i_h = i_bh % H
-        t0 = i_m * BM
-        rows = t0 + r
-        valid = rows < T
+        ws = 0                                                   # the walk's first key block
+        if WB > 0:
+            ws = t0 // 64 // WB * WB
         buf = i_bh * NTC * K
         v_base = v_ptr + (i_b * T * H + i_h) * V
         g_base = G_ptr + i_b * T * H + i_h
         x = _tile_rows(qt_ptr + buf, t0, BM, K).to(tl.float32)
-        do = tl.load(do_ptr + (i_b * T * H + i_h) * V + rows.to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :],
-                     mask=valid[:, None], other=0.0)
-        lse = tl.load(lse_ptr + i_bh * NTC + rows)
-        dlt = tl.load(dlt_ptr + i_bh * NTC + rows)
-        g_row = tl.zeros([BM], dtype=tl.float32)
-        if HAS_G:
-            g_row = tl.load(g_base + rows.to(tl.int64) * H, mask=valid, other=0.0)
         dg_row = tl.zeros([BM], dtype=tl.float32)
         # the block's own keys (stage 1's A_loc: their gradient goes back there), as the forward
         s_a, s_b = diagonal_scores(aloc_ptr + i_bh * NTC * 64, x.to(td), kh_ptr + buf, g_row, g_base, t0, T, H,
@@ -109,26 +83,27 @@ def _path_bwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, do_ptr, lse
             # the rows of b met block a's keys through X K̂_aᵀ, and then crossed it: as a walk step
             xt = x.to(td)
             dsc = tl.where(top[:, None], 0.0, dz_a * scale).to(td)
-            _put_tile(xs_base, t0 // 64 * BM, xt, BM, K)
-            _put_tile(dzs_base, t0 // 64 * BM, dsc, BM, 64)
+            _put_tile(xs_base, (t0 // 64 - ws) * BM, xt, BM, K)
+            _put_tile(dzs_base, (t0 // 64 - ws) * BM, dsc, BM, 64)
             _add_tile(dkh_ptr + buf, t0, tl.dot(tl.trans(dsc), xt, input_precision=PREC), 64, K)
             a = tl.dot(xt, tl.trans(_tile(wt_ptr + buf, t0, K)), input_precision=PREC)
             x -= tl.dot(tl.where(top[:, None], 0.0, a).to(td), _tile(u_ptr + buf, t0, K), input_precision=PREC)
         else:
             _put_tile(daloc_ptr + i_bh * NTC * 64, t0, dz_a * scale, BM, 64)
-        # first sweep, down: the forward's walk, keeping X and dS for the second
-        nb = i_m * (BM // 64)
+        # first sweep, down: the forward's walk, keeping X and dS for the second (with windows,
+        # down to the window's start: the earlier windows are windows.py's)
+        nb = i_m * (BM // 64) - ws
         for n in range(0, nb):
-            s0 = (nb - 1 - n) * 64
+            s0 = (ws + nb - 1 - n) * 64
             xt = x.to(td)
-            _put_tile(xs_base, s0 // 64 * BM, xt, BM, K)
+            _put_tile(xs_base, (s0 // 64 - ws) * BM, xt, BM, K)
             s = tl.dot(xt, tl.trans(_tile(kh_ptr + buf, s0, K)), input_precision=PREC)
             if HAS_G:
                 s += (g_row[:, None] - _gates(g_base, s0, T, H)[None, :]) * g_to_s
             v = tl.load(v_base + (s0 + cols).to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :])
             p, dz = _probs(s, lse, valid, do, v, dlt, qk_scale, PREC)
             dsc = (dz * scale).to(td)
-            _put_tile(dzs_base, s0 // 64 * BM, dsc, BM, 64)
+            _put_tile(dzs_base, (s0 // 64 - ws) * BM, dsc, BM, 64)
             _add_tile(dv_ptr + i_bh * NTC * V, s0, tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC), 64, V)
             _add_tile(dkh_ptr + buf, s0, tl.dot(tl.trans(dsc), xt, input_precision=PREC), 64, K)
             if HAS_G:
@@ -140,8 +115,10 @@ def _path_bwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, do_ptr, lse
         # second sweep, up: R ← R P_lᵀ + dS_il K̂_l, and M_l's two products (with BM = 128 the last
         # step is block a, which only the rows of b crossed)
         r_acc = tl.zeros([BM, K], dtype=tl.float32)
+        if WB > 0:    # the gradient of the queries at the window's start, from the earlier windows
+            r_acc = _tile_rows(dqa_ptr + buf, t0, BM, K)
         for l in range(0, nb + BM // 64 - 1):
-            s0 = l * 64
+            s0 = (ws + l) * 64
             act = ~top | (l < nb)
             xt = _tile_rows(xs_base, l * BM, BM, K)
             w = _tile(wt_ptr + buf, s0, K)
@@ -159,7 +136,7 @@ def _path_bwd_kernel(qt_ptr, kh_ptr, u_ptr, wt_ptr, aloc_ptr, v_ptr, do_ptr, lse
         tl.debug_barrier()            # every read of the slot done before the next pair writes it
 
 
-def path_backward(qt, kh, u, wt, aloc, v, do, o, lse, G, scale: float, plan):
+def path_backward(qt, kh, u, wt, aloc, v, do, o, lse, G, scale: float, plan, windows=None):
     """Stage 2's gradient. Returns float32 ``(dqt, dkh, gw, hu, daloc, dv, dG)``: the first five in
     the prepared layouts (for :func:`kernels.path.local.local_backward`), ``dv`` ``[B, T, H, V]`` in
     ``v``'s dtype, ``dG`` ``[B, T, H]`` (the gradient of the cumulative gates) or ``None``."""
@@ -177,15 +154,24 @@ def path_backward(qt, kh, u, wt, aloc, v, do, o, lse, G, scale: float, plan):
     daloc = torch.empty(BH, NTC, CHUNK, **f32)
     dv = torch.zeros(BH, NTC, V, **f32)
     dG = torch.zeros(BH, NTC, **f32) if G is not None else None
+    WB = window_blocks(plan, NTC)
+    dqa = dlt
+    if WB:
+        # the pairs in different windows (windows.py): their part of dV and dG, the queries'
+        # gradient at their window's start, and dK̂, gw, hu through the pushed keys and the
+        # window products
+        qa, kbar, pi = windows if windows is not None else window_prepare(qt, kh, u, wt, plan)
+        dqa, dkbar, mw = cross_window_grads(qa, kbar, pi, v, do, lse, dlt, G, scale, plan, dv, dG)
+        window_grads_back(kh, u, wt, dkbar, mw, dkh, gw, hu, plan)
     nprog = backward_slots(plan, dev, NQ * BH)
-    per = NTC // CHUNK * plan.rows            # scratch rows per slot: BM per 64-token key block
+    per = (WB if WB else NTC // CHUNK) * plan.rows       # scratch rows per slot: BM per key block walked
     xs = torch.empty(nprog, per, K, dtype=qt.dtype, device=dev)
     dzs = torch.empty(nprog, per, CHUNK, dtype=qt.dtype, device=dev)
     launch(_path_bwd_kernel, (nprog,),
            (qt, kh, u, wt, aloc, v, do, lse, dlt, G if G is not None else dlt,
-            dqt, dkh, gw, hu, daloc, dv, dG if G is not None else dlt, xs, dzs,
-            T, H, NQ, NTC, BH, float(scale), float(scale) * LOG2E, 1.0 / float(scale)),
-           dict(K=K, V=V, BM=plan.rows, HAS_G=G is not None, PREC=plan.precision), plan.bwd)
+            dqt, dkh, gw, hu, daloc, dv, dG if G is not None else dlt, xs, dzs, dqa,
+            T, H, NQ, NTC, BH, per, float(scale), float(scale) * LOG2E, 1.0 / float(scale)),
+           dict(K=K, V=V, BM=plan.rows, HAS_G=G is not None, WB=WB, PREC=plan.precision), plan.bwd)
     dv = dv[:, :T].reshape(B, H, T, V).transpose(1, 2).to(v.dtype)
     if dG is not None:
         dG = dG[:, :T].reshape(B, H, T).transpose(1, 2)

@@ -74,7 +74,9 @@ def _compile_cases(caps, quick, half, halves):
     """(dtype, K, V, T, w/β dtype, gate dtype or None): the benchmark's head size, with and without the FoX gate"""
     import torch
     f32, bf = torch.float32, half
-    cases = [(bf, 128, 128, 300, f32, None), (bf, 128, 128, 300, bf, f32), (f32, 64, 64, 100, f32, f32)]
+    # T = 2650: 42 blocks, windows of 4 with a partial last one on Hopper (plan.default_window_blocks)
+    cases = [(bf, 128, 128, 300, f32, None), (bf, 128, 128, 300, bf, f32), (f32, 64, 64, 100, f32, f32),
+             (bf, 128, 128, 2650, f32, f32)]
     if not quick:
         cases += [(dt, K, V, 100, dt, None) for dt in halves + (f32,) for K, V in ((16, 16), (32, 128), (128, 64))]
     return cases
@@ -93,10 +95,10 @@ def _compile_run(case, caps):
     torch.autograd.grad(o.float().sum(), [q, v, w, beta] + ([] if g is None else [g]))
 
 
-# the compile check's calls (kernels.compile): the shared solve and gates, the per-block stage, the walk
-# and their backward passes
+# the compile check's calls (kernels.compile): the shared solve and gates, the per-block stage, the walk,
+# the windows and their backward passes
 COMPILE = CompileCases(("kernels.common.solve", "kernels.common.gates", "kernels.path.local", "kernels.path.forward",
-                        "kernels.path.backward"), _compile_cases, _compile_run)
+                        "kernels.path.backward", "kernels.path.windows"), _compile_cases, _compile_run)
 
 
 if __name__ == "__main__":

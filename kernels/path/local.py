@@ -124,14 +124,23 @@ def _store_cols(base, x, t0, c0, T, stride_t, KB: tl.constexpr):
     tl.store(base + r[:, None] * stride_t + c[None, :], x.to(base.dtype.element_ty), mask=(r < T)[:, None])
 
 
-@triton.jit(do_not_specialize=["T", "H", "NTC", "TMS"])
-def _local_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, dqt_ptr, dkh_ptr, gw_ptr, hu_ptr, daloc_ptr,
-                      dq_ptr, dk_ptr, dw_ptr, dbeta_ptr, T, H, NTC, TMS,
-                      K: tl.constexpr, KB: tl.constexpr, PREC: tl.constexpr):
-    # Two sweeps over column blocks of KB: the first forms every 64×64 matrix the chain rule needs
-    # (products over K), the second the 64×K gradients, a column block at a time (few live tiles).
+@triton.jit
+def _put_block(base, row0, x):
+    """Store a ``[64, 64]`` float32 tile at row ``row0`` of a ``[rows, 64]`` buffer."""
+    r = row0 + tl.arange(0, 64)
+    c = tl.arange(0, 64)
+    tl.store(base + r[:, None] * 64 + c[None, :], x)
+
+
+@triton.jit(do_not_specialize=["T", "H", "NTC", "TMS", "bh0"])
+def _local_bwd_matrices_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, dqt_ptr, dkh_ptr, gw_ptr, daloc_ptr,
+                               mats_ptr, dbeta_ptr, T, H, NTC, TMS, bh0,
+                               K: tl.constexpr, KB: tl.constexpr, PREC: tl.constexpr):
+    # First half of the per-block backward: the 64×64 matrices the chain rule needs (products over
+    # K, in column blocks of KB), dβ, and the five matrices the column half reads (written to `mats`).
     i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
+    i_m = tl.program_id(1).to(tl.int64)   # this launch's head (launches of at most plan.local_scratch bytes)
+    i_bh = bh0 + i_m
     i_b = i_bh // H
     i_h = i_bh % H
     t0 = i_t * 64
@@ -140,8 +149,6 @@ def _local_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, dqt_ptr, dkh_ptr, g
     row_base = (i_b * T * H + i_h) * K
     acc = i_bh * NTC * K
     beta = tl.load(beta_ptr + i_b * T * H + i_h + r * H, mask=r < T, other=0.0).to(tl.float32)
-    tmat = _block_tile(tm_ptr + i_bh * TMS * 64, t0, 64)
-    da = _block_tile(daloc_ptr + i_bh * NTC * 64, t0, 64)
     lower = c[None, :] <= c[:, None]
     below = c[None, :] < c[:, None]
     qw = tl.zeros([64, 64], dtype=tl.float32)        # Q Wᵀ
@@ -160,13 +167,18 @@ def _local_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, dqt_ptr, dkh_ptr, g
         dqw_t += tl.dot(_cols(dqt_ptr + acc, t0, c0, NTC, K, KB), tl.trans(w), input_precision=PREC)
         wdk += tl.dot(w, tl.trans(_cols(dkh_ptr + acc, t0, c0, NTC, K, KB)), input_precision=PREC)
         gww += tl.dot(_cols(gw_ptr + acc, t0, c0, NTC, K, KB), tl.trans(w), input_precision=PREC)
+    tmat = _block_tile(tm_ptr + i_bh * TMS * 64, t0, 64)
+    da = _block_tile(daloc_ptr + i_bh * NTC * 64, t0, 64)
+    mats = mats_ptr + i_m * 5 * TMS * 64
     qw = tl.where(lower, qw, 0.0)
+    _put_block(mats, t0, qw)
     e = tl.where(below, wk, 0.0) * beta[:, None]                      # Diag(β)(W Kᵀ ⊙ M⁻)
     y = tl.dot(tmat, e, input_precision=PREC)                          # Y = T Diag(β)(W Kᵀ ⊙ M⁻)
+    _put_block(mats + 3 * TMS * 64, t0, y)
     # A_loc = (Q Kᵀ ⊙ M) − qw Y  and  Q̃ = Q − qw U with dQ̃ Uᵀ = (dQ̃ Wᵀ) Diag(β) Tᵀ
     dqw = -tl.dot(da, tl.trans(y), input_precision=PREC) \
         - tl.dot(dqw_t * beta[None, :], tl.trans(tmat), input_precision=PREC)
-    dqw = tl.where(lower, dqw, 0.0)
+    _put_block(mats + TMS * 64, t0, tl.where(lower, dqw, 0.0))
     # K̂ = K − Yᵀ W
     dy = -tl.dot(tl.trans(qw), da, input_precision=PREC) - wdk
     # dU = −W M − qwᵀ dQ̃ (P_b = I − Wᵀ U, and Q̃), seen through W: dU Wᵀ
@@ -174,31 +186,58 @@ def _local_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, dqt_ptr, dkh_ptr, g
     # U = T Diag(β) W and Y = T Diag(β) E: dT, and β's share (diag(W dUᵀ T) = column sums of duw ⊙ T)
     tdy = tl.dot(tl.trans(tmat), dy, input_precision=PREC)
     dbeta = tl.sum(duw * tmat, 0) + tl.sum(tl.where(below, wk, 0.0) * tdy, 1)
-    de = tl.where(below, tdy * beta[:, None], 0.0)
+    _put_block(mats + 2 * TMS * 64, t0, tl.where(below, tdy * beta[:, None], 0.0))
     dt = duw * beta[None, :] + tl.dot(dy, tl.trans(e), input_precision=PREC)
     # T = (I + L)^{-1}: dL = −Tᵀ dT Tᵀ on L's support; L = Diag(β)(W Wᵀ ⊙ M⁻)
     dl = -tl.dot(tl.dot(tl.trans(tmat), dt, input_precision=PREC), tl.trans(tmat), input_precision=PREC)
     dl = tl.where(below, dl, 0.0)
     dbeta += tl.sum(ww * dl, 1)
     nb = dl * beta[:, None]
-    nsym = nb + tl.trans(nb)
+    _put_block(mats + 4 * TMS * 64, t0, nb + tl.trans(nb))
     tl.store(dbeta_ptr + i_b * T * H + i_h + r * H, dbeta.to(dbeta_ptr.dtype.element_ty), mask=r < T)
-    for c0 in tl.static_range(0, K, KB):
-        q = _cols(q_ptr + row_base, t0, c0, T, H * K, KB)
-        k = _cols(k_ptr + row_base, t0, c0, T, H * K, KB)
-        w = _cols(w_ptr + row_base, t0, c0, T, H * K, KB)
-        dqt = _cols(dqt_ptr + acc, t0, c0, NTC, K, KB)
-        dkh = _cols(dkh_ptr + acc, t0, c0, NTC, K, KB)
-        du = -_cols(gw_ptr + acc, t0, c0, NTC, K, KB) - tl.dot(tl.trans(qw), dqt, input_precision=PREC)
-        dq = dqt + tl.dot(da, k, input_precision=PREC) + tl.dot(dqw, w, input_precision=PREC)
-        _store_cols(dq_ptr + row_base, dq, t0, c0, T, H * K, KB)
-        dk = dkh + tl.dot(tl.trans(da), q, input_precision=PREC) + tl.dot(tl.trans(de), w, input_precision=PREC)
-        _store_cols(dk_ptr + row_base, dk, t0, c0, T, H * K, KB)
-        dw = -_cols(hu_ptr + acc, t0, c0, NTC, K, KB) - tl.dot(y, dkh, input_precision=PREC) \
-            + tl.dot(tl.trans(dqw), q, input_precision=PREC) \
-            + beta[:, None] * tl.dot(tl.trans(tmat), du, input_precision=PREC) \
-            + tl.dot(de, k, input_precision=PREC) + tl.dot(nsym, w, input_precision=PREC)
-        _store_cols(dw_ptr + row_base, dw, t0, c0, T, H * K, KB)
+
+
+@triton.jit(do_not_specialize=["T", "H", "NTC", "TMS", "bh0"])
+def _local_bwd_columns_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, tm_ptr, dqt_ptr, dkh_ptr, gw_ptr, hu_ptr, daloc_ptr,
+                              mats_ptr, dq_ptr, dk_ptr, dw_ptr, T, H, NTC, TMS, bh0,
+                              K: tl.constexpr, KB: tl.constexpr, PREC: tl.constexpr):
+    # Second half: one program per (block, batch·head, column block of KB): the 64×KB gradients
+    # from the five matrices of the first half, T and dA_loc.
+    i_t = tl.program_id(0)
+    i_m = tl.program_id(1).to(tl.int64)   # this launch's head (launches of at most plan.local_scratch bytes)
+    i_bh = bh0 + i_m
+    i_c = tl.program_id(2)
+    c0 = i_c * KB
+    i_b = i_bh // H
+    i_h = i_bh % H
+    t0 = i_t * 64
+    r = t0 + tl.arange(0, 64)
+    row_base = (i_b * T * H + i_h) * K
+    acc = i_bh * NTC * K
+    mats = mats_ptr + i_m * 5 * TMS * 64
+    beta = tl.load(beta_ptr + i_b * T * H + i_h + r * H, mask=r < T, other=0.0).to(tl.float32)
+    da = _block_tile(daloc_ptr + i_bh * NTC * 64, t0, 64)
+    q = _cols(q_ptr + row_base, t0, c0, T, H * K, KB)
+    k = _cols(k_ptr + row_base, t0, c0, T, H * K, KB)
+    w = _cols(w_ptr + row_base, t0, c0, T, H * K, KB)
+    dqt = _cols(dqt_ptr + acc, t0, c0, NTC, K, KB)
+    dkh = _cols(dkh_ptr + acc, t0, c0, NTC, K, KB)
+    dqw = _block_tile(mats + TMS * 64, t0, 64)
+    dq = dqt + tl.dot(da, k, input_precision=PREC) + tl.dot(dqw, w, input_precision=PREC)
+    _store_cols(dq_ptr + row_base, dq, t0, c0, T, H * K, KB)
+    de = _block_tile(mats + 2 * TMS * 64, t0, 64)
+    dk = dkh + tl.dot(tl.trans(da), q, input_precision=PREC) + tl.dot(tl.trans(de), w, input_precision=PREC)
+    _store_cols(dk_ptr + row_base, dk, t0, c0, T, H * K, KB)
+    qw = _block_tile(mats, t0, 64)
+    du = -_cols(gw_ptr + acc, t0, c0, NTC, K, KB) - tl.dot(tl.trans(qw), dqt, input_precision=PREC)
+    tmat = _block_tile(tm_ptr + i_bh * TMS * 64, t0, 64)
+    dw = -_cols(hu_ptr + acc, t0, c0, NTC, K, KB) \
+        - tl.dot(_block_tile(mats + 3 * TMS * 64, t0, 64), dkh, input_precision=PREC) \
+        + tl.dot(tl.trans(dqw), q, input_precision=PREC) \
+        + beta[:, None] * tl.dot(tl.trans(tmat), du, input_precision=PREC) \
+        + tl.dot(de, k, input_precision=PREC) \
+        + tl.dot(_block_tile(mats + 4 * TMS * 64, t0, 64), w, input_precision=PREC)
+    _store_cols(dw_ptr + row_base, dw, t0, c0, T, H * K, KB)
 
 
 def local_columns(plan, K: int) -> int:
@@ -215,7 +254,21 @@ def local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, plan, dw_dtype):
     NT = triton.cdiv(T, CHUNK)
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dw, dbeta = torch.empty_like(w, dtype=dw_dtype), torch.empty_like(beta)
-    launch(_local_bwd_kernel, (NT, B * H),
-           (q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, dq, dk, dw, dbeta, T, H, dqt.shape[1], NT * CHUNK),
-           dict(K=K, KB=local_columns(plan, K), PREC=plan.local_precision), plan.local_bwd)
+    TMS = NT * CHUNK
+    # five float32 64×64 matrices per block (qw, dqw, de, y, nsym) pass from the first kernel to the
+    # second: 1,280 bytes a token and head, so the heads go in launches of at most plan.local_scratch
+    # bytes (whole, they took the 2^31-element test past the H200's memory)
+    per_head = 5 * TMS * CHUNK * 4
+    step = max(1, min(B * H, plan.local_scratch // per_head))
+    mats = torch.empty(step, 5, TMS, CHUNK, dtype=torch.float32, device=q.device)
+    KB = local_columns(plan, K)
+    meta = dict(K=K, KB=KB, PREC=plan.local_precision)
+    for bh0 in range(0, B * H, step):
+        n = min(step, B * H - bh0)
+        launch(_local_bwd_matrices_kernel, (NT, n),
+               (q, k, w, beta, tm, dqt, dkh, gw, daloc, mats, dbeta, T, H, dqt.shape[1], TMS, bh0), meta,
+               plan.local_bwd)
+        launch(_local_bwd_columns_kernel, (NT, n, triton.cdiv(K, KB)),
+               (q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, mats, dq, dk, dw, T, H, dqt.shape[1], TMS, bh0), meta,
+               plan.local_bwd)
     return dq, dk, dw, dbeta

@@ -26,6 +26,7 @@ from ..validate import (QKV_CHECKED, ValueChecks, check_beta_range, check_gate_t
 from .backward import path_backward
 from .forward import path_forward
 from .local import local_backward, prepare_blocks
+from .windows import window_blocks, window_prepare
 from .plan import plan_for
 
 __all__ = ["parallel_path_attn", "HEAD_SIZES"]
@@ -80,15 +81,19 @@ class PathFunction(torch.autograd.Function):
         w_dtype = w.dtype
         w = w.to(plan.transport)    # the directions as every stage uses them (fla, too, casts w to float16)
         qt, kh, u, wt, aloc, tm = prepare_blocks(q, k, w, beta, plan)
-        o, lse = path_forward(qt, kh, u, wt, aloc, v, G, scale, plan)
-        ctx.save_for_backward(q, k, v, w, beta, G, qt, kh, u, wt, aloc, tm, o, lse)
+        # windows of blocks (plan.window_blocks): queries carried across a window by one product
+        win = window_prepare(qt, kh, u, wt, plan) if window_blocks(plan, qt.shape[1]) else None
+        o, lse = path_forward(qt, kh, u, wt, aloc, v, G, scale, plan, windows=win)
+        ctx.save_for_backward(q, k, v, w, beta, G, qt, kh, u, wt, aloc, tm, o, lse, *(win or (None,) * 3))
         ctx.scale, ctx.plan, ctx.g_dtype, ctx.w_dtype = scale, plan, None if g is None else g.dtype, w_dtype
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, w, beta, G, qt, kh, u, wt, aloc, tm, o, lse = ctx.saved_tensors
-        dqt, dkh, gw, hu, daloc, dv, dG = path_backward(qt, kh, u, wt, aloc, v, do, o, lse, G, ctx.scale, ctx.plan)
+        q, k, v, w, beta, G, qt, kh, u, wt, aloc, tm, o, lse, qa, kbar, pi = ctx.saved_tensors
+        win = (qa, kbar, pi) if qa is not None else None
+        dqt, dkh, gw, hu, daloc, dv, dG = path_backward(qt, kh, u, wt, aloc, v, do, o, lse, G, ctx.scale, ctx.plan,
+                                                        windows=win)
         dq, dk, dw, dbeta = local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, ctx.plan, ctx.w_dtype)
         dg = cumulative_gates(dG * ctx.scale, reverse=True, out_dtype=ctx.g_dtype) if dG is not None else None
         return dq, dk, dv, dw, dbeta, dg, None, None
@@ -110,7 +115,7 @@ def parallel_path_attn_triton(q, k, v, w, beta, g, scale: float, *, caps=None):
         o = parallel_path_attn_triton(pad_axis(q, Kp), pad_axis(k, Kp), pad_axis(v, Vp), pad_axis(w, Kp), beta, g,
                                       scale, caps=caps)
         return o[..., :V].contiguous()
-    plan = plan_for(q.dtype, q.device, K=q.shape[-1], caps=caps)
+    plan = plan_for(q.dtype, q.device, K=q.shape[-1], T=q.shape[1], caps=caps)
     if plan.path == "torch":    # a class these kernels do not fit (plan.py): PyTorch on the device
         return path_attn_ref(q, k, v, w, beta, g, scale)
     return PathFunction.apply(q, k, v, w, beta, g, float(scale), plan)

@@ -35,6 +35,9 @@ class PathPlan:
     persistent backward programs per SM; ``rows``: query rows per program of the passes (64, or
     128: two 64-blocks, half the tile reads and atomics per query);
     ``local_kb``: the per-block backward's key-column block (``None``: ``min(K, 64)``);
+    ``window_blocks``: blocks per window of the forward and backward (0: none; ``windows.py``), a multiple of
+    ``rows // 64``; ``local_scratch``: bytes of the per-block backward's matrices per launch (heads
+    beyond it go in further launches);
     ``path``: ``"torch"`` where the class cannot run these kernels."""
     transport: torch.dtype
     precision: str
@@ -46,6 +49,8 @@ class PathPlan:
     slots_per_sm: int = 2
     rows: int = 64
     local_kb: int | None = None
+    window_blocks: int = 0
+    local_scratch: int = 1 << 31
     path: str = "triton"
 
     def solve_plan(self, K: int, w_dtype) -> _SolvePlan:
@@ -58,8 +63,23 @@ class PathPlan:
 HOPPER_SMEM = 227 * 1024     #: the class every default was measured on (kernels.backend.GPU_CLASSES)
 
 
-def plan_for(dtype, device, *, K: int | None = None, rows: int | None = None, caps: Caps | None = None,
-             interpret: bool = INTERPRET) -> PathPlan:
+def default_window_blocks(T: int | None, rows: int) -> int:
+    """Blocks of 64 rows per window on Hopper with 16-bit inputs, from the sequence length ``T``:
+    none up to 32 blocks (T ≤ 2048: the windowed forward took longer there, and forward + backward
+    gained little), else the largest power of two (a multiple of ``rows // 64``) not above
+    ``sqrt(T / 64)``: the best of 4, 8 and 16 at T = 2048, 8192 and 32768 in ``lab/windows_sweep.py``
+    (``lab/logs/windows_sweep_h200.json``)."""
+    if T is None:
+        return 0
+    nt = -(-T // 64)
+    if nt <= 32:
+        return 0
+    wb = 1 << (int(nt ** 0.5).bit_length() - 1)
+    return max(wb, rows // 64)
+
+
+def plan_for(dtype, device, *, K: int | None = None, T: int | None = None, rows: int | None = None,
+             window_blocks: int | None = None, caps: Caps | None = None, interpret: bool = INTERPRET) -> PathPlan:
     """The plan for inputs of ``dtype`` and head size ``K`` on ``device`` of the GPU class ``caps``
     (default: the device's); everything after ``dtype, device`` is keyword-only, the order every
     family's ``plan_for`` shares. ``rows``: query rows per program of the passes (default 128, which takes
@@ -77,11 +97,15 @@ def plan_for(dtype, device, *, K: int | None = None, rows: int | None = None, ca
     rows = (64 if small_half else 128) if rows is None else rows
     if rows not in (64, 128):
         raise ValueError(f"rows must be 64 or 128; got {rows!r}")
+    if window_blocks is not None and not (isinstance(window_blocks, int) and window_blocks >= 0
+                                         and window_blocks % (rows // 64) == 0):
+        raise ValueError(f"window_blocks must be 0 (no windows) or a positive multiple of rows // 64 = "
+                         f"{rows // 64}; got {window_blocks!r}")
     transport = torch.float16 if half else torch.float32
     prec = "ieee" if (not half or interpret) else "tf32"
     local_prec = "ieee" if (interpret or not half) else "tf32"
     if interpret:
-        return PathPlan(transport, prec, local_prec, rows=rows)
+        return PathPlan(transport, prec, local_prec, rows=rows, window_blocks=window_blocks or 0)
     caps = caps if caps is not None else device_caps(device)
     if caps.major < 8:
         return PathPlan(transport, prec, local_prec, path="torch")
@@ -114,7 +138,12 @@ def plan_for(dtype, device, *, K: int | None = None, rows: int | None = None, ca
     # lab/logs/bwd_sweep_h200.json); 16 warps take 2.6x; key-column blocks of 32 are slower
     hopper_half = half and caps.smem >= HOPPER_SMEM
     local_bwd = (Launch(4, 1), Launch(8, 1)) if hopper_half else (Launch(8, 1), Launch(4, 1))
-    return PathPlan(transport, prec, local_prec, fwd=fwd, rows=rows, local_kb=local_kb, local_bwd=local_bwd)
+    # windows of blocks (windows.py) only where they were timed: Hopper, 16-bit inputs (the cross-window
+    # key-major pass needs 144 KiB of shared memory at K = 128, over an L4's)
+    if window_blocks is None:
+        window_blocks = default_window_blocks(T, rows) if hopper_half else 0
+    return PathPlan(transport, prec, local_prec, fwd=fwd, rows=rows, local_kb=local_kb, local_bwd=local_bwd,
+                    window_blocks=window_blocks)
 
 
 def backward_slots(plan: PathPlan, device, work: int) -> int:

@@ -358,6 +358,13 @@ def test_plan():
             for dt, c in ((torch.bfloat16, 90), (torch.float32, 90), (torch.bfloat16, 80))] == [4, 8, 8]
     assert plan_for(torch.float16, cuda, interpret=False, caps=GPU_CLASSES[75]).path == "torch"
     assert plan_for(torch.float16, torch.device("cpu"), interpret=True).precision == "ieee"
+    # windows (windows.py) by default only on Hopper with 16-bit inputs, from T: none up to 32 blocks,
+    # then the largest power of two not above sqrt(T / 64) (plan.default_window_blocks, measured)
+    hop = lambda dt, T, c=90: plan_for(dt, cuda, interpret=False, caps=GPU_CLASSES[c], K=128, T=T).window_blocks  # noqa: E731
+    assert [hop(torch.bfloat16, T) for T in (None, 1000, 2048, 2049, 4096, 8192, 32768)] == [0, 0, 0, 4, 8, 8, 16]
+    assert [hop(torch.float32, 8192), hop(torch.bfloat16, 8192, 80), hop(torch.float16, 8192, 89)] == [0, 0, 0]
+    assert plan_for(torch.bfloat16, cuda, interpret=False, caps=GPU_CLASSES[90], K=128, T=8192,
+                    window_blocks=0).window_blocks == 0
     assert HEAD_SIZES == (16, 32, 64, 128)
     q, k, v, w, beta, _ = make_inputs(1, 8, 2, 16, 16, torch.bfloat16, "cpu")
     with pytest.raises(ValueError, match="q is bfloat16, which needs compute capability 8.0"):
@@ -373,6 +380,7 @@ GPU_SHAPES = [(1, 1000, 2, 128, 128, torch.bfloat16, torch.float32, False),
               (1, 1000, 2, 128, 128, torch.float16, torch.float32, True),
               (2, 777, 3, 64, 64, torch.float16, torch.float16, True),
               (1, 4096, 2, 128, 128, torch.bfloat16, torch.float32, True),
+              (1, 2650, 2, 128, 64, torch.bfloat16, torch.float32, False),   # windows of 4, the last partial
               (1, 513, 2, 32, 16, torch.float32, torch.float32, True)]
 
 
@@ -524,3 +532,66 @@ def test_plan_rows_must_be_64_or_128():
     from kernels.path.plan import plan_for
     with pytest.raises(ValueError, match="rows must be 64 or 128"):
         plan_for(torch.float32, torch.device("cpu"), rows=96)
+
+
+# The backward across windows (windows.py; the algebra in lab/windowed_bwd.py): pairs of blocks in
+# different windows go through the window products, pushed keys and the queries' gradient at their
+# window's start. Windows of one block, of two with 128-row query blocks, and a partial last window,
+# with and without gates, against float64.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,rows,window,with_g", [(200, 64, 1, True), (300, 64, 3, False), (520, 128, 2, True)])
+def test_windows_against_float64(device, T, rows, window, with_g):
+    from dataclasses import replace
+    from kernels.path.plan import plan_for
+    inputs = make_inputs(1, T, 2, 16, 32, torch.float32, device, gates=with_g, seed=T + window)
+    plan = plan_for(torch.float32, torch.device(device), K=16, rows=rows)
+    if plan.path == "torch":   # --gpu-class 89 or 75: float32 PaTH runs in PyTorch there (plan.py)
+        pytest.skip("this GPU class runs float32 PaTH on the PyTorch path")
+    plan = replace(plan, window_blocks=window)
+    do = torch.randn(1, T, 2, 32, generator=torch.Generator().manual_seed(5)).to(device)
+    _plan_against_float64(inputs, plan, 16 ** -0.5, do, f"window_blocks={window} rows={rows} T={T}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_per_block_backward_in_launches_of_heads(device):
+    """The per-block backward's matrices (local.py) go in launches of at most plan.local_scratch bytes
+    of heads: with room for one head a launch (six launches here) every gradient equals the single
+    launch's bit for bit (the same kernels on the same values)."""
+    from dataclasses import replace
+    from kernels.path.op import PathFunction
+    from kernels.path.plan import plan_for
+    inputs = make_inputs(2, 100, 3, 16, 16, torch.float32, device, gates=True, seed=4)
+    plan = plan_for(torch.float32, torch.device(device), K=16)
+    if plan.path == "torch":   # --gpu-class 89 or 75: float32 PaTH runs in PyTorch there (plan.py)
+        pytest.skip("this GPU class runs float32 PaTH on the PyTorch path")
+    do = torch.randn(2, 100, 3, 16, generator=torch.Generator().manual_seed(2)).to(device)
+    got = [grads(lambda q, k, v, w, b, g: PathFunction.apply(q, k, v, w, b, g, 0.25, p), inputs, do)
+           for p in (plan, replace(plan, local_scratch=1))]
+    for name, a in got[0].items():
+        assert torch.equal(a, got[1][name]), name
+
+
+def test_window_blocks_must_fit_the_query_rows():
+    from kernels.path.plan import plan_for
+    with pytest.raises(ValueError, match="window_blocks must be"):
+        plan_for(torch.float32, torch.device("cpu"), rows=128, window_blocks=3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_windows_half_inputs(device):
+    """16-bit inputs (float16 transport: the window products and the carried queries in float16, as
+    fla's ``hc_whole``) across windows of three blocks, at fla's RMS tolerances against float64."""
+    from dataclasses import replace
+    from kernels.path.op import PathFunction
+    from kernels.path.plan import plan_for
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16   # the interpreter computes float16 in NumPy
+    inputs = make_inputs(1, 450, 2, 32, 32, dtype, device, gates=True, w_dtype=torch.float32, seed=12)
+    plan = replace(plan_for(dtype, torch.device(device), K=32, rows=64), window_blocks=3)
+    scale = 32 ** -0.5
+    do = torch.randn(1, 450, 2, 32, generator=torch.Generator().manual_seed(6)).to(dtype).to(device)
+    ours = grads(lambda q, k, v, w, b, g: PathFunction.apply(q, k, v, w, b, g, scale, plan), inputs, do)
+    d64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)   # noqa: E731
+    ref = grads(lambda *a: path_attn_ref(*a, scale=scale), [d64(x) for x in inputs], d64(do))
+    for name, a in ours.items():
+        err = err_ratio(a.detach().to("cpu", torch.float64), ref[name].detach())
+        assert err <= RMS_TOL[name], f"windows of 3, {dtype} {name}: {err:.3e} > {RMS_TOL[name]:g}"

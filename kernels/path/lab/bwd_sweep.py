@@ -2,6 +2,9 @@
 
 At B = 32, T = 2048 and B = 1, T = 32768 (bfloat16, H = 16, K = V = 128, w and β in float32):
 
+Written against the walk at commit 26165b7 (before windows and the two-kernel per-block backward):
+its variants no longer match today's source. It measured:
+
 - the per-block backward (``local.local_backward``) under warps × key-column blocks (the plan's
   ``local_bwd`` launch and ``local_kb``; the run of record, ``logs/bwd_sweep_h200.json``, swept
   ``local``, which launched the per-block backward until the plan gave it its own field);
