@@ -52,7 +52,7 @@ from typing import Callable
 
 from .results import environment, load_results, results_path, write_results
 
-__all__ = ["bench_ms", "err_ratio", "run_benchmark", "bench_main", "bench_impls", "short_error", "Op", "Surveyed", "CompileCases",
+__all__ = ["bench_ms", "kernel_times", "err_ratio", "run_benchmark", "bench_main", "bench_impls", "short_error", "Op", "Surveyed", "CompileCases",
            "benched", "op_named", "resolve", "our_fn", "peer_fn", "op_impls", "causal_sdpa", "randn", "unit_rows",
            "log_gates", "sigmoid_of_normal", "in_dtype", "scale_of"]
 
@@ -75,6 +75,28 @@ def bench_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
     """Median time of ``fn()`` in milliseconds, with CUDA events (``triton.testing.do_bench``)."""
     from triton.testing import do_bench
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def kernel_times(fn, n: int = 10, *, width: int = 48) -> dict:
+    """Where ``fn()``'s device time goes: ``{kernel name (first width characters): ms per call}``,
+    the device time of every kernel it launches averaged over ``n`` calls (``torch.profiler``, after
+    one call outside the profile for compiles and caches), largest first. Lab use: the families'
+    profiles of a step (``kernels/gla/lab/sweep.py``, ``kernels/path/lab/stage_profile.py``)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    out: dict = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+        if t:
+            key = ev.key[:width]
+            out[key] = out.get(key, 0.0) + t / n / 1000.0
+    return {k: round(v, 4) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
 def measure_device() -> dict:

@@ -253,12 +253,16 @@ def test_mesa_compiles(runs, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_path_compiles(runs, arch):
     """PaTH's stages compile where its plan runs them (sm_80 and up; a T4 takes the PyTorch path):
-    the shared triangular solve, the per-block stage and its backward, the walk and its backward,
-    and the cumulative gates of PaTH-FoX; 16-bit products on the tensor cores."""
+    the shared triangular solve, the per-block stage and its backward (two kernels), the walk and its
+    backward, and the cumulative gates of PaTH-FoX; on Hopper also the windows' kernels (the plan takes
+    windows only there, from T > 2048: the compile case at T = 2650); 16-bit products on the tensor cores."""
     rows = _launches(runs, "path", arch)
     if arch == 75:
         assert rows == []
         return
     names = {r["kernel"] for r in rows}
     assert {"_gate_cumsum_kernel", "_solve_kernel", "_prepare_kernel", "_path_fwd_kernel", "_path_bwd_kernel",
-            "_local_bwd_kernel", "_cumsum_kernel"} <= names, names
+            "_local_bwd_matrices_kernel", "_local_bwd_columns_kernel", "_cumsum_kernel"} <= names, names
+    windows = {"_window_prep_kernel", "_cross_q_kernel", "_cross_k_kernel", "_key_push_bwd_kernel",
+               "_window_products_bwd_kernel"}
+    assert (windows <= names) if arch == 90 else not (windows & names), names

@@ -207,3 +207,16 @@ def test_the_compile_key_follows_the_familys_declaration(tmp_path):
     (copy / "gla" / "bench.py").write_text((copy / "gla" / "bench.py").read_text() + "\n")
     c = key()
     assert a == b != c
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch.profiler's device times need a CUDA device")
+def test_kernel_times_sums_each_kernel_per_call():
+    """harness.kernel_times (the labs' profile of a step): a call of two kernels, one timed twice as
+    long as the other by doing it twice, comes back as two names, the repeated one first, with
+    positive times per call."""
+    a = torch.randn(2048, 2048, device="cuda")
+    fn = lambda: (a @ a, a @ a, a.exp())   # noqa: E731
+    got = harness.kernel_times(fn, n=3)
+    assert len(got) >= 2 and all(v > 0 for v in got.values()), got
+    first = next(iter(got))
+    assert "gemm" in first.lower() or "sgemm" in first.lower() or "cutlass" in first.lower(), got

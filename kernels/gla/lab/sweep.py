@@ -18,25 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+from kernels.harness import kernel_times
+
 H, K, V = 16, 128, 128
-
-
-def kernel_times(fn, n=10):
-    """Average device time per call of every kernel that ``fn`` launches, in ms (torch.profiler)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    out = {}
-    for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
-        if t:
-            out[ev.key[:48]] = round(t / n / 1000.0, 4)
-    return out
 
 
 def main(argv=None):
