@@ -571,6 +571,21 @@ def test_per_block_backward_in_launches_of_heads(device):
         assert torch.equal(a, got[1][name]), name
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_windows_in_the_backward_only(device):
+    """plan.forward_windows False: the forward walks every block and the backward prepares the
+    windows itself (path_backward); against float64 as above."""
+    from dataclasses import replace
+    from kernels.path.plan import plan_for
+    inputs = make_inputs(1, 300, 2, 16, 32, torch.float32, device, gates=True, seed=9)
+    plan = plan_for(torch.float32, torch.device(device), K=16, rows=64)
+    if plan.path == "torch":   # --gpu-class 89 or 75: float32 PaTH runs in PyTorch there (plan.py)
+        pytest.skip("this GPU class runs float32 PaTH on the PyTorch path")
+    plan = replace(plan, window_blocks=2, forward_windows=False)
+    do = torch.randn(1, 300, 2, 32, generator=torch.Generator().manual_seed(7)).to(device)
+    _plan_against_float64(inputs, plan, 16 ** -0.5, do, "windows of 2 in the backward only")
+
+
 def test_window_blocks_must_fit_the_query_rows():
     from kernels.path.plan import plan_for
     with pytest.raises(ValueError, match="window_blocks must be"):

@@ -1,8 +1,9 @@
 """Lab: PaTH across windows against today's walk (issue 41, PaTH round 3).
 
 At the benchmark's shapes (bfloat16, H = 16, K = V = 128, no gate), times the op's forward and
-forward + backward (``PathFunction`` with ``plan.window_blocks`` in (0, 4, 8, 16); 0: today's walk
-over every earlier block) and stage 2's gradient alone, and records how far each windowed result is
+forward + backward (``PathFunction`` with ``plan.window_blocks`` in (0, 4, 8, 16); 0: the walk
+over every earlier block; each window size also with ``forward_windows=False``, the windows in the
+backward only) and stage 2's gradient alone, and records how far each windowed result is
 from the walk's (RMS of the difference over the RMS of the walk's, per output and gradient).
 
     python kernels/path/lab/windows_sweep.py [out.json]
@@ -33,23 +34,25 @@ def main(out=None):
         leaves = [t.detach().clone().requires_grad_(True) for t in ins]
         rec = dict(B=B, T=T)
         ref = None
-        for wb in WINDOWS:
-            p = dataclasses.replace(plan, window_blocks=wb)
+        for wb, fw in [(0, True)] + [(wb, fw) for wb in WINDOWS[1:] for fw in (True, False)]:
+            p = dataclasses.replace(plan, window_blocks=wb, forward_windows=fw)
+            tag = f"{wb}" + ("" if fw else " bwd only")
             op = lambda: PathFunction.apply(*leaves, None, scale, p)   # noqa: E731
             o = op()
             got = [o] + list(torch.autograd.grad(o, leaves, x["do"]))
             if ref is None:
                 ref = got
             else:
-                rec[f"rms_diff[{wb}]"] = {n: round(float((a.float() - b.float()).norm() / b.float().norm()), 6)
-                                          for n, a, b in zip(NAMES, got, ref)}
+                rec[f"rms_diff[{tag}]"] = {n: round(float((a.detach().float() - b.detach().float()).norm()
+                                                          / b.detach().float().norm()), 6)
+                                           for n, a, b in zip(NAMES, got, ref)}
             with torch.no_grad():
-                rec[f"fwd_ms[{wb}]"] = ms(op)
-            rec[f"fwdbwd_ms[{wb}]"] = ms(lambda: torch.autograd.grad(op(), leaves, x["do"]))
+                rec[f"fwd_ms[{tag}]"] = ms(op)
+            rec[f"fwdbwd_ms[{tag}]"] = ms(lambda: torch.autograd.grad(op(), leaves, x["do"]))
             args = [x[n] for n in ("qt", "kh", "u", "wt", "aloc", "v", "do", "o", "lse")]
-            rec[f"stage2_bwd_ms[{wb}]"] = ms(lambda: path_backward(*args, None, scale, p))
-            print(B, T, wb, rec[f"fwd_ms[{wb}]"], rec[f"fwdbwd_ms[{wb}]"], rec[f"stage2_bwd_ms[{wb}]"],
-                  rec.get(f"rms_diff[{wb}]"), flush=True)
+            rec[f"stage2_bwd_ms[{tag}]"] = ms(lambda: path_backward(*args, None, scale, p))
+            print(B, T, tag, rec[f"fwd_ms[{tag}]"], rec[f"fwdbwd_ms[{tag}]"], rec[f"stage2_bwd_ms[{tag}]"],
+                  rec.get(f"rms_diff[{tag}]"), flush=True)
         print(json.dumps(rec), flush=True)
         rows.append(rec)
         del x, ins, leaves, ref
