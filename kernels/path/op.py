@@ -91,8 +91,9 @@ class PathFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, w, beta, G, qt, kh, u, wt, aloc, tm, o, lse, qa, kbar, pi = ctx.saved_tensors
-        win = (qa, kbar, pi) if qa is not None else None
+        saved = ctx.saved_tensors
+        q, k, v, w, beta, G, qt, kh, u, wt, aloc, tm, o, lse = saved[:14]
+        win = saved[14:] if saved[14] is not None else None    # (qa, kbar, pi) of the windows
         dqt, dkh, gw, hu, daloc, dv, dG = path_backward(qt, kh, u, wt, aloc, v, do, o, lse, G, ctx.scale, ctx.plan,
                                                         windows=win)
         dq, dk, dw, dbeta = local_backward(q, k, w, beta, tm, dqt, dkh, gw, hu, daloc, ctx.plan, ctx.w_dtype)
