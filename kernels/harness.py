@@ -52,8 +52,8 @@ from typing import Callable
 
 from .results import environment, load_results, results_path, write_results
 
-__all__ = ["bench_ms", "kernel_times", "err_ratio", "run_benchmark", "bench_main", "bench_impls", "short_error", "Op", "Surveyed", "CompileCases",
-           "benched", "op_named", "resolve", "our_fn", "peer_fn", "op_impls", "causal_sdpa", "randn", "unit_rows",
+__all__ = ["bench_ms", "kernel_times", "err_ratio", "run_benchmark", "bench_main", "bench_impls", "short_error", "Op",
+           "Surveyed", "CompileCases", "benched", "op_named", "resolve", "our_fn", "peer_fn", "op_impls", "causal_sdpa", "randn", "unit_rows",
            "log_gates", "sigmoid_of_normal", "in_dtype", "scale_of"]
 
 

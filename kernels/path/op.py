@@ -83,7 +83,8 @@ class PathFunction(torch.autograd.Function):
         qt, kh, u, wt, aloc, tm = prepare_blocks(q, k, w, beta, plan)
         # windows of blocks (plan.window_blocks): queries carried across a window by one product
         # (plan.forward_windows False: the forward walks every block, the backward prepares the windows)
-        win = window_prepare(qt, kh, u, wt, plan) if window_blocks(plan, qt.shape[1]) and plan.forward_windows else None
+        windowed = window_blocks(plan, qt.shape[1]) and plan.forward_windows
+        win = window_prepare(qt, kh, u, wt, plan) if windowed else None
         o, lse = path_forward(qt, kh, u, wt, aloc, v, G, scale, plan, windows=win)
         ctx.save_for_backward(q, k, v, w, beta, G, qt, kh, u, wt, aloc, tm, o, lse, *(win or (None,) * 3))
         ctx.scale, ctx.plan, ctx.g_dtype, ctx.w_dtype = scale, plan, None if g is None else g.dtype, w_dtype

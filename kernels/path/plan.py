@@ -35,10 +35,11 @@ class PathPlan:
     persistent backward programs per SM; ``rows``: query rows per program of the passes (64, or
     128: two 64-blocks, half the tile reads and atomics per query);
     ``local_kb``: the per-block backward's key-column block (``None``: ``min(K, 64)``);
-    ``window_blocks``: blocks per window of the forward and backward (0: none; ``windows.py``), a multiple of
-    ``rows // 64``; ``forward_windows``: the forward across the windows too (``False``: it walks every
-    block, and the backward prepares the windows itself; untimed, for ``lab/windows_sweep.py``); ``local_scratch``: bytes of the per-block backward's matrices per launch (heads
-    beyond it go in further launches);
+    ``window_blocks``: blocks per window of the forward and backward (0: none; ``windows.py``), a
+    multiple of ``rows // 64``; ``forward_windows``: the forward across the windows too (``False``: it
+    walks every block, and the backward prepares the windows itself; untimed, for
+    ``lab/windows_sweep.py``); ``local_scratch``: bytes of the per-block backward's matrices per
+    launch (heads beyond it go in further launches);
     ``path``: ``"torch"`` where the class cannot run these kernels."""
     transport: torch.dtype
     precision: str
