@@ -7,6 +7,11 @@ code is not in its cache, one after another. This fills the cache first with one
 (jupyter-cache's local parallel executor, each notebook in its own folder as the build would run
 it), so that the build finds every notebook executed. A notebook that fails stops the script with
 its traceback and exit status 1, as the build would. ``make book`` runs it.
+
+Kernels started side by side can race for the same TCP port (jupyter_client picks a free port, and
+another kernel binds it first; the loser dies before its first cell, ``Address already in use``).
+jupyter-cache reports such a notebook as *errored*, apart from one whose cell raised (*excepted*).
+An errored notebook is run once more, alone; a cell that raised is never run again.
 """
 from __future__ import annotations
 
@@ -32,12 +37,20 @@ def main(argv=None) -> int:
     executor = load_executor("local-parallel", cache)
     uris = [str(p) for p in paths]
     result = executor.run_and_cache(filter_uris=uris, timeout=timeout, allow_errors=False)
-    failed = result.excepted + result.errored
+    succeeded, excepted, errored = result.succeeded, result.excepted, result.errored
+    if errored:
+        print(f"{len(errored)} kernel(s) did not start beside the others; running alone: "
+              + ", ".join(Path(u).name for u in errored), file=sys.stderr)
+        again = load_executor("local-serial", cache).run_and_cache(
+            filter_uris=errored, timeout=timeout, allow_errors=False)
+        succeeded = succeeded + again.succeeded
+        excepted, errored = excepted + again.excepted, again.errored
+    failed = excepted + errored
     for uri in failed:
         record = cache.get_project_record(uri)
         print(f"FAILED {uri}\n{record.traceback or ''}", file=sys.stderr)
-    print(f"executed {len(result.succeeded)}, failed {len(failed)}, "
-          f"{len(paths) - len(result.succeeded) - len(failed)} already in the cache")
+    print(f"executed {len(succeeded)}, failed {len(failed)}, "
+          f"{len(paths) - len(succeeded) - len(failed)} already in the cache")
     return 1 if failed else 0
 
 
