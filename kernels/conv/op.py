@@ -28,6 +28,7 @@ from .backward import conv_backward, state_grad
 from .forward import ACTIVATION_CODES, conv_forward, final_state
 from ..reference import causal_conv1d_ref
 from .plan import MAX_WIDTH, plan_for
+from ..common.varlen import VarlenSpec, last_inputs, varlen
 
 __all__ = ["causal_conv1d", "causal_conv1d_triton", "check_conv_inputs"]
 
@@ -67,6 +68,13 @@ def check_conv_inputs(x, weight, bias, residual, initial_state, output_final_sta
     return B, T, D, W
 
 
+def _packed_final_state(call, lens):
+    """The final states of a padded batch of packed sequences: the last ``W`` real inputs of each
+    (the padding would have pushed them out of the kernel's)."""
+    return last_inputs(call["x"], lens, call["weight"].shape[1], call.get("initial_state"))
+
+
+@varlen(VarlenSpec(tokens=("x", "residual"), states=("initial_state",), final_state={1: _packed_final_state}))
 @documents_checks(f"``x`` ``[B, T, D]`` (non-empty) and ``weight`` ``[D, W]`` with ``1 <= W <= {MAX_WIDTH}`` (both "
                   "required), ``bias`` ``None`` or ``[D]``, ``residual`` ``None`` or ``[B, T, D]``, "
                   "``initial_state`` ``None`` or ``[B, D, W]``: float32/float16/bfloat16 tensors on one "

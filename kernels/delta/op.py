@@ -29,6 +29,7 @@ from triton.runtime.errors import OutOfResources
 from .. import reference
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..common import head_tile, pad_axis
+from ..common.varlen import VarlenSpec, host_offsets, varlen
 from ..validate import QKV_CHECKED, _got, check_linear, check_tensor, documents_checks
 from .backward import chunk_grads, chunk_grads_torch, state_grads
 from .comba import COMBA_MIN_LOG_GATE, comba_map, comba_map_torch
@@ -125,6 +126,7 @@ _BETA = "``beta`` (required) a ``[B, T, H]`` float32/float16/bfloat16 tensor on 
 _G = "``g`` (required) a ``[B, T, H]`` float32/float16/bfloat16 tensor on ``q``'s device"
 
 
+@varlen(VarlenSpec(tokens=("q", "k", "v", "beta"), states=("initial_state",)))
 @documents_checks(f"{_LINEAR_CHECKED}; {_BETA}", "``beta`` finite and in ``[0, 2]``")
 def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False, backend=None, *,
                      check_values=True):
@@ -139,6 +141,7 @@ def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final
     return delta_rule_triton(q, k, v, None, beta, scale, initial_state, output_final_state)
 
 
+@varlen(VarlenSpec(tokens=("q", "k", "v", "g", "beta"), states=("initial_state",)))
 @documents_checks(f"{_LINEAR_CHECKED}; {_G}; {_BETA}", "``g`` finite and ``<= 0``, ``beta`` finite and in ``[0, 2]``")
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            backend=None, *, check_values=True):
@@ -157,7 +160,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
                   "``[B, H, K, V]``; ``scale`` ``None`` or a positive finite number; ``output_final_state`` "
                   "a bool", "``g`` finite and ``<= 0``, ``beta`` finite and in ``[0, 2]``")
 def chunk_gated_delta_product(q, k, v, g, beta, num_householder, scale=None, initial_state=None,
-                              output_final_state=False, backend=None, *, check_values=True):
+                              output_final_state=False, backend=None, *, check_values=True, cu_seqlens=None,
+                              cu_seqlens_cpu=None):
     """(Gated) DeltaProduct (fla's ``chunk_gated_delta_product``): ``n = num_householder`` delta-rule
     steps per token, the gate once per token, then the read::
 
@@ -171,7 +175,12 @@ def chunk_gated_delta_product(q, k, v, g, beta, num_householder, scale=None, ini
     token's first step (``g = 0`` on the others), the query on its last (zero queries on the others,
     whose outputs are dropped). So the Triton path is :func:`chunk_gated_delta_rule`'s kernels on a
     sequence ``n`` times longer, which computes ``n − 1`` outputs per token it throws away; a kernel
-    that skipped them would save that work, not change the result."""
+    that skipped them would save that work, not change the result.
+
+    ``cu_seqlens`` (keyword, as fla's): ``None``, or the offsets ``[0, ..., T]`` of ``N`` sequences
+    packed along ``T`` (``q`` ``[1, T, H, K]``, ``k`` ``[1, T·n, H, K]``, states ``[N, H, K, V]``):
+    the steps' offsets, ``n`` times these, go to the delta rule (:mod:`kernels.common.varlen`);
+    ``cu_seqlens_cpu``, fla's host copy of them, is taken too (checked equal)."""
     if isinstance(num_householder, bool) or not isinstance(num_householder, int) or num_householder < 1:
         raise ValueError(f"num_householder must be an integer >= 1; got {num_householder!r}")
     n = num_householder
@@ -185,15 +194,18 @@ def chunk_gated_delta_product(q, k, v, g, beta, num_householder, scale=None, ini
         check_tensor(g, "g", (B, T, H), q, names="[B, T, H]")   # one gate per token
         g = torch.stack([g] + [torch.zeros_like(g)] * (n - 1), dim=2).reshape(B, T * n, H)
     q_steps = torch.stack([torch.zeros_like(q)] * (n - 1) + [q], dim=2).reshape(B, T * n, H, K)
+    if cu_seqlens is not None or cu_seqlens_cpu is not None:
+        cu_seqlens = torch.tensor(host_offsets(cu_seqlens, cu_seqlens_cpu, T)) * n   # each token is n steps
     if g is None:
         o, state = chunk_delta_rule(q_steps, k, v, beta, scale, initial_state, output_final_state, backend,
-                                    check_values=check_values)
+                                    check_values=check_values, cu_seqlens=cu_seqlens)
     else:
         o, state = chunk_gated_delta_rule(q_steps, k, v, g, beta, scale, initial_state, output_final_state,
-                                          backend, check_values=check_values)
+                                          backend, check_values=check_values, cu_seqlens=cu_seqlens)
     return o[:, n - 1::n], state
 
 
+@varlen(VarlenSpec(tokens=("q", "k", "v", "g", "beta"), states=("initial_state",)))
 @documents_checks(f"{_LINEAR_CHECKED}; {_G}; {_BETA}", "``g`` finite and ``<= 0``, ``beta`` finite and in ``[0, 2]``")
 def chunk_comba(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, backend=None, *,
                 check_values=True):

@@ -27,6 +27,7 @@ from ..flash.plan import backward_plan_for, tma_compatible
 from ..flash.plan import plan_for as flash_plan_for
 from ..reference import deltaformer_ref
 from ..common import head_tile, pad_axis
+from ..common.varlen import VarlenSpec, varlen
 from ..validate import QKV_CHECKED, ValueChecks, check_gate_tensor, check_qkv, default_scale, documents_checks
 from .plan import plan_for
 from .pseudo import adjoint_values, pseudo_values
@@ -97,6 +98,7 @@ def deltaformer_attn_triton(q, k, v, beta, scale: float, *, caps=None):
     return DeltaFormerFunction.apply(q, k, v, beta, float(scale), plan, flash_plan, bwd_plan)
 
 
+@varlen(VarlenSpec(tokens=("q", "k", "v", "beta"), returns="tokens"))
 @documents_checks(f"{QKV_CHECKED}; ``beta`` ``None`` or a ``[B, T, H]`` float32/float16/bfloat16 tensor on "
                   "``q``'s device; ``scale`` ``None`` or a positive finite number", "``beta`` finite")
 def deltaformer_attn(q, k, v, beta=None, scale=None, backend=None, *, check_values=True):

@@ -14,6 +14,7 @@ import torch
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..reference import attention_ref
 from ..common import head_tile, pad_axis
+from ..common.varlen import VarlenSpec, varlen
 from ..validate import (QKV_CHECKED, ValueChecks, check_flag, check_gate_tensor, check_qkv, default_scale,
                         documents_checks)
 from .backward import flash_backward
@@ -73,6 +74,13 @@ def flash_attention_triton(q, k, v, scale: float, causal: bool, g=None, *, caps=
 _SCALE = "``scale`` ``None`` or a positive finite number"
 
 
+def _causal_only(arguments):
+    if arguments.get("causal", True) is not True:
+        raise ValueError("causal must be True with cu_seqlens: a query that sees every key would see the "
+                         "padding between the packed sequences")
+
+
+@varlen(VarlenSpec(tokens=("q", "k", "v"), returns="tokens", check=_causal_only))
 @documents_checks(f"{QKV_CHECKED} (``K`` and ``V`` may differ); {_SCALE}; ``causal`` a bool", None)
 def flash_attention(q, k, v, scale=None, causal: bool = True, backend=None, *, check_values=True):
     """Softmax attention ``softmax(scale · q kᵀ + log M) v``; returns ``o`` (``[B, T, H, V]``).
@@ -89,6 +97,7 @@ def flash_attention(q, k, v, scale=None, causal: bool = True, backend=None, *, c
     return flash_attention_triton(q, k, v, scale, causal)
 
 
+@varlen(VarlenSpec(tokens=("q", "k", "v", "g"), returns="tokens"))
 @documents_checks(f"{QKV_CHECKED}; ``g`` (required) a ``[B, T, H]`` float32/float16/bfloat16 tensor on "
                   f"``q``'s device; {_SCALE}", "``g`` finite and ``<= 0``")
 def parallel_forgetting_attn(q, k, v, g, scale=None, backend=None, *, check_values=True):

@@ -15,6 +15,7 @@ import torch
 from .. import reference
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..common import GLA_MAX_HEAD, head_tile, pad_axis
+from ..common.varlen import VarlenSpec, varlen
 from ..validate import QKV_CHECKED, check_linear, documents_checks
 from .backward import chunk_grads, gate_grads, state_grads
 from .march import chunk_states, march_forward
@@ -104,6 +105,7 @@ _LINEAR_CHECKED = (QKV_CHECKED + "; ``initial_state`` ``None`` or ``[B, H, K, V]
                    "``None`` or a positive finite number; ``output_final_state`` a bool")
 
 
+@varlen(VarlenSpec(tokens=("q", "k", "v"), states=("initial_state",)))
 @documents_checks(_LINEAR_CHECKED, None)
 def chunk_linear_attn(q, k, v, scale=None, initial_state=None, output_final_state=False, backend=None, *,
                       check_values=True):
@@ -117,6 +119,7 @@ def chunk_linear_attn(q, k, v, scale=None, initial_state=None, output_final_stat
     return chunk_gla_triton(q, k, v, None, scale, initial_state, output_final_state)
 
 
+@varlen(VarlenSpec(tokens=("q", "k", "v", "g"), states=("initial_state",)))
 @documents_checks(_LINEAR_CHECKED + "; ``g`` (required) a ``[B, T, H]`` float32/float16/bfloat16 tensor on "
                   "``q``'s device", "``g`` finite and ``<= 0``")
 def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, backend=None, *,
@@ -129,6 +132,7 @@ def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_st
     return chunk_gla_triton(q, k, v, g, scale, initial_state, output_final_state)
 
 
+@varlen(VarlenSpec(tokens=("q", "k", "v", "g"), states=("initial_state",)))
 @documents_checks(_LINEAR_CHECKED + "; ``g`` (required) a ``[B, T, H, K]`` float32/float16/bfloat16 tensor "
                   "on ``q``'s device", "``g`` finite and ``<= 0``")
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, backend=None, *,

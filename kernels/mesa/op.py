@@ -27,6 +27,7 @@ from ..backend import check_dtypes, device_caps, resolve_backend
 from ..gla.backward import chunk_grads, gate_grads, state_grads
 from ..gla.op import HEAD_SIZES as GLA_HEAD_SIZES, chunk_gla_triton
 from ..common import head_tile, pad_axis
+from ..common.varlen import VarlenSpec, varlen
 from ..validate import (QKV_CHECKED, ValueChecks, check_flag, check_gate_tensor, check_qkv, check_tensor,
                         documents_checks)
 from ..reference import chunk_mesa_net_ref
@@ -67,6 +68,8 @@ def _check_mesa_inputs(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init, h_kv
     return int(max_CG_iteration)
 
 
+@varlen(VarlenSpec(tokens=("q", "k", "v", "g", "beta"), states=("h_kk_init", "h_kv_init"),
+                   returns=("tokens", "state", "state")))
 @documents_checks(f"{QKV_CHECKED}; ``g``, ``beta`` ``[B, T, H]`` and ``lamb`` ``[H, K]`` (all three required): "
                   "float32/float16/bfloat16 tensors on ``q``'s device; ``max_CG_iteration`` an integer "
                   "``>= 0``; ``h_kk_init`` ``None`` or ``[B, H, K, K]`` and ``h_kv_init`` ``None`` or "

@@ -21,6 +21,7 @@ from ..backend import check_dtypes, device_caps, resolve_backend
 from ..common.gates import cumulative_gates
 from ..reference import path_attn_ref
 from ..common import head_tile, pad_axis
+from ..common.varlen import VarlenSpec, varlen
 from ..validate import (QKV_CHECKED, ValueChecks, check_beta_range, check_gate_tensor, check_qkv, default_scale,
                         documents_checks)
 from .backward import path_backward
@@ -47,6 +48,7 @@ def _check_path_inputs(q, k, v, w, beta, g, scale, check_values):
     return scale
 
 
+@varlen(VarlenSpec(tokens=("q", "k", "v", "w", "beta", "g")))
 @documents_checks(f"{QKV_CHECKED}; ``w`` (required) ``[B, T, H, K]``, ``beta`` (required) ``[B, T, H]`` and "
                   "``g`` ``None`` or ``[B, T, H]``: float32/float16/bfloat16 tensors on ``q``'s device; "
                   "``scale`` ``None`` or a positive finite number",

@@ -127,7 +127,10 @@ Differences from fla's tests (forced by our API, API.md)
 
 Left out (and why)
 ------------------
-* Every varlen case (``cu_seqlens``): our ops take no ``cu_seqlens``.
+* Every varlen case (``cu_seqlens``). Our ops take ``cu_seqlens`` by running each sequence as a
+  row of a padded batch (``kernels/common/varlen.py``); ``tests/kernels/test_varlen.py`` checks
+  that every op returns, packed, what it returns for each sequence alone (outputs, final states,
+  gradients), which these tables check against fla's references.
 * Decoding-step ops we do not have: ``attn_decoding_one_step``, ``mesa_net_decoding_one_step``
   (``test_mesa.py::test_decoding_one_step``), ``causal_conv1d_update`` (``test_conv_decoding*``,
   ``test_conv_varlen_decoding``, ``test_conv_decoding_with_cache``,
