@@ -29,6 +29,7 @@ from triton.runtime.errors import OutOfResources
 from .. import reference
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..common import head_tile, pad_axis
+from ..common.norm import qk_l2norm
 from ..common.varlen import VarlenSpec, host_offsets, varlen
 from ..validate import QKV_CHECKED, _got, check_linear, check_tensor, documents_checks
 from .backward import chunk_grads, chunk_grads_torch, state_grads
@@ -129,13 +130,16 @@ _G = "``g`` (required) a ``[B, T, H]`` float32/float16/bfloat16 tensor on ``q``'
 @varlen(VarlenSpec(tokens=("q", "k", "v", "beta"), states=("initial_state",)))
 @documents_checks(f"{_LINEAR_CHECKED}; {_BETA}", "``beta`` finite and in ``[0, 2]``")
 def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False, backend=None, *,
-                     check_values=True):
+                     check_values=True, use_qk_l2norm_in_kernel=False):
     """DeltaNet ``S_t = S_{t-1} + β_t k_t (v_t − S_{t-1}ᵀ k_t)ᵀ`` (``beta``: ``[B, T, H]``).
 
-    As in fla, ``k`` is used as given: L2-normalise it first for a contractive update.
+    As in fla, ``k`` is used as given: L2-normalise it first for a contractive update, or pass
+    ``use_qk_l2norm_in_kernel=True`` (fla's keyword), which scales ``q`` and ``k`` to unit length
+    first (:mod:`kernels.common.norm`).
     """
     scale = check_linear(q, k, v, scale, initial_state, output_final_state, beta=beta, with_beta=True,
                          check_values=check_values)
+    q, k = qk_l2norm(q, k, use_qk_l2norm_in_kernel)
     if resolve_backend(backend, q) == "torch":
         return reference.chunk_scalar_ref(q, k, v, None, beta, scale, initial_state, output_final_state)
     return delta_rule_triton(q, k, v, None, beta, scale, initial_state, output_final_state)
@@ -144,10 +148,14 @@ def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final
 @varlen(VarlenSpec(tokens=("q", "k", "v", "g", "beta"), states=("initial_state",)))
 @documents_checks(f"{_LINEAR_CHECKED}; {_G}; {_BETA}", "``g`` finite and ``<= 0``, ``beta`` finite and in ``[0, 2]``")
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           backend=None, *, check_values=True):
-    """Gated DeltaNet ``S_t = exp(g_t) S_{t-1}``, then the delta update with ``β_t`` (``g, beta``: ``[B, T, H]``)."""
+                           backend=None, *, check_values=True, use_qk_l2norm_in_kernel=False):
+    """Gated DeltaNet ``S_t = exp(g_t) S_{t-1}``, then the delta update with ``β_t`` (``g, beta``: ``[B, T, H]``).
+
+    ``use_qk_l2norm_in_kernel=True`` (fla's keyword) scales ``q`` and ``k`` to unit length first
+    (:mod:`kernels.common.norm`)."""
     scale = check_linear(q, k, v, scale, initial_state, output_final_state, g=g, g_shape="scalar", beta=beta,
                          with_beta=True, check_values=check_values)
+    q, k = qk_l2norm(q, k, use_qk_l2norm_in_kernel)
     if resolve_backend(backend, q) == "torch":
         return reference.chunk_scalar_ref(q, k, v, g, beta, scale, initial_state, output_final_state)
     return delta_rule_triton(q, k, v, g, beta, scale, initial_state, output_final_state)
@@ -161,7 +169,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
                   "a bool", "``g`` finite and ``<= 0``, ``beta`` finite and in ``[0, 2]``")
 def chunk_gated_delta_product(q, k, v, g, beta, num_householder, scale=None, initial_state=None,
                               output_final_state=False, backend=None, *, check_values=True, cu_seqlens=None,
-                              cu_seqlens_cpu=None):
+                              cu_seqlens_cpu=None, use_qk_l2norm_in_kernel=False):
     """(Gated) DeltaProduct (fla's ``chunk_gated_delta_product``): ``n = num_householder`` delta-rule
     steps per token, the gate once per token, then the read::
 
@@ -180,7 +188,9 @@ def chunk_gated_delta_product(q, k, v, g, beta, num_householder, scale=None, ini
     ``cu_seqlens`` (keyword, as fla's): ``None``, or the offsets ``[0, ..., T]`` of ``N`` sequences
     packed along ``T`` (``q`` ``[1, T, H, K]``, ``k`` ``[1, T·n, H, K]``, states ``[N, H, K, V]``):
     the steps' offsets, ``n`` times these, go to the delta rule (:mod:`kernels.common.varlen`);
-    ``cu_seqlens_cpu``, fla's host copy of them, is taken too (checked equal)."""
+    ``cu_seqlens_cpu``, fla's host copy of them, is taken too (checked equal).
+    ``use_qk_l2norm_in_kernel=True`` (fla's keyword) scales ``q`` and ``k`` to unit length first
+    (:mod:`kernels.common.norm`)."""
     if isinstance(num_householder, bool) or not isinstance(num_householder, int) or num_householder < 1:
         raise ValueError(f"num_householder must be an integer >= 1; got {num_householder!r}")
     n = num_householder
@@ -198,17 +208,19 @@ def chunk_gated_delta_product(q, k, v, g, beta, num_householder, scale=None, ini
         cu_seqlens = torch.tensor(host_offsets(cu_seqlens, cu_seqlens_cpu, T)) * n   # each token is n steps
     if g is None:
         o, state = chunk_delta_rule(q_steps, k, v, beta, scale, initial_state, output_final_state, backend,
-                                    check_values=check_values, cu_seqlens=cu_seqlens)
+                                    check_values=check_values, cu_seqlens=cu_seqlens,
+                                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
     else:
         o, state = chunk_gated_delta_rule(q_steps, k, v, g, beta, scale, initial_state, output_final_state,
-                                          backend, check_values=check_values, cu_seqlens=cu_seqlens)
+                                          backend, check_values=check_values, cu_seqlens=cu_seqlens,
+                                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
     return o[:, n - 1::n], state
 
 
 @varlen(VarlenSpec(tokens=("q", "k", "v", "g", "beta"), states=("initial_state",)))
 @documents_checks(f"{_LINEAR_CHECKED}; {_G}; {_BETA}", "``g`` finite and ``<= 0``, ``beta`` finite and in ``[0, 2]``")
 def chunk_comba(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, backend=None, *,
-                check_values=True):
+                check_values=True, use_qk_l2norm_in_kernel=False):
     """Comba in the book's form (Chapter 6, ``lattn_core.comba_recurrent``) in fla's orientation::
 
         S_t = γ_t S_{t-1} + η_t k_t (v_t − S_{t-1}ᵀ k_t)ᵀ;   o_t = scale · S_tᵀ q_t
@@ -225,11 +237,13 @@ def chunk_comba(q, k, v, g, beta, scale=None, initial_state=None, output_final_s
     PyTorch path) goes in front of the gated delta-rule kernels. Gates below
     ``exp(COMBA_MIN_LOG_GATE)`` are raised to it. fla's ``chunk_comba`` is another form:
     it decays the state before the read with a separate vector ``p``, and with ``p = k`` it is Gated
-    DeltaNet itself."""
+    DeltaNet itself. ``use_qk_l2norm_in_kernel=True`` (fla's keyword) scales ``q`` and ``k`` to
+    unit length first (:mod:`kernels.common.norm`)."""
     if g is None or beta is None:
         raise ValueError("g (log gates, γ = exp(g)) and beta (η) must be tensors of shape [B, T, H]; got None")
     scale = check_linear(q, k, v, scale, initial_state, output_final_state, g=g, g_shape="scalar", beta=beta,
                          with_beta=True, check_values=check_values)
+    q, k = qk_l2norm(q, k, use_qk_l2norm_in_kernel)
     if resolve_backend(backend, q) == "torch":
         k2, v2, gf, beta2 = comba_map_torch(k, v, g, beta)
         return reference.chunk_scalar_ref(q, k2, v2, gf, beta2, scale, initial_state, output_final_state)

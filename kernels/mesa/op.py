@@ -27,6 +27,7 @@ from ..backend import check_dtypes, device_caps, resolve_backend
 from ..gla.backward import chunk_grads, gate_grads, state_grads
 from ..gla.op import HEAD_SIZES as GLA_HEAD_SIZES, chunk_gla_triton
 from ..common import head_tile, pad_axis
+from ..common.norm import qk_l2norm
 from ..common.varlen import VarlenSpec, varlen
 from ..validate import (QKV_CHECKED, ValueChecks, check_flag, check_gate_tensor, check_qkv, check_tensor,
                         documents_checks)
@@ -78,7 +79,7 @@ def _check_mesa_inputs(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init, h_kv
                   "``h_kk_init`` finite and symmetric (to ``1e-5`` relative, ``1e-6`` of its largest entry "
                   "absolute)")
 def chunk_mesa_net(q, k, v, g, beta, lamb, max_CG_iteration=30, h_kk_init=None, h_kv_init=None,
-                   output_final_state=False, backend=None, *, check_values=True):
+                   output_final_state=False, backend=None, *, check_values=True, use_qk_l2norm_in_kernel=False):
     """MesaNet (fla's ``chunk_mesa_net``; API.md): per batch and head
     ``H_t = e^{g_t} H_{t-1} + beta_t k_t k_tᵀ``, ``G_t = e^{g_t} G_{t-1} + beta_t k_t v_tᵀ`` and
     ``o_t = G_tᵀ (H_t + Diag(lamb_h))^{-1} q_t``, the solve by ``max_CG_iteration`` conjugate-gradient
@@ -89,7 +90,8 @@ def chunk_mesa_net(q, k, v, g, beta, lamb, max_CG_iteration=30, h_kk_init=None, 
     ``[B, T, H]`` log decays ``<= 0``; ``beta`` ``[B, T, H]`` ``>= 0``; ``lamb`` ``[H, K]`` ``> 0``
     (``g``, ``beta``, ``lamb`` in float32 or the inputs' dtype); ``h_kk_init`` (symmetric) and
     ``h_kv_init`` the states before the first token. q and k are used as given (MesaNet's layers
-    normalise them). Gradients are those of the exact solve (implicit differentiation), the solve
+    normalise them), or scaled to unit length first with ``use_qk_l2norm_in_kernel=True`` (fla's
+    keyword; :mod:`kernels.common.norm`). Gradients are those of the exact solve (implicit differentiation), the solve
     of the backward by as many CG steps. ``h_kk_init``'s gradient is the whole one of
     ``(H_t + Diag(lamb)) x_t = q_t`` solved as written (``-y xᵀ`` from the solve, as fla's reference
     gives it), not only its symmetric part; only the symmetric part reaches any input that builds a
@@ -97,6 +99,7 @@ def chunk_mesa_net(q, k, v, g, beta, lamb, max_CG_iteration=30, h_kk_init=None, 
     """
     iters = _check_mesa_inputs(q, k, v, g, beta, lamb, max_CG_iteration, h_kk_init, h_kv_init, output_final_state,
                                check_values)
+    q, k = qk_l2norm(q, k, use_qk_l2norm_in_kernel)
     if resolve_backend(backend, q) == "torch":
         return chunk_mesa_net_ref(q, k, v, g, beta, lamb, iters, h_kk_init, h_kv_init, output_final_state)
     return chunk_mesa_net_triton(q, k, v, g, beta, lamb, iters, h_kk_init, h_kv_init, output_final_state)

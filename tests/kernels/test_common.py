@@ -277,3 +277,65 @@ def test_rounding_helpers(device, dtype):
     _round_kernel[(1,)](x, y, z, N=256, DT=tdt, EMU=bool(kernels.INTERPRET))
     assert torch.equal(y, x.to(dtype).float())
     assert torch.equal(z, x.to(dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# fla's use_qk_l2norm_in_kernel (kernels/common/norm.py)
+# ---------------------------------------------------------------------------------------------
+from kernels.common import l2norm            # noqa: E402
+
+
+def test_l2norm_is_flas_formula():
+    """``x / sqrt(Σ x² + 1e-6)`` in float32, in ``x``'s dtype: equal to float64's to float32
+    round-off (2^-20 relative, a few roundings of a sum of 64 squares); the epsilon shows on a
+    tiny vector (norm 1e-4: the result is 1/sqrt(1 + 100) of F.normalize's, not F.normalize's)."""
+    x = torch.randn(3, 5, 64, dtype=torch.float64)
+    ref = x / torch.sqrt(x.square().sum(-1, keepdim=True) + 1e-6)
+    assert _rel(l2norm(x.float()), ref) <= 2 ** -20
+    assert l2norm(x.to(torch.bfloat16)).dtype == torch.bfloat16
+    tiny = torch.zeros(64)
+    tiny[0] = 1e-4
+    assert abs(l2norm(tiny)[0].item() - 1 / (1 + 100) ** 0.5) < 1e-6
+    assert not l2norm(torch.zeros(2, 8)).any()          # a zero vector stays zero (no NaN)
+
+
+NORM_OPS = ["chunk_delta_rule", "chunk_gated_delta_rule", "chunk_comba", "chunk_gated_delta_product", "chunk_mesa_net"]
+
+
+def _norm_call(op, q, k, rest, flag, backend="torch"):
+    fn = getattr(kernels, op)
+    v, g, beta, lamb, h0 = rest
+    kw = dict(backend=backend, use_qk_l2norm_in_kernel=flag)
+    if op == "chunk_delta_rule":
+        return fn(q, k, v, beta, initial_state=h0, output_final_state=True, **kw)
+    if op in ("chunk_gated_delta_rule", "chunk_comba"):
+        return fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, **kw)
+    if op == "chunk_gated_delta_product":
+        return fn(q, k, v, g, beta, 1, initial_state=h0, output_final_state=True, **kw)
+    return fn(q, k, v, g, beta, lamb, h_kv_init=h0, output_final_state=True, **kw)
+
+
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_use_qk_l2norm_in_kernel(op):
+    """The flag equals normalising ``q`` and ``k`` with :func:`l2norm` first: outputs, states and
+    the gradients reaching the raw ``q`` and ``k``, to float32 round-off (1e-5); and without it the
+    result differs at O(1) (the raw keys have norms near 4), so the flag is not ignored."""
+    gen = torch.Generator().manual_seed(11)
+    B, T, H, K = 1, 40, 2, 16
+    q, k = torch.randn(B, T, H, K, generator=gen), torch.randn(B, T, H, K, generator=gen)
+    rest = (torch.randn(B, T, H, K, generator=gen), F.logsigmoid(torch.randn(B, T, H, generator=gen) + 3),
+            torch.rand(B, T, H, generator=gen), torch.rand(H, K, generator=gen) + 0.5,
+            0.1 * torch.randn(B, H, K, K, generator=gen))
+    outs = {}
+    for flag in (True, False):
+        q1, k1 = q.clone().requires_grad_(), k.clone().requires_grad_()
+        qn, kn = (l2norm(q1), l2norm(k1)) if not flag else (q1, k1)
+        res = [o for o in _norm_call(op, qn, kn, rest, flag) if o is not None]
+        loss = sum((o * torch.cos(torch.arange(o.numel()).reshape(o.shape).float())).sum() for o in res)
+        outs[flag] = res + list(torch.autograd.grad(loss, (q1, k1)))
+    for i, (a, b) in enumerate(zip(outs[True], outs[False])):
+        assert _rel(a, b) <= 1e-5, f"{op} result {i}: {_rel(a, b):.2e}"
+    raw = _norm_call(op, q, k, rest, False)[0]
+    assert _rel(raw, outs[True][0]) > 0.05
+    with pytest.raises(ValueError, match="use_qk_l2norm_in_kernel must be a bool"):
+        _norm_call(op, q, k, rest, 1)
