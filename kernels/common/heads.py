@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["MAX_HEAD", "GLA_MAX_HEAD", "head_tile", "pad_axis"]
+__all__ = ["MAX_HEAD", "GLA_MAX_HEAD", "head_tile", "pad_axis", "share_heads"]
 
 MAX_HEAD = 256   #: the largest head size every op takes (fla's largest for all but GLA)
 GLA_MAX_HEAD = 1024   #: the gla family's largest (fla's GLA tests pass 320 and 512)
@@ -54,3 +54,35 @@ def pad_axis(x, size: int, dim: int = -1, value: float = 0.0):
     pad = [0, 0] * (x.dim() - dim)
     pad[-1] = extra            # F.pad lists (before, after) from the last axis backwards
     return torch.nn.functional.pad(x, pad, value=value)
+
+
+def share_heads(like, like_name: str, **tensors):
+    """fla's grouped heads (GQA: ``k, v`` shared by groups of query heads; GVA: ``q, k`` shared by
+    groups of value heads). ``like`` (named ``like_name``) holds the full head count ``H`` on its
+    axis 2 (``q`` for GQA, ``v`` for GVA); ``tensors`` (by name) are the shared ones, which hold one
+    head count between them (axis 2): ``H`` (nothing to share), or a whole divisor ``H / G`` of it,
+    and then each is repeated ``G`` times along it, head ``h`` serving ``h·G .. h·G + G − 1`` (fla's
+    order, ``repeat_interleave``), so the op sees one head count; the gradients sum over each group
+    (autograd). Returns them in the order given. Shared tensors of different head counts, or of a
+    count that does not divide ``H``, raise ``ValueError`` naming one; ``None``, non-tensors,
+    tensors of under 3 axes and a ``like`` that is not a tensor of 3 axes or more are passed over
+    (returned as given, for the op's own checks to judge). The kernels then read each shared head
+    ``G`` times from memory: correct, not fla's saving."""
+    if not isinstance(like, torch.Tensor) or like.dim() < 3 or like.shape[2] < 1:
+        return tuple(tensors.values())
+    heads = like.shape[2]
+    shared = {n: t for n, t in tensors.items() if isinstance(t, torch.Tensor) and t.dim() >= 3}
+    if not shared:
+        return tuple(tensors.values())
+    first, t0 = next(iter(shared.items()))
+    h = t0.shape[2]
+    for name, t in shared.items():
+        if t.shape[2] != h:
+            raise ValueError(f"{name} must have the heads of {first} ({h}, axis 2: the shared tensors have one head "
+                             f"count); got {t.shape[2]}")
+    if h == heads:
+        return tuple(tensors.values())
+    if not (0 < h < heads and heads % h == 0):
+        raise ValueError(f"{first} must have the {heads} heads of {like_name} (axis 2) or a whole divisor of them "
+                         f"(fla's grouped heads); got {h}")
+    return tuple(t.repeat_interleave(heads // h, dim=2) if n in shared else t for n, t in tensors.items())

@@ -28,7 +28,7 @@ from triton.runtime.errors import OutOfResources
 
 from .. import reference
 from ..backend import check_dtypes, device_caps, resolve_backend
-from ..common import head_tile, pad_axis
+from ..common import head_tile, pad_axis, share_heads
 from ..common.norm import qk_l2norm
 from ..common.varlen import VarlenSpec, host_offsets, varlen
 from ..validate import QKV_CHECKED, _got, check_linear, check_tensor, documents_checks
@@ -152,7 +152,12 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     """Gated DeltaNet ``S_t = exp(g_t) S_{t-1}``, then the delta update with ``β_t`` (``g, beta``: ``[B, T, H]``).
 
     ``use_qk_l2norm_in_kernel=True`` (fla's keyword) scales ``q`` and ``k`` to unit length first
-    (:mod:`kernels.common.norm`)."""
+    (:mod:`kernels.common.norm`).
+
+    ``q`` and ``k`` may hold fewer heads than ``v`` (and ``g``, ``beta``, the state), a whole
+    divisor (fla's grouped value attention), each shared by a group of value heads
+    (:func:`kernels.common.heads.share_heads`)."""
+    q, k = share_heads(v, "v", q=q, k=k)
     scale = check_linear(q, k, v, scale, initial_state, output_final_state, g=g, g_shape="scalar", beta=beta,
                          with_beta=True, check_values=check_values)
     q, k = qk_l2norm(q, k, use_qk_l2norm_in_kernel)
@@ -238,7 +243,12 @@ def chunk_comba(q, k, v, g, beta, scale=None, initial_state=None, output_final_s
     ``exp(COMBA_MIN_LOG_GATE)`` are raised to it. fla's ``chunk_comba`` is another form:
     it decays the state before the read with a separate vector ``p``, and with ``p = k`` it is Gated
     DeltaNet itself. ``use_qk_l2norm_in_kernel=True`` (fla's keyword) scales ``q`` and ``k`` to
-    unit length first (:mod:`kernels.common.norm`)."""
+    unit length first (:mod:`kernels.common.norm`).
+
+    ``q`` and ``k`` may hold fewer heads than ``v`` (and ``g``, ``beta``, the state), a whole
+    divisor (fla's grouped value attention), each shared by a group of value heads
+    (:func:`kernels.common.heads.share_heads`)."""
+    q, k = share_heads(v, "v", q=q, k=k)
     if g is None or beta is None:
         raise ValueError("g (log gates, γ = exp(g)) and beta (η) must be tensors of shape [B, T, H]; got None")
     scale = check_linear(q, k, v, scale, initial_state, output_final_state, g=g, g_shape="scalar", beta=beta,

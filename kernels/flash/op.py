@@ -13,7 +13,7 @@ import torch
 
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..reference import attention_ref
-from ..common import head_tile, pad_axis
+from ..common import head_tile, pad_axis, share_heads
 from ..common.varlen import VarlenSpec, varlen
 from ..validate import (QKV_CHECKED, ValueChecks, check_flag, check_gate_tensor, check_qkv, default_scale,
                         documents_checks)
@@ -87,7 +87,10 @@ def flash_attention(q, k, v, scale=None, causal: bool = True, backend=None, *, c
 
     ``q, k``: ``[B, T, H, K]``; ``v``: ``[B, T, H, V]`` (any ``K, V`` up to 256; they may differ). ``scale`` defaults to ``K ** -0.5``. ``causal=False``: every query
     sees every key. Forward and backward run on Triton kernels with memory linear in ``T``.
+    ``k``, ``v`` may hold fewer heads than ``q``, a whole divisor (fla's grouped-query attention),
+    each shared by a group of query heads (:func:`kernels.common.heads.share_heads`).
     """
+    k, v = share_heads(q, "q", k=k, v=v)
     B, T, H, K, V = check_qkv(q, k, v)
     scale = default_scale(scale, K)
     check_flag(causal, "causal")
@@ -106,8 +109,11 @@ def parallel_forgetting_attn(q, k, v, g, scale=None, backend=None, *, check_valu
 
     ``g``: log forget gates ``[B, T, H]`` (``g <= 0``), float32 or the inputs' dtype; the bias is
     always formed in float32. A constant ``g = −m_h`` per head is ALiBi with slope ``m_h``.
-    Gradients flow to ``q, k, v`` and ``g``.
+    Gradients flow to ``q, k, v`` and ``g`` (``g`` has ``q``'s heads).
+    ``k``, ``v`` may hold fewer heads than ``q``, a whole divisor (fla's grouped-query attention),
+    each shared by a group of query heads (:func:`kernels.common.heads.share_heads`).
     """
+    k, v = share_heads(q, "q", k=k, v=v)
     B, T, H, K, V = check_qkv(q, k, v)
     scale = default_scale(scale, K)
     checks = ValueChecks(check_values)

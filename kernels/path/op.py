@@ -20,7 +20,7 @@ import torch
 from ..backend import check_dtypes, device_caps, resolve_backend
 from ..common.gates import cumulative_gates
 from ..reference import path_attn_ref
-from ..common import head_tile, pad_axis
+from ..common import head_tile, pad_axis, share_heads
 from ..common.varlen import VarlenSpec, varlen
 from ..validate import (QKV_CHECKED, ValueChecks, check_beta_range, check_gate_tensor, check_qkv, default_scale,
                         documents_checks)
@@ -67,7 +67,12 @@ def parallel_path_attn(q, k, v, w, beta, g=None, scale=None, backend=None, *, ch
     article's notation (Chapter 9, no implicit scale) this is ``lattn_core.path_attention(scale·Q,
     K, V, W, beta, gamma=exp(scale·g))``: the forget gates are ``γ_t = e^{scale·g_t}``. (fla's FoX,
     :func:`kernels.parallel_forgetting_attn`, adds its bias outside the scale.)
+
+    ``k``, ``v``, ``w`` and ``beta`` may hold fewer heads than ``q`` (and ``g``), a whole divisor
+    (fla's grouped-query form), each shared by a group of query heads
+    (:func:`kernels.common.heads.share_heads`).
     """
+    k, v, w, beta = share_heads(q, "q", k=k, v=v, w=w, beta=beta)
     scale = _check_path_inputs(q, k, v, w, beta, g, scale, check_values)
     if resolve_backend(backend, q) == "torch":
         return path_attn_ref(q, k, v, w, beta, g, scale), None

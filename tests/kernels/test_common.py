@@ -339,3 +339,67 @@ def test_use_qk_l2norm_in_kernel(op):
     assert _rel(raw, outs[True][0]) > 0.05
     with pytest.raises(ValueError, match="use_qk_l2norm_in_kernel must be a bool"):
         _norm_call(op, q, k, rest, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# fla's grouped heads (kernels/common/heads.py, share_heads)
+# ---------------------------------------------------------------------------------------------
+from kernels.common import share_heads       # noqa: E402
+
+
+def test_share_heads():
+    q, k = torch.randn(1, 3, 6, 4), torch.randn(1, 3, 2, 4)
+    (k6,) = share_heads(q, "q", k=k)
+    assert k6.shape == (1, 3, 6, 4) and all(torch.equal(k6[:, :, h], k[:, :, h // 3]) for h in range(6))
+    assert share_heads(q, "q", k=q)[0] is q and share_heads(q, "q", g=None)[0] is None
+    assert share_heads(None, "q", k=k)[0] is k
+    with pytest.raises(ValueError, match=r"k must have the 6 heads of q \(axis 2\) or a whole divisor of them "
+                                         r"\(fla's grouped heads\); got 4"):
+        share_heads(q, "q", k=torch.randn(1, 3, 4, 4), v=torch.randn(1, 3, 4, 4))
+    with pytest.raises(ValueError, match=r"beta must have the heads of k \(2, axis 2: the shared tensors have one "
+                                         r"head count\); got 1"):
+        share_heads(q, "q", k=k, beta=torch.rand(1, 3, 1))
+
+
+def _grouped(op, G, gen):
+    """``(leaves, call)`` for ``op`` with shared heads (``G`` to a group) and ``call(leaves, expand)``,
+    which with ``expand`` repeats the shared tensors itself (the op then sees one head count)."""
+    B, T, H, K = 1, 20, 2, 16
+    r = lambda *s: torch.randn(*s, generator=gen)                                   # noqa: E731
+    rep = lambda x, e: x.repeat_interleave(G, dim=2) if e else x                   # noqa: E731
+    if op in ("flash_attention", "parallel_forgetting_attn"):
+        x = [r(B, T, H * G, K), r(B, T, H, K), r(B, T, H, K), F.logsigmoid(r(B, T, H * G) + 3)]
+        if op == "flash_attention":
+            return x[:3], lambda L, e: [kernels.flash_attention(L[0], rep(L[1], e), rep(L[2], e))]
+        return x, lambda L, e: [kernels.parallel_forgetting_attn(L[0], rep(L[1], e), rep(L[2], e), L[3])]
+    if op == "parallel_path_attn":
+        x = [r(B, T, H * G, K), r(B, T, H, K), r(B, T, H, K), F.normalize(r(B, T, H, K), dim=-1),
+             torch.rand(B, T, H, generator=gen) * 2, F.logsigmoid(r(B, T, H * G) + 3)]
+        return x, lambda L, e: [kernels.parallel_path_attn(L[0], *(rep(t, e) for t in L[1:5]), L[5])[0]]
+    x = [r(B, T, H, K), F.normalize(r(B, T, H, K), dim=-1), r(B, T, H * G, K), F.logsigmoid(r(B, T, H * G) + 3),
+         torch.rand(B, T, H * G, generator=gen), r(B, H * G, K, K)]
+    fn = getattr(kernels, op)
+    return x, lambda L, e: list(fn(rep(L[0], e), rep(L[1], e), *L[2:5], initial_state=L[5], output_final_state=True))
+
+
+@pytest.mark.parametrize("op", ["flash_attention", "parallel_forgetting_attn", "parallel_path_attn",
+                                "chunk_gated_delta_rule", "chunk_comba"])
+def test_grouped_heads(op):
+    """Shared heads equal their explicit repetition: outputs and every gradient (the shared
+    tensors' summed over their groups) bit for bit, since the op computes the same thing; a head
+    count that is no divisor raises the op's ValueError."""
+    x, call = _grouped(op, 3, torch.Generator().manual_seed(2))
+    res = {}
+    for e in (False, True):
+        L = [t.clone().requires_grad_(True) for t in x]
+        outs = call(L, e)
+        loss = sum((o * torch.sin(torch.arange(o.numel()).reshape(o.shape).float())).sum() for o in outs)
+        res[e] = outs + list(torch.autograd.grad(loss, L))
+    for i, (a, b) in enumerate(zip(res[False], res[True])):
+        assert a.shape == b.shape and torch.equal(a, b), (op, i)
+    bad = [t.clone() for t in x]
+    shared = 2 if op in ("chunk_gated_delta_rule", "chunk_comba") else 1   # q, k (GVA) or k (GQA)
+    i = 0 if shared == 2 else 1
+    bad[i] = torch.randn(*bad[i].shape[:2], 4, *bad[i].shape[3:])        # 4 heads: no divisor of 6
+    with pytest.raises(ValueError, match=r"must have the heads of [qk] \(4, axis 2"):
+        call(bad, False)

@@ -95,9 +95,10 @@ or heads, so the kernels' batch and head offsets are exercised. Convolution chan
 Differences from fla's tests (forced by our API, API.md)
 --------------------------------------------------------
 * Grouped heads (fla's ``HQ > H`` for attention, FoX and PaTH; ``HV > H`` for Gated DeltaNet):
-  our ops take one head count, so the shared tensors are repeated across the group inside the
-  autograd graph (``repeat_interleave`` over heads, the way fla's naive references expand them);
-  the gradients reach the un-repeated leaves summed over the group, exactly as fla's.
+  our ops take them as fla's do (``kernels/common/heads.py``, ``share_heads``: the shared tensors
+  repeated over each group inside the autograd graph), so the cases pass them unrepeated; the
+  gradients reach the shared leaves summed over the group, exactly as fla's. Where fla's naive
+  reference wants one head count (Gated DeltaNet's), it gets the repeated copies.
 * ``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel``/``allow_neg_eigval`` and
   ``use_gate_in_kernel`` (Gated DeltaNet's in-kernel gate ``g = -exp(A_log)·softplus(a + dt_bias)``):
   we have no in-kernel fusions, so the normalisation, the sigmoid (times 2) and the gate are
@@ -558,8 +559,8 @@ def _build_attention(c: Case, d: dict, dev) -> Problem:
 
     def ours(backend):
         if fox:
-            return {"o": kernels.parallel_forgetting_attn(q, _rep(k, G), _rep(v, G), g, scale, backend=backend)}
-        return {"o": kernels.flash_attention(q, _rep(k, G), _rep(v, G), scale, backend=backend)}
+            return {"o": kernels.parallel_forgetting_attn(q, k, v, g, scale, backend=backend)}
+        return {"o": kernels.flash_attention(q, k, v, scale, backend=backend)}
 
     def ref():
         if c.fla == "test_attn_parallel_with_g":
@@ -745,8 +746,8 @@ def _build_gdn(c: Case, d: dict, dev) -> Problem:
     else:
         cots = {"o": torch.randn_like(L["v"]), "ht": torch.randn_like(L["h0"])}
 
-    def inputs():
-        q, k = (F.normalize(_rep(L[n], G), p=2, dim=-1) for n in "qk")
+    def inputs(grouped=False):     # ours takes fla's grouped q, k; fla's naive reference wants them repeated
+        q, k = (F.normalize(L[n] if grouped else _rep(L[n], G), p=2, dim=-1) for n in "qk")
         if forward_only:
             q, k = q.to(dt), k.to(dt)
         beta, g = L["beta"], L["g"]
@@ -757,7 +758,7 @@ def _build_gdn(c: Case, d: dict, dev) -> Problem:
         return q, k, L["v"], g, beta, L["h0"]
 
     def ours(backend):
-        q, k, v, g, beta, h0 = inputs()
+        q, k, v, g, beta, h0 = inputs(grouped=True)
         o, ht = kernels.chunk_gated_delta_rule(q, k, v, g, beta, scale, h0, True, backend=backend)
         return {"o": o, "ht": ht}
 
@@ -832,8 +833,7 @@ def _build_path(c: Case, d: dict, dev) -> Problem:
     q, k, v, w, beta, g = (L.get(n) for n in ("q", "k", "v", "w", "beta", "g"))
 
     def ours(backend):
-        o, _ = kernels.parallel_path_attn(q, _rep(k, G), _rep(v, G), _rep(w, G), _rep(beta, G), g, scale,
-                                          backend=backend)
+        o, _ = kernels.parallel_path_attn(q, k, v, w, beta, g, scale, backend=backend)
         return {"o": o}
 
     def ref():
