@@ -50,8 +50,8 @@ def _gate_mm(mask, g, GT: tl.constexpr, PIECES: tl.constexpr, EMU: tl.constexpr)
     ``M @ g`` is one bfloat16 product per piece into one float32 accumulator: three pieces hold all 24
     bits of the significand (exact sums, float32 inputs), two hold 16 (float16 inputs, whose operands
     keep 11). One piece (bfloat16 inputs) rounds each gate to 8 bits: an exponent ``x <= 0`` moves by
-    at most ``2^-9 |x|``, so the factor ``e^x <= 1`` moves by at most ``2^-9 |x| e^x <= 2^-9 / e``,
-    about 0.37 of the bound ``2^-9`` on the rounding of the bfloat16 operand the factor then scales:
+    at most ``2^-8 |x|``, so the factor ``e^x <= 1`` moves by at most ``2^-8 |x| e^x <= 2^-8 / e``,
+    about 0.37 of the bound ``2^-8`` on the rounding of the bfloat16 operand the factor then scales:
     float32 gates cost the bfloat16 kernel no precision it keeps, and no time. (An IEEE float32 product,
     ``input_precision="ieee"``, would run on the CUDA cores: that was a 10-15x slower forward for
     float32 gates, the dtype fla's layers pass.) Under the interpreter (``EMU``) 16-bit gates are
