@@ -114,10 +114,10 @@ def last_inputs(x_pad: torch.Tensor, lens, width: int, initial_state=None) -> to
     """The convolution's final state of each row of ``x_pad`` ``[n, T_pad, D]`` whose first
     ``lens[r]`` positions are real: the last ``width`` inputs of ``concat(initial_state, x)``
     along time, ``[n, D, width]`` (``initial_state`` ``[n, D, width]``, zeros without one)."""
+    from ..reference import past_and_inputs      # concat(state, x), the reference's own
     n, _, D = x_pad.shape
-    head = (initial_state.transpose(1, 2).to(x_pad.dtype) if initial_state is not None
-            else x_pad.new_zeros(n, width, D))
-    seq = torch.cat([head, x_pad], dim=1)
+    past = initial_state if initial_state is not None else x_pad.new_zeros(n, D, width)
+    seq = past_and_inputs(x_pad, past, x_pad.dtype)
     idx = torch.tensor(lens, device=x_pad.device, dtype=torch.long)[:, None] + torch.arange(width, device=x_pad.device)
     return seq.gather(1, idx[:, :, None].expand(n, width, D)).transpose(1, 2)
 
