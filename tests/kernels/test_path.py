@@ -489,7 +489,7 @@ def test_gpu_offsets_past_int32():
 def test_query_blocks_of_128_rows(device, T, with_g):
     from kernels.path.plan import plan_for
     inputs = make_inputs(1, T, 2, 16, 32, torch.float32, device, gates=with_g, seed=T + 7)
-    plan = plan_for(torch.float32, torch.device(device), rows=128)
+    plan = plan_for(torch.float32, torch.device(device), K=16, rows=128)
     if plan.path == "torch":   # --gpu-class 89 or 75: float32 PaTH runs in PyTorch there (plan.py)
         pytest.skip("this GPU class runs float32 PaTH on the PyTorch path")
     assert plan.rows == 128
