@@ -24,7 +24,7 @@ from .results import load_results
 
 __all__ = ["show_benchmark", "ratio_table", "ratio_rows", "stored_goal", "goal_verdicts", "describe_verdicts", "plot_results",
            "series_colors", "env_line", "plot_tradeoff", "benchmark_figure", "goal_table", "error_lines",
-           "plot_bars", "show_family", "roofline_rows", "roofline_table"]
+           "plot_bars", "show_family", "roofline_rows", "roofline_table", "roofline_summary"]
 
 # The implementation the stored goals compare us with (config["goals"]: our time / this one's).
 GOALS_PEER = "fla"
@@ -606,3 +606,42 @@ def roofline_table(data: dict, *, impl: str = "ours") -> str:
         lines.append(f"{r.get('op', ''):24s} {r.get('B', ''):>3} {r.get('T', ''):>6} {case:{width}s} {r['pass']:7s} "
                      f"{r['ms']:8.3f} {r['io_ms']:8.3f} {flop} {r['of_roofline']:11.2f}")
     return "\n".join(lines)
+
+
+def roofline_summary(families: dict) -> str:
+    """Every family's distance from its roofline in one compact Markdown table (three columns, to
+    fit a phone): per family and op, the range over the benchmark's shapes of ``of_roofline``
+    (:func:`roofline_rows`; 1 is at the roofline) for the forward and for forward + backward, each
+    marked with the floor that bounds it at most shapes (*bytes*: the copy's bandwidth; *products*:
+    the matrix-multiply rate). ``families`` maps a family's name to its results (``None`` for a
+    family with no file); families whose run predates the yardsticks are named under the table."""
+    head = ["| op (family) | fwd | fwd + bwd |", "|:--|--:|--:|"]
+    body, without = [], []
+    for name, data in families.items():
+        try:
+            rows = roofline_rows(data) if data is not None else None
+        except ValueError:
+            rows = None
+        if not rows:
+            without.append(name)
+            continue
+        for op in dict.fromkeys(r.get("op") for r in rows):
+            cells = []
+            for pass_ in ("fwd", "fwdbwd"):
+                sel = [r for r in rows if r.get("op") == op and r["pass"] == pass_]
+                if not sel:
+                    cells.append("—")
+                    continue
+                lo, hi = min(r["of_roofline"] for r in sel), max(r["of_roofline"] for r in sel)
+                by_flops = sum(r["flop_ms"] is not None and r["flop_ms"] >= r["io_ms"] for r in sel)
+                floor = "products" if 2 * by_flops > len(sel) else "bytes"
+                span = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}"
+                cells.append(f"{span} ({floor})")
+            shown = str(op).replace("_", "_\u200b") if len(str(op)) > 16 else op
+            body.append(f"| {shown} ({name}) | {cells[0]} | {cells[1]} |")
+    text = "\n".join(head + body) if body else "(no results file holds the roofline's yardsticks)"
+    if without:
+        text += ("\n\nNo yardsticks in the benchmark of record of: " + ", ".join(without)
+                 + " (a run before the benchmarks measured them, or no file).")
+    return text
+

@@ -269,6 +269,22 @@ def test_roofline_rows_take_the_larger_floor():
         report.roofline_rows({"config": {}, "records": recs})
 
 
+def test_roofline_summary_ranges_and_floors():
+    """One row per family and op: the range of ``of_roofline`` over shapes per pass, marked with the
+    floor that bounds most of them; a family without the yardsticks (or without a file) is named
+    under the table, not dropped silently."""
+    recs = [{"impl": "ours", "op": "a", "B": 1, "T": 64, "pass": "fwd", "ms": 2.0, "io_bytes": 1e9},   # 0.50, bytes
+            {"impl": "ours", "op": "a", "B": 2, "T": 64, "pass": "fwd", "ms": 4.0, "io_bytes": 1e9},   # 0.25, bytes
+            {"impl": "ours", "op": "a", "B": 1, "T": 64, "pass": "fwdbwd", "ms": 4.0, "io_bytes": 1e6,
+             "tflops": 250.0}]                                                    # 2 ms of products: 0.50
+    good = {"config": {"copy_gbps": 1000.0, "bf16_matmul_tflops": 500.0}, "records": recs}
+    text = report.roofline_summary({"fam": good, "old": {"config": {}, "records": recs}, "none": None})
+    lines = text.splitlines()
+    assert lines[2] == "| a (fam) | 0.25–0.50 (bytes) | 0.50 (products) |"
+    assert lines[-1].startswith("No yardsticks in the benchmark of record of: old, none")
+    assert report.roofline_summary({"old": None}).startswith("(no results file")
+
+
 def test_measure_device_needs_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="needs a CUDA device"):
