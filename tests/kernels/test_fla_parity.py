@@ -65,6 +65,30 @@ unchanged; ``test_delta.py``: ``test_chunk``, ``test_chunk_with_chunk_size``; ``
 ``test_conv_non_contiguous_qkv``, ``test_conv_non_contiguous_dy`` (fla's ``backend`` parameter,
 its Triton kernel or the causal-conv1d package, leaves the rows it duplicates once).
 
+Packed sequences (fla's varlen tests)
+------------------------------------
+``VARLEN`` holds the rows of fla's varlen tests on the shared ops (``test_attn.py``,
+``test_forgetting_attn.py``, ``test_path_attn.py``: ``test_parallel_varlen``;
+``test_deltaformer.py::test_deltaformer_attn_varlen``; ``test_simple_gla.py``, ``test_gla.py``,
+``test_delta.py``, ``test_gdn.py``, ``test_delta_product.py``, ``test_mesa.py``:
+``test_chunk_varlen``; ``tests/modules/test_conv.py``: ``test_conv_varlen``,
+``test_conv_varlen_initial_state_backward_random``): ``N`` sequences packed
+along time in one batch row, ``cu_seqlens`` in fla's dtype for that test (int32, or int64 where
+fla builds a ``LongTensor``), initial states with ``N`` rows, empty sequences where fla has them
+(``[0, 0, 16]``). As fla's tests do, the reference runs on one sequence at a time
+(:func:`_per_sequence`) and the outputs and final states are joined. Where fla's varlen reference
+is one of its fused-recurrent Triton ops (simple GLA, GLA, the delta rule; DeltaProduct's
+``chunk_gated_delta_product_ref``), the naive recurrence of the same math runs on float32 copies,
+as those kernels compute; Gated DeltaNet, MesaNet, attention, FoX and PaTH use fla's naive
+references as its tests do. fla's MesaNet varlen test calls the op with its default 30 solver
+steps (its other rows pass ``K``); ours has the same default. DeltaFormer's rows run both ways of
+the rows above (``q = k`` against fla's reference; ``q != k`` against our float64 one). In the CPU
+tiers the offsets shrink with ``T`` (:func:`_shrink_cu`: every sequence keeps its share, at least
+one token). Shifting the reference's inner boundaries by one token fails every row with more than
+one sequence (checked by hand when the rows were added: 41 of 41 in the PyTorch tier).
+``tests/kernels/test_varlen.py`` checks, beside these, that every op returns packed what it
+returns for each sequence alone.
+
 Tiers
 -----
 * ``test_gpu`` (only where ``torch.cuda.is_available()``): every case at fla's full shapes on the
@@ -128,14 +152,18 @@ Differences from fla's tests (forced by our API, API.md)
 
 Left out (and why)
 ------------------
-* Every varlen case (``cu_seqlens``). Our ops take ``cu_seqlens`` by running each sequence as a
-  row of a padded batch (``kernels/common/varlen.py``); ``tests/kernels/test_varlen.py`` checks
-  that every op returns, packed, what it returns for each sequence alone (outputs, final states,
-  gradients), which these tables check against fla's references.
 * Decoding-step ops we do not have: ``attn_decoding_one_step``, ``mesa_net_decoding_one_step``
   (``test_mesa.py::test_decoding_one_step``), ``causal_conv1d_update`` (``test_conv_decoding*``,
   ``test_conv_varlen_decoding``, ``test_conv_decoding_with_cache``,
   ``test_conv_decoding_non_contiguous_x``).
+* fla's other varlen tests: those of options or ops we do not have (``test_parallel_swa_varlen``,
+  ``test_chunk_gate_in_kernel_varlen``, ``test_fused_recurrent_gate_in_kernel_varlen``,
+  ``test_conv_varlen_decoding``, ``test_fused_chunk_varlen``, ``test_simple_gla.py::test_parallel_varlen``),
+  of fla's fused-recurrent ops (``test_fused_recurrent_varlen``), of an fla internal
+  (``test_attn.py::test_varlen_d_debug``). Not yet taken, though they apply: four that vary the
+  calls above (Gated DeltaNet's ``test_chunk_varlen_prefill``; the convolution's
+  ``test_conv_varlen_with_cache_prefill_fwd``, ``test_conv_varlen_non_contiguous_qkv`` and
+  ``test_fast_conv_varlen``: a cache in a forward-only prefill, strided inputs, fla's fast path).
 * Options of fla's ops that ours do not have: sliding windows and attention sinks
   (``test_parallel_swa``, ``test_parallel_sink``), ``normalize=True`` linear attention
   (``test_naive_chunk``, ``test_normalize_*``), the ``state_v_first`` layout (``*_state_v_first``).
@@ -465,12 +493,91 @@ for _c in CONV:      # rows without a bias or a residual have no such gradient
     if _c.opts.get("res") is False:
         _c.tol.pop("dresidual", None)
 
+# fla's varlen cases (``test_*_varlen``: ``N`` sequences packed along time, ``B = 1``, ``cu_seqlens``):
+# each is checked against fla's reference run on one sequence at a time, as fla's tests do
+def _vrows(op, fla, keys, rows, tol, **fixed):
+    """Varlen cases: ``keys`` in fla's order; ``cu`` (fla's offsets) sets ``T``; ``HQ``/``HV`` (a
+    grouped head count) becomes the group size ``G``."""
+    cases = []
+    for row in rows:
+        r = dict(zip(keys.split(), row))
+        dtype = r.pop("dtype", fixed.get("dtype", f16))
+        cu = tuple(r.pop("cu"))
+        d = {"B": 1, "T": cu[-1], "H": r.pop("H")}
+        big = r.pop("HQ", r.pop("HV", None))
+        if big is not None:
+            d["G"] = big // d["H"]
+        d["D"] = r.pop("D")
+        opts = {**{k: v for k, v in fixed.items() if k != "dtype"}, **r, "cu": cu}
+        cases.append(Case(op, fla, d, dtype, opts, dict(tol)))
+    return cases
+
+
+_ATTN_CU = [(2, 2, 64, [0, 15]), (2, 8, 64, [0, 256, 500, 1000]), (2, 2, 100, [0, 15, 100, 300, 1200, 2000])]
+_NAIVE_CU = [(4, 64, [0, 15]), (4, 64, [0, 256, 500, 1000]), (4, 100, [0, 15, 100, 300, 1200, 2000])]
+VARLEN = (
+    _vrows("flash_attention", "test_parallel_varlen", "H HQ D cu", _ATTN_CU, _tol("o dq dk dv", 0.005))
+    + _vrows("parallel_forgetting_attn", "test_parallel_varlen", "H HQ D cu", _ATTN_CU,
+             _tol("dq dk dv dg", 0.005, o=0.004))
+    + _vrows("parallel_path_attn", "test_parallel_varlen", "H HQ D use_g cu",
+             [(2, 4, 128, False, [0, 15, 333, 2048]), (2, 4, 128, True, [0, 15, 333, 2048]),
+              (2, 4, 64, True, [0, 841, 889, 4096]), (2, 4, 64, False, [0, 841, 889, 2000, 3000, 4096]),
+              (2, 16, 128, True, [0, 500, 1023, 2000, 3000, 4096])], _tol("o dq dk dv dw dbeta dg", 0.005))
+    + [c for ref in ("ours_float64", "fla_q_eq_k") for c in _vrows(
+        "deltaformer_attn", "test_deltaformer_attn_varlen", "H D cu",
+        [(2, 64, [0, 63]), (4, 64, [0, 256, 500, 1000]), (4, 128, [0, 15, 100, 300, 1200, 2000]),
+         (2, 128, [0, 100, 123, 300, 500, 800, 1000, 1500, 2048])],
+        _tol("dq dk dqk dv dbeta", 0.008, o=0.006), ref=ref)]
+    + _vrows("chunk_simple_gla", "test_chunk_varlen", "H D cu", _NAIVE_CU, _tol("ht dq dk dv dg dh0", 0.005, o=0.004))
+    + _vrows("chunk_gla", "test_chunk_varlen", "H D cu", _NAIVE_CU[:1] + [(4, 64, [0, 0, 16])] + _NAIVE_CU[1:],
+             _tol("ht dq dk dv dg dh0", 0.005, o=0.004))
+    + _vrows("chunk_delta_rule", "test_chunk_varlen", "H D cu",
+             [(2, 64, [0, 15]), (3, 60, [0, 111, 500]), (3, 64, [0, 256, 500, 900, 1000]),
+              (4, 100, [0, 15, 100, 300, 1200, 1599, 1800, 2000])],
+             _tol("dq dk dv dbeta dh0", 0.008, o=0.005, ht=0.005))
+    + _vrows("chunk_gated_delta_rule", "test_chunk_varlen", "H HV D mask_p cu",
+             [(4, 4, 60, 0, [0, 15]), (4, 4, 64, 0, [0, 256, 500, 1000]), (4, 4, 64, 0.5, [0, 256, 500, 1000]),
+              (4, 4, 100, 0, [0, 15, 100, 300, 1200, 2000]), (2, 4, 64, 0, [0, 256, 500, 1000]),
+              (2, 8, 64, 0, [0, 256, 500, 1000])],
+             _tol("o ht", 0.005, dq=0.007, dk=0.008, dv=0.007, dbeta=0.015, dg=0.015, dh0=0.007))
+    + _vrows("chunk_gated_delta_product", "test_chunk_varlen", "H D n cu",
+             [(2, 64, 3, [0, 63]), (2, 100, 2, [0, 63, 100, 500, 1000]), (2, 128, 2, [0, 100, 300, 800, 1500, 2000]),
+              (2, 256, 3, [0, 100, 123, 300, 500, 800, 1000, 1500, 2048])],
+             _tol("o ht", 0.005, dq=0.007, dk=0.008, dv=0.007, dbeta=0.015, dh0=0.007))
+    + _vrows("chunk_mesa_net", "test_chunk_varlen", "H D gate cu",
+             [(3, 50, (0.8, 0.99), [0, 15]), (4, 64, (0.8, 0.99), [0, 14, 121, 421, 500]),
+              (4, 64, (0.01, 0.1), [0, 256, 500, 1000]), (4, 100, (1, 1), [0, 15, 100, 300, 1200, 2000])],
+             _tol("h_kk h_kv dq dk dv", 0.008, o=0.006, dbeta=0.015, dlamb=0.015, dg=0.015, dh_kk0=0.007,
+                  dh_kv0=0.007)))
+for _c in VARLEN:       # rows without a forget gate have no dg; each DeltaFormer reference its own leaves
+    if _c.opts.get("use_g") is False:
+        _c.tol.pop("dg")
+    if _c.op == "deltaformer_attn":
+        for n in (("dq", "dk") if _c.opts["ref"] == "fla_q_eq_k" else ("dqk",)):
+            _c.tol.pop(n)
+for _c in _rows("causal_conv1d", "test_conv_varlen", "N T D W act bias res dtype",
+                [(4, 500, 128, 3, "swish", True, True, f32), (4, 1024, 200, 4, "swish", False, True, f32),
+                 (4, 500, 128, 3, None, True, False, f16), (4, 1024, 1024, 4, None, False, False, f16)],
+                _tol("y dx dweight dbias dresidual", _C3), dims=("T", "D", "W")):
+    _c.dims = {"B": 1, **_c.dims}
+    for n, on in (("dbias", "bias"), ("dresidual", "res")):
+        if not _c.opts[on]:
+            _c.tol.pop(n)
+    VARLEN.append(_c)
+# test_conv_varlen_initial_state_backward_random: fla compares the gradients; y gets their tolerance
+VARLEN += _rows("causal_conv1d", "test_conv_varlen_initial_state_backward_random", "T layout D",
+                [(256, "split", 128), (128 * 32 + 8192, "packed", 4096), (128 * 32 + 8192, "packed", 8192)],
+                _tol("y dx dweight dbias dh0", _C3), dims=("B", "T", "D", "W"), B=1, W=4, dtype=f32)
+for _c in VARLEN[-3:]:
+    _c.dims = {"B": 1, "T": _c.dims["T"], "D": _c.dims["D"], "W": 4}
+    _c.opts = {"layout": _c.opts["layout"]}
+
 TABLES = {"flash_attention": FLASH, "parallel_forgetting_attn": FOX, "chunk_linear_attn": LINEAR,
           "chunk_simple_gla": SIMPLE_GLA, "chunk_gla": GLA, "chunk_delta_rule": DELTA,
           "chunk_gated_delta_rule": GDN, "chunk_gated_delta_product": DELTA_PRODUCT,
           "deltaformer_attn": DELTAFORMER, "parallel_path_attn": PATH, "chunk_mesa_net": MESA,
           "causal_conv1d": CONV}
-CASES = [c for table in TABLES.values() for c in table]
+CASES = [c for table in TABLES.values() for c in table] + VARLEN
 
 
 # ---------------------------------------------------------------------------------------------
@@ -500,9 +607,29 @@ def _tier_params(case: Case, tier: str) -> dict:
 def _shrink(case: Case, tier: str) -> dict:
     """The sizes a case runs at in a tier (fla's own on the GPU)."""
     d = dict(case.dims)
+    if "cu" in case.opts:             # varlen: the offsets, scaled down with T below
+        d["cu"] = case.opts["cu"]
     if _TIERS[tier] is None:
         return d
-    p = _tier_params(case, tier)
+    d = _shrink_dims(case, d, _tier_params(case, tier))
+    if "cu" in d:
+        d["cu"] = _shrink_cu(d["cu"], d["T"])
+    return d
+
+
+def _shrink_cu(cu, total: int) -> tuple:
+    """fla's offsets scaled to ``total`` tokens: every sequence keeps its share (one token at
+    least, an empty one stays empty), the rounding left over goes to the longest."""
+    if cu[-1] <= total:
+        return tuple(cu)
+    lengths = [b - a for a, b in zip(cu, cu[1:])]
+    new = [0 if n == 0 else max(1, round(n * total / cu[-1])) for n in lengths]
+    new[new.index(max(new))] += total - sum(new)
+    return tuple([0] + [sum(new[:i + 1]) for i in range(len(new))])
+
+
+def _shrink_dims(case: Case, d: dict, p: dict) -> dict:
+    """The sizes of a row in a CPU tier with parameters ``p`` (:func:`_shrink`)."""
     T, bh = d["T"], p["bh"]
     if T > p["t_max"]:
         d["T"] = p["t_mult"] if T % 64 == 0 else p["t_other"]
@@ -512,7 +639,7 @@ def _shrink(case: Case, tier: str) -> dict:
         d["D"] = min(d["D"], p["d_conv"])
         return d
     n = case.opts.get("n", 1)          # DeltaProduct: the kernels run n steps a token
-    if n > 1:
+    if n > 1 and "cu" not in d:       # (fla's varlen rows count tokens, the steps n a token beside)
         d["T"] = max(1, d["T"] // n)
     G = min(d.get("G", 1), 2)
     B = min(d["B"], 2, max(1, bh // G))
@@ -980,6 +1107,287 @@ def _build_conv(c: Case, d: dict, dev) -> Problem:
     return Problem(L, ours, ref, cots)
 
 
+# ---------------------------------------------------------------------------------------------
+# varlen builders: B = 1, the sequences packed along time at ``d["cu"]``; the reference runs fla's
+# naive form on one sequence at a time, as fla's varlen tests do (where fla's reference is one of
+# its fused-recurrent Triton ops, on float32 copies, as those compute; see the module's docstring)
+# ---------------------------------------------------------------------------------------------
+def _cu_tensor(cu, dev, dtype=torch.int32):
+    return torch.tensor(cu, dtype=dtype, device=dev)
+
+
+def _per_sequence(cu, one) -> dict:
+    """``one(s, e, i)`` (sequence ``i`` at packed positions ``s .. e - 1``) for every sequence:
+    outputs over time (``o``, ``y``) concatenated along it, final states stacked along the batch."""
+    outs = [one(s, e, i) for i, (s, e) in enumerate(zip(cu, cu[1:]))]
+    return {n: torch.cat([o[n] for o in outs], dim=1 if n in ("o", "y") else 0) for n in outs[0]}
+
+
+def _f32(*ts):
+    return [t.float() if t is not None else None for t in ts]
+
+
+def _vl_attention(c: Case, d: dict, dev) -> Problem:
+    T, H, G, D, cu = d["T"], d["H"], d.get("G", 1), d["D"], d["cu"]
+    HQ, fox = H * G, c.op == "parallel_forgetting_attn"
+    x = {"q": torch.randn(1, T, HQ, D, dtype=f16), "k": torch.randn(1, T, H, D, dtype=f16),
+         "v": torch.randn(1, T, H, D, dtype=f16)}
+    if fox:
+        x["g"] = torch.rand(1, T, HQ, dtype=f16).uniform_(-0.1, -0.01)
+    do = torch.randn(1, T, HQ, D, dtype=f16)
+    L, cs = _dev(x, dev), _cu_tensor(cu, dev)
+
+    def ours(backend):
+        if fox:
+            return {"o": kernels.parallel_forgetting_attn(L["q"], L["k"], L["v"], L["g"], backend=backend,
+                                                          cu_seqlens=cs)}
+        return {"o": kernels.flash_attention(L["q"], L["k"], L["v"], backend=backend, cu_seqlens=cs)}
+
+    def one(s, e, i):
+        q, k, v = (L[n][:, s:e] for n in "qkv")
+        if fox:
+            return {"o": _fla("forgetting_attn").naive_forgetting_attn(q, k, v, L["g"][:, s:e])}
+        return {"o": _fla("attn").naive_parallel_attn(q.float(), k.float(), v.float())[0].to(f16)}
+    return Problem(L, ours, lambda: _per_sequence(cu, one), {"o": do.to(dev)})
+
+
+def _vl_path(c: Case, d: dict, dev) -> Problem:
+    T, H, G, D, dt, cu = d["T"], d["H"], d["G"], d["D"], c.dtype, d["cu"]
+    HQ, scale = H * G, D ** -0.5
+    x = {"q": torch.randn(1, T, HQ, D, dtype=dt), "k": torch.randn(1, T, H, D, dtype=dt),
+         "v": torch.randn(1, T, H, D, dtype=dt), "w": F.normalize(torch.randn(1, T, H, D, dtype=f32), dim=-1, p=2),
+         "beta": torch.rand(1, T, H, dtype=f32).sigmoid()}
+    if c.opts["use_g"]:
+        x["g"] = torch.empty(1, T, HQ, dtype=f32).uniform_(0.95, 1).log()
+    do = torch.randn(1, T, HQ, D, dtype=dt)
+    L, cs = _dev(x, dev), _cu_tensor(cu, dev)
+
+    def ours(backend):
+        return {"o": kernels.parallel_path_attn(L["q"], L["k"], L["v"], L["w"], L["beta"], L.get("g"), scale,
+                                                backend=backend, cu_seqlens=cs)[0]}
+
+    def one(s, e, i):
+        g = L["g"][:, s:e] if "g" in L else torch.zeros(1, e - s, HQ, device=dev, dtype=f32)
+        return {"o": _fla("path_attn").naive_path_attn(*(L[n][:, s:e] for n in ("q", "k", "v", "w", "beta")),
+                                                       g, scale)}
+    return Problem(L, ours, lambda: _per_sequence(cu, one), {"o": do.to(dev)})
+
+
+def _vl_deltaformer(c: Case, d: dict, dev) -> Problem:
+    T, H, D, cu = d["T"], d["H"], d["D"], d["cu"]
+    x = {n: torch.randn(1, T, H, D, dtype=f16) for n in "qkv"}
+    x["beta"] = torch.randn(1, T, H, dtype=f16).sigmoid()
+    do = torch.randn(1, T, H, D, dtype=f16)
+    same = c.opts["ref"] == "fla_q_eq_k"
+    if same:                          # one leaf for q and k, as in the rows above
+        x["qk"] = x.pop("q")
+        x.pop("k")
+    L, cs = _dev(x, dev), _cu_tensor(cu, dev)
+    q, k = (L["qk"], L["qk"]) if same else (L["q"], L["k"])
+
+    def ours(backend):
+        return {"o": kernels.deltaformer_attn(q, k, L["v"], L["beta"], backend=backend, cu_seqlens=cs)}
+
+    def one(s, e, i):
+        args = (q[:, s:e], k[:, s:e], L["v"][:, s:e], L["beta"][:, s:e])
+        if same:
+            return {"o": _fla("deltaformer").naive_deltaformer_attn(*args)}
+        return {"o": kref.deltaformer_ref(*(t.double() for t in args), scale=D ** -0.5)}
+    return Problem(L, ours, lambda: _per_sequence(cu, one), {"o": do.to(dev)})
+
+
+def _vl_gla(c: Case, d: dict, dev) -> Problem:
+    """``chunk_simple_gla`` (scalar gate) and ``chunk_gla`` (vector gate); fla's reference is its
+    fused-recurrent op, here the naive recurrence on float32 copies."""
+    T, H, D, dt, cu = d["T"], d["H"], d["D"], c.dtype, d["cu"]
+    N, simple = len(cu) - 1, c.op == "chunk_simple_gla"
+    draw = torch.randn if simple else torch.rand
+    x = {n: draw(1, T, H, D, dtype=dt) for n in "qkv"}
+    if simple:
+        x["g"] = F.logsigmoid(torch.randn(1, T, H, dtype=dt))
+        x["h0"] = torch.randn(N, H, D, D, dtype=f32)
+        cots = {"o": torch.randn_like(x["v"]), "ht": torch.randn_like(x["h0"])}
+    else:
+        x["g"] = F.logsigmoid(torch.rand(1, T, H, D, dtype=dt))
+        x["h0"] = torch.rand(N, H, D, D, dtype=f32)
+        cots = {"o": torch.randn_like(x["v"]), "ht": torch.rand(N, H, D, D, dtype=f32)}
+    L, cs = _dev(x, dev), _cu_tensor(cu, dev)
+    q, k, v, g, h0 = (L[n] for n in ("q", "k", "v", "g", "h0"))
+
+    def ours(backend):
+        fn = kernels.chunk_simple_gla if simple else kernels.chunk_gla
+        o, ht = fn(q, k, v, g, None, h0, True, backend=backend, cu_seqlens=cs)
+        return {"o": o, "ht": ht}
+
+    def one(s, e, i):
+        args = _f32(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e])
+        if simple:
+            o, ht = _fla("simple_gla").naive_recurrent_simple_gla(*args, scale=D ** -0.5, initial_state=h0[i:i + 1],
+                                                                   output_final_state=True)
+        else:
+            o, ht = _fla("gla").naive_recurrent_gla(*args, initial_state=h0[i:i + 1], output_final_state=True)
+        return {"o": o.to(dt), "ht": ht}
+    return Problem(L, ours, lambda: _per_sequence(cu, one), {n: t.to(dev) for n, t in cots.items()})
+
+
+def _vl_delta(c: Case, d: dict, dev) -> Problem:
+    """fla's reference is ``fused_recurrent_delta_rule``: here ``delta_rule_recurrence`` on float32
+    copies (its ``K**-0.5`` is the default scale both sides take)."""
+    T, H, D, dt, cu = d["T"], d["H"], d["D"], c.dtype, d["cu"]
+    N = len(cu) - 1
+    x = {"q": torch.randn(1, T, H, D, dtype=dt),
+         "k": F.normalize(torch.randn(1, T, H, D, dtype=f32), p=2, dim=-1).to(dt),
+         "v": torch.randn(1, T, H, D, dtype=dt), "beta": torch.randn(1, T, H, dtype=dt).sigmoid(),
+         "h0": torch.randn(N, H, D, D, dtype=dt)}
+    L, cs = _dev(x, dev), _cu_tensor(cu, dev)
+    q, k, v, beta, h0 = (L[n] for n in ("q", "k", "v", "beta", "h0"))
+    cots = {"o": torch.randn_like(v), "ht": torch.rand_like(h0)}
+
+    def ours(backend):
+        o, ht = kernels.chunk_delta_rule(q, k, v, beta, None, h0, True, backend=backend, cu_seqlens=cs)
+        return {"o": o, "ht": ht}
+
+    def one(s, e, i):
+        hf = lambda t: t.transpose(1, 2)          # noqa: E731  [B, T, H, ...] -> [B, H, T, ...]
+        qs, ks, vs, bs, h = _f32(q[:, s:e], k[:, s:e], v[:, s:e], beta[:, s:e], h0[i:i + 1])
+        o, ht = _fla("delta_rule").delta_rule_recurrence(hf(qs), hf(ks), hf(vs), hf(bs), initial_state=h,
+                                                         output_final_state=True)
+        return {"o": o.transpose(1, 2).to(dt), "ht": ht}
+    return Problem(L, ours, lambda: _per_sequence(cu, one), cots)
+
+
+def _vl_gdn(c: Case, d: dict, dev) -> Problem:
+    """fla's reference here is its naive recurrence itself, in the inputs' dtype, with ``q, k``
+    repeated over the groups of value heads."""
+    T, H, G, D, dt, cu = d["T"], d["H"], d["G"], d["D"], c.dtype, d["cu"]
+    N, HV = len(cu) - 1, H * G
+    x = {"q": torch.randn(1, T, H, D, dtype=dt),
+         "k": F.normalize(torch.randn(1, T, H, D, dtype=f32), p=2, dim=-1).to(dt),
+         "v": torch.randn(1, T, HV, D, dtype=dt)}
+    g = F.logsigmoid(torch.rand(1, T, HV, dtype=dt))
+    x["g"] = g * (torch.rand_like(g) > c.opts["mask_p"])
+    x["beta"] = torch.rand(1, T, HV, dtype=f32).sigmoid()
+    x["h0"] = torch.randn(N, HV, D, D, dtype=dt)
+    L, cs = _dev(x, dev), _cu_tensor(cu, dev, torch.int64)
+    q, k, v, g, beta, h0 = (L[n] for n in ("q", "k", "v", "g", "beta", "h0"))
+    cots = {"o": torch.randn_like(v), "ht": torch.rand_like(h0)}
+
+    def ours(backend):
+        o, ht = kernels.chunk_gated_delta_rule(q, k, v, g, beta, None, h0, True, backend=backend, cu_seqlens=cs)
+        return {"o": o, "ht": ht}
+
+    def one(s, e, i):
+        o, ht = _fla("gated_delta_rule").naive_recurrent_gated_delta_rule(
+            q=_rep(q[:, s:e], G), k=_rep(k[:, s:e], G), v=v[:, s:e], beta=beta[:, s:e], g=g[:, s:e],
+            initial_state=h0[i:i + 1], output_final_state=True)
+        return {"o": o, "ht": ht}
+    return Problem(L, ours, lambda: _per_sequence(cu, one), cots)
+
+
+def _vl_delta_product(c: Case, d: dict, dev) -> Problem:
+    """fla's reference is its ``chunk_gated_delta_product_ref``: here the naive recurrence on
+    float32 copies; each token's ``n`` steps (keys, values, β) follow its offsets times ``n``."""
+    T, H, D, dt, cu, n = d["T"], d["H"], d["D"], c.dtype, d["cu"], c.opts["n"]
+    N = len(cu) - 1
+    x = {"q": F.normalize(torch.randn(1, T, H, D, dtype=dt), dim=-1, p=2),
+         "k": F.normalize(torch.randn(1, T * n, H, D, dtype=dt), dim=-1, p=2),
+         "v": torch.randn(1, T * n, H, D, dtype=dt), "beta": torch.rand(1, T * n, H, dtype=dt).sigmoid(),
+         "h0": torch.randn(N, H, D, D, dtype=dt)}
+    L, cs = _dev(x, dev), _cu_tensor(cu, dev, torch.int64)
+    q, k, v, beta, h0 = (L[n_] for n_ in ("q", "k", "v", "beta", "h0"))
+    cots = {"o": torch.randn_like(q), "ht": torch.rand_like(h0)}
+
+    def ours(backend):
+        o, ht = kernels.chunk_gated_delta_product(q, k, v, None, beta, n, 1.0, h0, True, backend=backend,
+                                                  cu_seqlens=cs)
+        return {"o": o, "ht": ht}
+
+    def one(s, e, i):
+        args = _f32(q[:, s:e], k[:, s * n:e * n], v[:, s * n:e * n], None, beta[:, s * n:e * n])
+        o, ht = _fla("gated_delta_product").naive_recurrent_gated_delta_product(
+            *args, scale=1.0, initial_state=h0[i:i + 1].float(), output_final_state=True, num_householder=n)
+        return {"o": o.to(dt), "ht": ht}
+    return Problem(L, ours, lambda: _per_sequence(cu, one), cots)
+
+
+def _vl_mesa(c: Case, d: dict, dev) -> Problem:
+    """fla's varlen row calls ``chunk_mesa_net`` with its default 30 solver steps (its other rows
+    pass ``K``); ours takes the same default."""
+    T, H, D, dt, cu = d["T"], d["H"], d["D"], c.dtype, d["cu"]
+    N, (lo, hi) = len(cu) - 1, c.opts["gate"]
+    x = {"q": torch.randn(1, T, H, D, dtype=dt) / 10,
+         "k": F.normalize(torch.randn(1, T, H, D, dtype=f32), p=2, dim=-1).to(dt),
+         "v": torch.randn(1, T, H, D, dtype=dt) / 10,
+         "g": torch.rand(1, T, H, dtype=dt).float().uniform_(lo, hi).log(),
+         "beta": torch.rand(1, T, H, dtype=dt).sigmoid(),
+         "lamb": torch.rand(H, D, dtype=dt).sigmoid() * 0.75 + 0.25}
+    kr = F.normalize(torch.rand(N, H, D, dtype=dt), dim=-1, p=2)
+    x["h_kk0"] = (kr.unsqueeze(-1) * kr.unsqueeze(-2)).float()
+    x["h_kv0"] = torch.rand(N, H, D, D, dtype=f32)
+    L, cs = _dev(x, dev), _cu_tensor(cu, dev, torch.int64)
+    cots = {"o": torch.rand_like(L["v"]) / 10, "h_kk": torch.rand_like(L["h_kk0"]), "h_kv": torch.rand_like(L["h_kv0"])}
+    q, k, v, g, beta, lamb, h_kk0, h_kv0 = (L[n] for n in ("q", "k", "v", "g", "beta", "lamb", "h_kk0", "h_kv0"))
+
+    def ours(backend):
+        o, h_kk, h_kv = kernels.chunk_mesa_net(q, k, v, g, beta, lamb, h_kk_init=h_kk0, h_kv_init=h_kv0,
+                                               output_final_state=True, backend=backend, cu_seqlens=cs)
+        return {"o": o, "h_kk": h_kk, "h_kv": h_kv}
+
+    def one(s, e, i):
+        o, h_kk, h_kv = _fla("mesa_net").naive_mesa_net_exact(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], lamb,
+                                                              beta[:, s:e], h_kk0[i:i + 1], h_kv0[i:i + 1])
+        return {"o": o, "h_kk": h_kk, "h_kv": h_kv}
+    return Problem(L, ours, lambda: _per_sequence(cu, one), cots)
+
+
+def _vl_conv(c: Case, d: dict, dev) -> Problem:
+    """fla's ``test_conv_varlen``: ``N`` sequences cut at random points past the 16th token, each
+    against the float64 reference alone."""
+    T, D, W, dt, o_ = d["T"], d["D"], d["W"], c.dtype, c.opts
+    x, cu_dtype = {}, torch.int64
+    if c.fla == "test_conv_varlen":
+        cut = torch.arange(16, T)[torch.randperm(T - 16)[:o_["N"] - 1]]
+        cu = torch.cat([torch.tensor([0]), cut, torch.tensor([T])]).sort()[0].tolist()
+        act = o_["act"]
+    else:                             # fla's random two-way split, or 128 sequences of 32 tokens and one of 8192
+        if o_["layout"] == "split":
+            cu = [0, int(torch.randint(W, T - W, (1,))), T]
+        else:                         # (a CPU tier's shorter T: as many short ones as fit in half of it)
+            short = max(1, 32 * T // (128 * 32 + 8192))
+            k = min(128, T // 2 // short)
+            cu = [short * i for i in range(k + 1)] + [T]
+        act, cu_dtype = "swish", torch.int32
+    x["x"] = torch.randn(1, T, D).to(dt)
+    x["weight"] = torch.randn(D, W).to(dt)
+    if o_.get("bias", True):
+        x["bias"] = torch.randn(D).to(dt)
+    if o_.get("res"):
+        x["residual"] = x["x"].clone()
+    if "layout" in o_:                # [N, D, W] with slot 0 unused, as fla's
+        x["h0"] = torch.zeros(len(cu) - 1, D, W, dtype=dt)
+        x["h0"][:, :, 1:] = torch.randn(len(cu) - 1, D, W - 1, dtype=dt)
+    dy = torch.randn(1, T, D).to(dt)
+    L, cs = _dev(x, dev), _cu_tensor(cu, dev, cu_dtype)
+    res, h0 = L.get("residual"), L.get("h0")
+
+    def ours(backend):
+        y, _ = kernels.causal_conv1d(L["x"], L["weight"], L.get("bias"), res, h0, False, act, backend=backend,
+                                     cu_seqlens=cs)
+        return {"y": y}
+
+    def one(s, e, i):
+        return {"y": _conv_ref64(L["x"][:, s:e], L["weight"], L.get("bias"), res[:, s:e] if res is not None else None,
+                                 h0[i:i + 1] if h0 is not None else None, act)[0]}
+    return Problem(L, ours, lambda: _per_sequence(cu, one), {"y": dy.to(dev)})
+
+
+VARLEN_BUILDERS = {"flash_attention": _vl_attention, "parallel_forgetting_attn": _vl_attention,
+                   "parallel_path_attn": _vl_path, "deltaformer_attn": _vl_deltaformer,
+                   "chunk_simple_gla": _vl_gla, "chunk_gla": _vl_gla, "chunk_delta_rule": _vl_delta,
+                   "chunk_gated_delta_rule": _vl_gdn, "chunk_gated_delta_product": _vl_delta_product,
+                   "chunk_mesa_net": _vl_mesa, "causal_conv1d": _vl_conv}
+
+
 BUILDERS = {"flash_attention": _build_attention, "parallel_forgetting_attn": _build_attention,
             "chunk_linear_attn": _build_linear, "chunk_simple_gla": _build_simple_gla, "chunk_gla": _build_gla,
             "chunk_delta_rule": _build_delta, "chunk_gated_delta_rule": _build_gdn,
@@ -1017,7 +1425,7 @@ def _check(case: Case, tier: str):
     dev = torch.device("cuda" if tier == "gpu" else "cpu")
     backend = None if tier == "gpu" else tier
     torch.manual_seed(42)
-    p = BUILDERS[case.op](case, dims, dev)
+    p = (VARLEN_BUILDERS if "varlen" in case.fla else BUILDERS)[case.op](case, dims, dev)
     ours = p.ours(backend)
     ours.update(_grads(ours, p))
     ref = p.ref()
