@@ -433,6 +433,12 @@ def _shape_text(row: dict, fields) -> str:
     return ", ".join(([bt] if bt else []) + rest)
 
 
+def _breakable(op) -> str:
+    """A long op name that may break after an underscore (a zero-width space), so that it wraps in
+    a phone's narrow table column instead of widening the table."""
+    return str(op).replace("_", "_\u200b") if len(str(op)) > 16 else str(op)
+
+
 def goal_table(data: dict, *, ours: str = "ours", peer="fla", select=None) -> str:
     """A compact Markdown table of our median time over the peer's, three columns that fit a phone:
     the shape (``B × T`` and the fields that vary within the op), the forward and the forward +
@@ -454,10 +460,7 @@ def goal_table(data: dict, *, ours: str = "ours", peer="fla", select=None) -> st
                              - {"pass", "ours", "peer", "ratio", "goal", "note", "op", "B", "T"}
                              if len({str(r.get(c)) for r in block}) > 1)
             goals = {r["pass"]: r["goal"] for r in block if r["goal"] is not None}
-            # a long op name may break after an underscore (a zero-width space), so that it wraps
-            # in a phone's narrow column instead of widening the table
-            shown = str(op).replace("_", "_\u200b") if len(str(op)) > 16 else op
-            name = f"**{shown}** over {p}"
+            name = f"**{_breakable(op)}** over {p}"
             if goals:
                 name += " (goals: " + ", ".join(f"{'fwd + bwd' if k == 'fwdbwd' else k} ≤ {g:g}"
                                                 for k, g in goals.items()) + ")"
@@ -615,6 +618,8 @@ def roofline_summary(families: dict) -> str:
     marked with the floor that bounds it at most shapes (*bytes*: the copy's bandwidth; *products*:
     the matrix-multiply rate). ``families`` maps a family's name to its results (``None`` for a
     family with no file); families whose run predates the yardsticks are named under the table."""
+    if not isinstance(families, dict):
+        raise ValueError(f"families must be a dict of family name -> results (or None); got {type(families).__name__}")
     head = ["| op (family) | fwd | fwd + bwd |", "|:--|--:|--:|"]
     body, without = [], []
     for name, data in families.items():
@@ -637,8 +642,7 @@ def roofline_summary(families: dict) -> str:
                 floor = "products" if 2 * by_flops > len(sel) else "bytes"
                 span = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}"
                 cells.append(f"{span} ({floor})")
-            shown = str(op).replace("_", "_\u200b") if len(str(op)) > 16 else op
-            body.append(f"| {shown} ({name}) | {cells[0]} | {cells[1]} |")
+            body.append(f"| {_breakable(op)} ({name}) | {cells[0]} | {cells[1]} |")
     text = "\n".join(head + body) if body else "(no results file holds the roofline's yardsticks)"
     if without:
         text += ("\n\nNo yardsticks in the benchmark of record of: " + ", ".join(without)

@@ -283,6 +283,8 @@ def test_roofline_summary_ranges_and_floors():
     assert lines[2] == "| a (fam) | 0.25–0.50 (bytes) | 0.50 (products) |"
     assert lines[-1].startswith("No yardsticks in the benchmark of record of: old, none")
     assert report.roofline_summary({"old": None}).startswith("(no results file")
+    with pytest.raises(ValueError, match="families must be a dict"):
+        report.roofline_summary([good])
 
 
 def test_measure_device_needs_a_gpu(monkeypatch):
