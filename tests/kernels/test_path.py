@@ -552,6 +552,24 @@ def test_windows_against_float64(device, T, rows, window, with_g):
     _plan_against_float64(inputs, plan, 16 ** -0.5, do, f"window_blocks={window} rows={rows} T={T}")
 
 
+# With beta in [0, 2] and forget gates, pairs two or more windows apart carry almost nothing (each
+# block's product contracts, the gates decay), so the tests above would not see the window products'
+# orientation there. Pure reflections (beta = 2, orthogonal products) and no gates keep every pair's
+# weight: seven windows of one block, pairs up to six windows apart.
+@pytest.mark.parametrize("device", DEVICES)
+def test_windows_far_apart_with_reflections(device):
+    from dataclasses import replace
+    from kernels.path.plan import plan_for
+    q, k, v, w, beta, g = make_inputs(1, 420, 1, 16, 16, torch.float32, device, seed=7)
+    plan = plan_for(torch.float32, torch.device(device), K=16, rows=64)
+    if plan.path == "torch":   # --gpu-class 89 or 75: float32 PaTH runs in PyTorch there (plan.py)
+        pytest.skip("this GPU class runs float32 PaTH on the PyTorch path")
+    plan = replace(plan, window_blocks=1)
+    do = torch.randn(1, 420, 1, 16, generator=torch.Generator().manual_seed(8)).to(device)
+    _plan_against_float64((q, k, v, w, torch.full_like(beta, 2.0), g), plan, 0.5, do,
+                          "windows of 1, reflections, T=420")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_per_block_backward_in_launches_of_heads(device):
     """The per-block backward's matrices (local.py) go in launches of at most plan.local_scratch bytes
