@@ -39,7 +39,9 @@ class PathPlan:
     multiple of ``rows // 64``; ``forward_windows``: the forward across the windows too (``False``: it
     walks every block, and the backward prepares the windows itself; untimed, for
     ``lab/windows_sweep.py``); ``local_scratch``: bytes of the per-block backward's matrices per
-    launch (heads beyond it go in further launches);
+    launch (heads beyond it go in further launches); ``cross``: the launch of the two cross-window
+    passes (``windows.py``; today the main pass's, never swept on its own: ``NOTES.md``, "Open");
+    ``cross_keys``: keys per program of the key-major cross-window pass (64, or ``rows``);
     ``path``: ``"torch"`` where the class cannot run these kernels."""
     transport: torch.dtype
     precision: str
@@ -54,6 +56,8 @@ class PathPlan:
     window_blocks: int = 0
     forward_windows: bool = True
     local_scratch: int = 1 << 31
+    cross: tuple = field(default_factory=lambda: (Launch(8, 1), Launch(4, 1)))
+    cross_keys: int = 64
     path: str = "triton"
 
     def solve_plan(self, K: int, w_dtype) -> _SolvePlan:

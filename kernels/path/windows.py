@@ -162,31 +162,31 @@ def _cross_k_kernel(qa_ptr, kbar_ptr, pi_ptr, v_ptr, do_ptr, lse_ptr, dlt_ptr, G
                     dkbar_ptr, dv_ptr, dG_ptr,
                     T, H, NT, NTC, NW, scale, qk_scale, g_to_s,
                     WB: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr,
-                    HAS_G: tl.constexpr, PREC: tl.constexpr):
+                    BN: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr):
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    s0 = i_t * 64
-    i_w = i_t // WB
+    s0 = i_t * BN                                            # BN keys (64, or 128 inside one window)
+    i_w = s0 // 64 // WB
     buf = i_bh * NTC * K
     td = qa_ptr.dtype.element_ty
     r = tl.arange(0, BM)
     kk = tl.arange(0, K)
-    cols = tl.arange(0, 64)
+    cols = tl.arange(0, BN)
     v_base = v_ptr + (i_b * T * H + i_h) * V
     do_base = do_ptr + (i_b * T * H + i_h) * V
     g_base = G_ptr + i_b * T * H + i_h
     pi_base = pi_ptr + i_bh * NW * K * K
-    kb = _tile(kbar_ptr + buf, s0, K)
+    kb = _tile_rows(kbar_ptr + buf, s0, BN, K)
     v = tl.load(v_base + (s0 + cols).to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :],
                 mask=((s0 + cols) < T)[:, None], other=0.0)
-    g_col = tl.zeros([64], dtype=tl.float32)
+    g_col = tl.zeros([BN], dtype=tl.float32)
     if HAS_G:
-        g_col = _gates(g_base, s0, T, H)
-    dkb = tl.zeros([64, K], dtype=tl.float32)
-    dvb = tl.zeros([64, V], dtype=tl.float32)
-    dg_col = tl.zeros([64], dtype=tl.float32)
+        g_col = tl.load(g_base + (s0 + cols).to(tl.int64) * H, mask=(s0 + cols) < T, other=0.0)
+    dkb = tl.zeros([BN, K], dtype=tl.float32)
+    dvb = tl.zeros([BN, V], dtype=tl.float32)
+    dg_col = tl.zeros([BN], dtype=tl.float32)
     phi = tl.where(kk[:, None] == kk[None, :], 1.0, 0.0)    # Φ = Π_{a−1} ⋯ Π_{w+1}
     for i_a in range(i_w + 1, NW):
         if i_a > i_w + 1:
@@ -211,8 +211,8 @@ def _cross_k_kernel(qa_ptr, kbar_ptr, pi_ptr, v_ptr, do_ptr, lse_ptr, dlt_ptr, G
                 dkb += tl.dot(tl.trans((dz * scale).to(td)), x, input_precision=PREC)
                 if HAS_G:
                     dg_col -= tl.sum(dz, 0)
-    _put(dkbar_ptr + buf, s0, dkb, 64, K)
-    _put(dv_ptr + i_bh * NTC * V, s0, dvb, 64, V)
+    _put(dkbar_ptr + buf, s0, dkb, BN, K)
+    _put(dv_ptr + i_bh * NTC * V, s0, dvb, BN, V)
     if HAS_G:
         tl.atomic_add(dG_ptr + i_bh * NTC + s0 + cols, dg_col, sem="relaxed")
 
@@ -239,14 +239,17 @@ def cross_window_grads(qa, kbar, pi, v, do, lse, dlt, G, scale: float, plan, dv,
     gs = torch.empty(nprog, NW, plan.rows, K, **f32)
     common = (T, H)
     gp = G if G is not None else dlt
+    BN = plan.cross_keys
+    if BN not in (64, plan.rows):
+        raise ValueError(f"plan.cross_keys must be 64 or plan.rows = {plan.rows}; got {BN!r}")
     meta = dict(WB=WB, K=K, V=V, BM=plan.rows, HAS_G=G is not None, PREC=plan.precision)
     qk = (float(scale), float(scale) * LOG2E, 1.0 / float(scale))
     launch(_cross_q_kernel, (nprog,),
            (qa, kbar, pi, v, do, lse, dlt, gp, dqa, mw, dG if dG is not None else dlt, xs, gs,
-            *common, NQ, NTC, BH, NW, *qk), meta, plan.bwd)
-    launch(_cross_k_kernel, (NT, BH),
+            *common, NQ, NTC, BH, NW, *qk), meta, plan.cross)
+    launch(_cross_k_kernel, (triton.cdiv(T, BN), BH),
            (qa, kbar, pi, v, do, lse, dlt, gp, dkbar, dv, dG if dG is not None else dlt,
-            *common, NT, NTC, NW, *qk), meta, plan.bwd)
+            *common, NT, NTC, NW, *qk), dict(meta, BN=BN), plan.cross)
     return dqa, dkbar, mw
 
 
