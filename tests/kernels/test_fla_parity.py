@@ -72,7 +72,9 @@ Packed sequences (fla's varlen tests)
 ``test_deltaformer.py::test_deltaformer_attn_varlen``; ``test_simple_gla.py``, ``test_gla.py``,
 ``test_delta.py``, ``test_gdn.py``, ``test_delta_product.py``, ``test_mesa.py``:
 ``test_chunk_varlen``; ``tests/modules/test_conv.py``: ``test_conv_varlen``,
-``test_conv_varlen_initial_state_backward_random``): ``N`` sequences packed
+``test_conv_varlen_initial_state_backward_random``, ``test_conv_varlen_with_cache_prefill_fwd``,
+``test_conv_varlen_non_contiguous_qkv``; ``test_gdn.py::test_chunk_varlen_prefill``, forward only in
+inference mode, which takes our op's inference path): ``N`` sequences packed
 along time in one batch row, ``cu_seqlens`` in fla's dtype for that test (int32, or int64 where
 fla builds a ``LongTensor``), initial states with ``N`` rows, empty sequences where fla has them
 (``[0, 0, 16]``). As fla's tests do, the reference runs on one sequence at a time
@@ -85,7 +87,8 @@ steps (its other rows pass ``K``); ours has the same default. DeltaFormer's rows
 the rows above (``q = k`` against fla's reference; ``q != k`` against our float64 one). In the CPU
 tiers the offsets shrink with ``T`` (:func:`_shrink_cu`: every sequence keeps its share, at least
 one token). Shifting the reference's inner boundaries by one token fails every row with more than
-one sequence (checked by hand when the rows were added: 41 of 41 in the PyTorch tier).
+one sequence (checked by hand when the rows were added: 41 of 41 in the PyTorch tier; the 18 of the
+prefill and strided rows added later, 2026-11-29).
 ``tests/kernels/test_varlen.py`` checks, beside these, that every op returns packed what it
 returns for each sequence alone.
 
@@ -160,10 +163,8 @@ Left out (and why)
   ``test_chunk_gate_in_kernel_varlen``, ``test_fused_recurrent_gate_in_kernel_varlen``,
   ``test_conv_varlen_decoding``, ``test_fused_chunk_varlen``, ``test_simple_gla.py::test_parallel_varlen``),
   of fla's fused-recurrent ops (``test_fused_recurrent_varlen``), of an fla internal
-  (``test_attn.py::test_varlen_d_debug``). Not yet taken, though they apply: four that vary the
-  calls above (Gated DeltaNet's ``test_chunk_varlen_prefill``; the convolution's
-  ``test_conv_varlen_with_cache_prefill_fwd``, ``test_conv_varlen_non_contiguous_qkv`` and
-  ``test_fast_conv_varlen``: a cache in a forward-only prefill, strided inputs, fla's fast path).
+  (``test_attn.py::test_varlen_d_debug``), of fla's other convolution function
+  (``test_fast_conv_varlen``: ``fast_causal_conv1d_fn``, which needs the causal-conv1d package).
 * Options of fla's ops that ours do not have: sliding windows and attention sinks
   (``test_parallel_swa``, ``test_parallel_sink``), ``normalize=True`` linear attention
   (``test_naive_chunk``, ``test_normalize_*``), the ``state_v_first`` layout (``*_state_v_first``).
@@ -176,6 +177,7 @@ Left out (and why)
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -540,6 +542,9 @@ VARLEN = (
               (4, 4, 100, 0, [0, 15, 100, 300, 1200, 2000]), (2, 4, 64, 0, [0, 256, 500, 1000]),
               (2, 8, 64, 0, [0, 256, 500, 1000])],
              _tol("o ht", 0.005, dq=0.007, dk=0.008, dv=0.007, dbeta=0.015, dg=0.015, dh0=0.007))
+    + _vrows("chunk_gated_delta_rule", "test_chunk_varlen_prefill", "H D mask_p cu",
+             [(4, 60, 0, [0, 8192]), (4, 60, 0, [0, 15]), (4, 64, 0, [0, 256, 500, 1000]),
+              (4, 64, 0.5, [0, 256, 500, 1000]), (4, 100, 0, [0, 15, 100, 300, 1200, 2000])], _tol("o ht", 0.005))
     + _vrows("chunk_gated_delta_product", "test_chunk_varlen", "H D n cu",
              [(2, 64, 3, [0, 63]), (2, 100, 2, [0, 63, 100, 500, 1000]), (2, 128, 2, [0, 100, 300, 800, 1500, 2000]),
               (2, 256, 3, [0, 100, 123, 300, 500, 800, 1000, 1500, 2048])],
@@ -571,6 +576,24 @@ VARLEN += _rows("causal_conv1d", "test_conv_varlen_initial_state_backward_random
 for _c in VARLEN[-3:]:
     _c.dims = {"B": 1, "T": _c.dims["T"], "D": _c.dims["D"], "W": 4}
     _c.opts = {"layout": _c.opts["layout"]}
+# test_conv_varlen_with_cache_prefill_fwd (forward only; the last two rows have sequences shorter than
+# the window, whose final state keeps slots of their cache) and test_conv_varlen_non_contiguous_qkv
+# (plain, with a residual, with an initial state: fla's three parts of the test)
+for _c in (_rows("causal_conv1d", "test_conv_varlen_with_cache_prefill_fwd", "N T D W act bias res dtype",
+                 [(3, 128, 64, 4, "swish", True, True, f32), (4, 256, 128, 3, None, False, True, f32),
+                  (2, 64, 128, 4, "swish", True, False, f16), (3, 200, 64, 3, None, False, False, f16),
+                  (2, 3, 64, 4, "swish", True, True, f32), (2, 3, 64, 3, None, False, True, f32)],
+                 {"y": _C3, "ht": ("allclose", 1e-3, 1e-3)}, dims=("T", "D", "W"))
+           + [c for sub in ("plain", "residual", "state") for c in _rows(
+               "causal_conv1d", "test_conv_varlen_non_contiguous_qkv", "N T D W act bias dtype",
+               [(4, 128, 64, 3, "swish", True, f32), (4, 256, 128, 4, "swish", False, f32),
+                (2, 64, 128, 3, None, True, f16)],
+               _tol("y dqkv dweight dbias" + {"plain": "", "residual": " dresidual", "state": " ht dh0"}[sub], _C3),
+               dims=("T", "D", "W"), sub=sub)]):
+    _c.dims = {"B": 1, **_c.dims}
+    if _c.opts.get("bias") is False:
+        _c.tol.pop("dbias", None)
+    VARLEN.append(_c)
 
 TABLES = {"flash_attention": FLASH, "parallel_forgetting_attn": FOX, "chunk_linear_attn": LINEAR,
           "chunk_simple_gla": SIMPLE_GLA, "chunk_gla": GLA, "chunk_delta_rule": DELTA,
@@ -1259,21 +1282,24 @@ def _vl_delta(c: Case, d: dict, dev) -> Problem:
 def _vl_gdn(c: Case, d: dict, dev) -> Problem:
     """fla's reference here is its naive recurrence itself, in the inputs' dtype, with ``q, k``
     repeated over the groups of value heads."""
-    T, H, G, D, dt, cu = d["T"], d["H"], d["G"], d["D"], c.dtype, d["cu"]
+    T, H, G, D, dt, cu = d["T"], d["H"], d.get("G", 1), d["D"], c.dtype, d["cu"]
     N, HV = len(cu) - 1, H * G
+    prefill = c.fla == "test_chunk_varlen_prefill"   # forward only, in inference mode, beta in dt
     x = {"q": torch.randn(1, T, H, D, dtype=dt),
          "k": F.normalize(torch.randn(1, T, H, D, dtype=f32), p=2, dim=-1).to(dt),
          "v": torch.randn(1, T, HV, D, dtype=dt)}
     g = F.logsigmoid(torch.rand(1, T, HV, dtype=dt))
     x["g"] = g * (torch.rand_like(g) > c.opts["mask_p"])
-    x["beta"] = torch.rand(1, T, HV, dtype=f32).sigmoid()
+    x["beta"] = torch.rand(1, T, HV, dtype=dt if prefill else f32).sigmoid()
     x["h0"] = torch.randn(N, HV, D, D, dtype=dt)
     L, cs = _dev(x, dev), _cu_tensor(cu, dev, torch.int64)
     q, k, v, g, beta, h0 = (L[n] for n in ("q", "k", "v", "g", "beta", "h0"))
-    cots = {"o": torch.randn_like(v), "ht": torch.rand_like(h0)}
+    cots = None if prefill else {"o": torch.randn_like(v), "ht": torch.rand_like(h0)}
 
     def ours(backend):
-        o, ht = kernels.chunk_gated_delta_rule(q, k, v, g, beta, None, h0, True, backend=backend, cu_seqlens=cs)
+        with torch.inference_mode(prefill):
+            o, ht = kernels.chunk_gated_delta_rule(q, k, v, g, beta, None, h0, True, backend=backend,
+                                                   cu_seqlens=cs)
         return {"o": o, "ht": ht}
 
     def one(s, e, i):
@@ -1341,15 +1367,18 @@ def _vl_mesa(c: Case, d: dict, dev) -> Problem:
 
 
 def _vl_conv(c: Case, d: dict, dev) -> Problem:
-    """fla's ``test_conv_varlen``: ``N`` sequences cut at random points past the 16th token, each
-    against the float64 reference alone."""
+    """fla's ``test_conv_varlen`` (``N`` sequences cut at random points past the 16th token),
+    ``test_conv_varlen_initial_state_backward_random``, ``test_conv_varlen_with_cache_prefill_fwd``
+    (forward only, each sequence with its cache; fla checks the final state's last ``W - 1`` slots)
+    and ``test_conv_varlen_non_contiguous_qkv`` (``k``, a strided view of a fused ``qkv``), each
+    sequence against the float64 reference alone."""
     T, D, W, dt, o_ = d["T"], d["D"], d["W"], c.dtype, c.opts
-    x, cu_dtype = {}, torch.int64
+    x, cu_dtype, slots = {}, torch.int64, None
     if c.fla == "test_conv_varlen":
         cut = torch.arange(16, T)[torch.randperm(T - 16)[:o_["N"] - 1]]
         cu = torch.cat([torch.tensor([0]), cut, torch.tensor([T])]).sort()[0].tolist()
         act = o_["act"]
-    else:                             # fla's random two-way split, or 128 sequences of 32 tokens and one of 8192
+    elif "layout" in o_:              # fla's random two-way split, or 128 sequences of 32 tokens and one of 8192
         if o_["layout"] == "split":
             cu = [0, int(torch.randint(W, T - W, (1,))), T]
         else:                         # (a CPU tier's shorter T: as many short ones as fit in half of it)
@@ -1357,28 +1386,55 @@ def _vl_conv(c: Case, d: dict, dev) -> Problem:
             k = min(128, T // 2 // short)
             cu = [short * i for i in range(k + 1)] + [T]
         act, cu_dtype = "swish", torch.int32
-    x["x"] = torch.randn(1, T, D).to(dt)
-    x["weight"] = torch.randn(D, W).to(dt)
-    if o_.get("bias", True):
-        x["bias"] = torch.randn(D).to(dt)
-    if o_.get("res"):
+    else:                             # N sequences of T // N tokens, the last taking the rest, as fla splits them
+        lengths = [max(1, T // o_["N"])] * o_["N"]
+        lengths[-1] += T - sum(lengths)
+        cu = [0] + torch.tensor(lengths).cumsum(0).tolist()
+        act, cu_dtype = o_["act"], torch.int32
+    N = len(cu) - 1
+    prefill = c.fla == "test_conv_varlen_with_cache_prefill_fwd"
+    if c.fla == "test_conv_varlen_non_contiguous_qkv":
+        x["qkv"] = torch.randn(1, T, 3 * D).to(dt)
+    else:
+        x["x"] = torch.randn(1, T, D).to(dt)
+    if prefill:
+        if o_["res"]:
+            x["residual"] = torch.randn(1, T, D).to(dt)
+        conv = torch.nn.Conv1d(D, D, W, groups=D, bias=o_["bias"], dtype=dt)      # ShortConvolution's init
+        x["weight"] = conv.weight.detach()[:, 0].clone()
+        if o_["bias"]:
+            x["bias"] = conv.bias.detach().clone()
+    else:
+        x["weight"] = torch.randn(D, W).to(dt)
+        if o_.get("bias", True):
+            x["bias"] = torch.randn(D).to(dt)
+    if o_.get("res") and not prefill:
         x["residual"] = x["x"].clone()
-    if "layout" in o_:                # [N, D, W] with slot 0 unused, as fla's
-        x["h0"] = torch.zeros(len(cu) - 1, D, W, dtype=dt)
-        x["h0"][:, :, 1:] = torch.randn(len(cu) - 1, D, W - 1, dtype=dt)
+    if o_.get("sub") == "residual":
+        x["residual"] = x["qkv"][:, :, D:2 * D].clone()
+    if "layout" in o_ or prefill:     # [N, D, W] with slot 0 unused, as fla's [N, D, W-1] cache padded
+        x["h0"] = torch.zeros(N, D, W, dtype=dt)
+        x["h0"][:, :, 1:] = torch.randn(N, D, W - 1, dtype=dt)
+        slots = slice(1, None) if prefill else None
+    if o_.get("sub") == "state":      # fla's random [N, D, W] initial state; its final state compared whole
+        x["h0"] = torch.randn(N, D, W).to(dt)
+        slots = slice(None)
     dy = torch.randn(1, T, D).to(dt)
     L, cs = _dev(x, dev), _cu_tensor(cu, dev, cu_dtype)
     res, h0 = L.get("residual"), L.get("h0")
+    xin = (lambda: L["qkv"][:, :, D:2 * D]) if "qkv" in L else (lambda: L["x"])   # noqa: E731
 
     def ours(backend):
-        y, _ = kernels.causal_conv1d(L["x"], L["weight"], L.get("bias"), res, h0, False, act, backend=backend,
-                                     cu_seqlens=cs)
-        return {"y": y}
+        with torch.no_grad() if prefill else contextlib.nullcontext():
+            y, ht = kernels.causal_conv1d(xin(), L["weight"], L.get("bias"), res, h0, slots is not None, act,
+                                          backend=backend, cu_seqlens=cs)
+        return {"y": y} if slots is None else {"y": y, "ht": ht[..., slots]}
 
     def one(s, e, i):
-        return {"y": _conv_ref64(L["x"][:, s:e], L["weight"], L.get("bias"), res[:, s:e] if res is not None else None,
-                                 h0[i:i + 1] if h0 is not None else None, act)[0]}
-    return Problem(L, ours, lambda: _per_sequence(cu, one), {"y": dy.to(dev)})
+        y, ht = _conv_ref64(xin()[:, s:e], L["weight"], L.get("bias"), res[:, s:e] if res is not None else None,
+                            h0[i:i + 1] if h0 is not None else None, act)
+        return {"y": y} if slots is None else {"y": y, "ht": ht[..., slots]}
+    return Problem(L, ours, lambda: _per_sequence(cu, one), None if prefill else {"y": dy.to(dev)})
 
 
 VARLEN_BUILDERS = {"flash_attention": _vl_attention, "parallel_forgetting_attn": _vl_attention,
