@@ -63,6 +63,15 @@ def cases(ops=None, quick=False):
     return out
 
 
+def flops(case):
+    """The chunked forward's matrix products per head and chunk of ``C = 64`` tokens: the scores
+    ``Q Kᵀ`` and ``A V`` inside the chunk (``C·K`` and ``C·V`` multiply-adds a token), the read of the
+    state ``Q S`` and its update ``Kᵀ V`` (``K·V`` each a token); two operations a multiply-add. The
+    gates' elementwise work is not counted."""
+    dk, dv = case.get("K", K), case.get("V", V)
+    return 2 * case["B"] * case["T"] * case.get("H", H) * (64 * (dk + dv) + 2 * dk * dv)
+
+
 def make_inputs(case, *, device="cuda", dtype=None, seed=None):
     """``q, k, v`` (``[B, T, H, K]``, ``V`` for ``v``) and, gated, ``g`` (``[B, T, H]``, GLA's
     ``[B, T, H, K]``) in the case's ``gates`` dtype."""
