@@ -42,6 +42,7 @@ class PathPlan:
     launch (heads beyond it go in further launches); ``cross``: the launch of the two cross-window
     passes (``windows.py``; today the main pass's, never swept on its own: ``NOTES.md``, "Open");
     ``cross_keys``: keys per program of the key-major cross-window pass (64, or ``rows``);
+    ``cross_queries``: the query rows it streams past them a step (64, or ``rows``; ``None``: ``rows``);
     ``path``: ``"torch"`` where the class cannot run these kernels."""
     transport: torch.dtype
     precision: str
@@ -58,6 +59,7 @@ class PathPlan:
     local_scratch: int = 1 << 31
     cross: tuple = field(default_factory=lambda: (Launch(8, 1), Launch(4, 1)))
     cross_keys: int = 64
+    cross_queries: int | None = None
     path: str = "triton"
 
     def solve_plan(self, K: int, w_dtype) -> _SolvePlan:

@@ -163,11 +163,12 @@ def _cross_k_kernel(qa_ptr, kbar_ptr, pi_ptr, v_ptr, do_ptr, lse_ptr, dlt_ptr, G
                     T, H, NT, NTC, NW, scale, qk_scale, g_to_s,
                     WB: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr,
                     BN: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr):
+    # BN keys a program (64, or 128 inside one window) meet BM query rows a step
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    s0 = i_t * BN                                            # BN keys (64, or 128 inside one window)
+    s0 = i_t * BN
     i_w = s0 // 64 // WB
     buf = i_bh * NTC * K
     td = qa_ptr.dtype.element_ty
@@ -192,25 +193,25 @@ def _cross_k_kernel(qa_ptr, kbar_ptr, pi_ptr, v_ptr, do_ptr, lse_ptr, dlt_ptr, G
         if i_a > i_w + 1:
             phi = tl.dot(_tile_rows(pi_base + (i_a - 1) * K * K, 0, K, K).to(td), phi.to(td), input_precision=PREC)
         phit = phi.to(td)
-        for j in range(0, WB * 64 // BM):
+        # the window's query steps that start before T, counted up front: no branch in the loop
+        for j in range(0, tl.cdiv(tl.minimum(WB * 64, T - i_a * WB * 64), BM)):
             t0 = i_a * WB * 64 + j * BM
-            if t0 < T:
-                rows = t0 + r
-                valid = rows < T
-                x = tl.dot(_tile_rows(qa_ptr + buf, t0, BM, K), phit, input_precision=PREC).to(td)
-                s = tl.dot(x, tl.trans(kb), input_precision=PREC)
-                if HAS_G:
-                    g_row = tl.load(g_base + rows.to(tl.int64) * H, mask=valid, other=0.0)
-                    s += (g_row[:, None] - g_col[None, :]) * g_to_s
-                lse = tl.load(lse_ptr + i_bh * NTC + rows)
-                dlt = tl.load(dlt_ptr + i_bh * NTC + rows)
-                do = tl.load(do_base + rows.to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :],
-                             mask=valid[:, None], other=0.0)
-                p, dz = _probs(s, lse, valid, do, v, dlt, qk_scale, PREC)
-                dvb += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
-                dkb += tl.dot(tl.trans((dz * scale).to(td)), x, input_precision=PREC)
-                if HAS_G:
-                    dg_col -= tl.sum(dz, 0)
+            rows = t0 + r
+            valid = rows < T
+            x = tl.dot(_tile_rows(qa_ptr + buf, t0, BM, K), phit, input_precision=PREC).to(td)
+            s = tl.dot(x, tl.trans(kb), input_precision=PREC)
+            if HAS_G:
+                g_row = tl.load(g_base + rows.to(tl.int64) * H, mask=valid, other=0.0)
+                s += (g_row[:, None] - g_col[None, :]) * g_to_s
+            lse = tl.load(lse_ptr + i_bh * NTC + rows)
+            dlt = tl.load(dlt_ptr + i_bh * NTC + rows)
+            do = tl.load(do_base + rows.to(tl.int64)[:, None] * (H * V) + tl.arange(0, V)[None, :],
+                         mask=valid[:, None], other=0.0)
+            p, dz = _probs(s, lse, valid, do, v, dlt, qk_scale, PREC)
+            dvb += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
+            dkb += tl.dot(tl.trans((dz * scale).to(td)), x, input_precision=PREC)
+            if HAS_G:
+                dg_col -= tl.sum(dz, 0)
     _put(dkbar_ptr + buf, s0, dkb, BN, K)
     _put(dv_ptr + i_bh * NTC * V, s0, dvb, BN, V)
     if HAS_G:
@@ -239,9 +240,10 @@ def cross_window_grads(qa, kbar, pi, v, do, lse, dlt, G, scale: float, plan, dv,
     gs = torch.empty(nprog, NW, plan.rows, K, **f32)
     common = (T, H)
     gp = G if G is not None else dlt
-    BN = plan.cross_keys
-    if BN not in (64, plan.rows):
-        raise ValueError(f"plan.cross_keys must be 64 or plan.rows = {plan.rows}; got {BN!r}")
+    BN, BQ = plan.cross_keys, plan.cross_queries or plan.rows
+    for name, val in (("cross_keys", BN), ("cross_queries", BQ)):
+        if val not in (64, plan.rows):
+            raise ValueError(f"plan.{name} must be 64 or plan.rows = {plan.rows}; got {val!r}")
     meta = dict(WB=WB, K=K, V=V, BM=plan.rows, HAS_G=G is not None, PREC=plan.precision)
     qk = (float(scale), float(scale) * LOG2E, 1.0 / float(scale))
     launch(_cross_q_kernel, (nprog,),
@@ -249,7 +251,7 @@ def cross_window_grads(qa, kbar, pi, v, do, lse, dlt, G, scale: float, plan, dv,
             *common, NQ, NTC, BH, NW, *qk), meta, plan.cross)
     launch(_cross_k_kernel, (triton.cdiv(T, BN), BH),
            (qa, kbar, pi, v, do, lse, dlt, gp, dkbar, dv, dG if dG is not None else dlt,
-            *common, NT, NTC, NW, *qk), dict(meta, BN=BN), plan.cross)
+            *common, NT, NTC, NW, *qk), dict(meta, BM=BQ, BN=BN), plan.cross)
     return dqa, dkbar, mw
 
 

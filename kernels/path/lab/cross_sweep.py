@@ -6,8 +6,9 @@ of a training step at B = 8, T = 8192 and 66 of 102 ms at B = 1, T = 32768
 (``lab/logs/stage_profile_20261129.log``), 2.5x our flash attention's backward over the same pairs.
 This sweep times stage 2's gradient (:func:`kernels.path.backward.path_backward`, which holds both
 passes) for each launch of the two kernels (``plan.cross``: warps x stages, the one launch given
-alone so that a launch that does not fit is recorded, not replaced) and each width of the key pass
-(``plan.cross_keys``: 64, or 128 keys with 128 query rows), at the benchmark's two windowed shapes
+alone so that a launch that does not fit is recorded, not replaced) and each tile of the key pass
+(``plan.cross_keys`` keys a program, 64 or 128, against ``plan.cross_queries`` query rows a step,
+64 or 128; today 64 x 128, flash's long-T key pass 128 x 64), at the benchmark's two windowed shapes
 (bfloat16, H = 16, K = V = 128, the default plan's windows). Each variant's gradients are compared
 with the default launch's (RMS of the difference over the RMS of the default's), and the fastest
 variant's forward + backward is timed beside the default's.
@@ -29,8 +30,8 @@ from kernels.path.op import PathFunction  # noqa: E402
 from kernels.path.plan import default_window_blocks  # noqa: E402
 
 SHAPES = [(8, 8192), (1, 32768)]
-LAUNCHES = [(8, 1), (8, 2), (8, 3), (4, 1), (4, 2)]
-KEYS = (64, 128)
+LAUNCHES = [(8, 1), (8, 2), (8, 3), (4, 2)]
+TILES = [(64, 128), (128, 64), (128, 128), (64, 64)]      # (keys a program, query rows a step)
 
 
 def _rms(a, b):
@@ -46,11 +47,12 @@ def main(out=None):
         args = [x[n] for n in ("qt", "kh", "u", "wt", "aloc", "v", "do", "o", "lse")]
         ref = [t for t in path_backward(*args, None, scale, base) if isinstance(t, torch.Tensor)]
         timed = {}
-        for bn in KEYS:
+        for bn, bq in TILES:
             for warps, stages in LAUNCHES:
-                tag = f"keys {bn}, {warps} warps, {stages} stages"
-                p = dataclasses.replace(base, cross=(Launch(warps, stages),), cross_keys=bn)
-                rec = dict(B=B, T=T, window_blocks=base.window_blocks, cross_keys=bn, warps=warps, stages=stages)
+                tag = f"keys {bn} x queries {bq}, {warps} warps, {stages} stages"
+                p = dataclasses.replace(base, cross=(Launch(warps, stages),), cross_keys=bn, cross_queries=bq)
+                rec = dict(B=B, T=T, window_blocks=base.window_blocks, cross_keys=bn, cross_queries=bq,
+                           warps=warps, stages=stages)
                 try:
                     got = [t for t in path_backward(*args, None, scale, p) if isinstance(t, torch.Tensor)]
                     rec["rms_diff_max"] = max(_rms(a, b) for a, b in zip(got, ref))
