@@ -35,8 +35,9 @@ def _in_rows(base, t0, T, stride_t, D: tl.constexpr):
 
 
 @triton.jit
-def _gates(g_base, t0, T, stride_t):
-    r = t0 + tl.arange(0, 64)
+def _gates(g_base, t0, T, stride_t, R: tl.constexpr = 64):
+    """The cumulative gates of ``R`` tokens from ``t0``; zeros past ``T``."""
+    r = t0 + tl.arange(0, R)
     return tl.load(g_base + r.to(tl.int64) * stride_t, mask=r < T, other=0.0)
 
 

@@ -184,7 +184,7 @@ def _cross_k_kernel(qa_ptr, kbar_ptr, pi_ptr, v_ptr, do_ptr, lse_ptr, dlt_ptr, G
                 mask=((s0 + cols) < T)[:, None], other=0.0)
     g_col = tl.zeros([BN], dtype=tl.float32)
     if HAS_G:
-        g_col = tl.load(g_base + (s0 + cols).to(tl.int64) * H, mask=(s0 + cols) < T, other=0.0)
+        g_col = _gates(g_base, s0, T, H, BN)
     dkb = tl.zeros([BN, K], dtype=tl.float32)
     dvb = tl.zeros([BN, V], dtype=tl.float32)
     dg_col = tl.zeros([BN], dtype=tl.float32)
