@@ -40,10 +40,11 @@ class PathPlan:
     walks every block, and the backward prepares the windows itself; untimed, for
     ``lab/windows_sweep.py``); ``local_scratch``: bytes of the per-block backward's matrices per
     launch (heads beyond it go in further launches); ``cross``: the launch of the two cross-window
-    passes (``windows.py``; today the main pass's, never swept on its own: ``NOTES.md``, "Open");
+    passes (``windows.py``; the main pass's, the fastest of round 4's sweep: ``NOTES.md``, "Open");
     ``cross_keys``: keys per program of the key-major cross-window pass (64, or ``rows``);
     ``cross_queries``: the query rows it streams past them a step (64, or ``rows``; ``None``: ``rows``);
-    ``path``: ``"torch"`` where the class cannot run these kernels."""
+    ``cross_carry``: the key pass carries its key block across each window (``K̃ = K̄ Φᵀ``, four
+    products a pair) instead of carrying the queries (``X = Q^a Φ``, five); ``path``: ``"torch"`` where the class cannot run these kernels."""
     transport: torch.dtype
     precision: str
     local_precision: str
@@ -60,6 +61,7 @@ class PathPlan:
     cross: tuple = field(default_factory=lambda: (Launch(8, 1), Launch(4, 1)))
     cross_keys: int = 64
     cross_queries: int | None = None
+    cross_carry: bool = False
     path: str = "triton"
 
     def solve_plan(self, K: int, w_dtype) -> _SolvePlan:

@@ -14,7 +14,9 @@ The passes (the algebra checked against autograd in float64: ``lab/windowed_bwd.
 2. ``_cross_q_kernel``, query-major: down the windows ``X ← X Π_{w+1}`` and ``G_w = Σ_{l∈w} dS K̄_l``,
    up the Horner sum ``R ← R Π_vᵀ + G_v`` with ``M_v += X_vᵀ R``; ``dQ^a = R``;
 3. ``_cross_k_kernel``, key-major: ``dK̄_l = Σ_i dS_ilᵀ X_{i,w}`` and ``dV_l`` with ``X = Q^a Φ``
-   recomputed from a running ``Φ = Π_{a−1} ⋯ Π_{w+1}``; no atomics;
+   recomputed from a running ``Φ = Π_{a−1} ⋯ Π_{w+1}``, or (``plan.cross_carry``) the key block
+   carried instead, once a window: ``K̃ = K̄_l Φᵀ``, ``S = Q^a K̃ᵀ``, ``dK̄_l = (Σ_{i∈a} dS_ilᵀ Q^a_i) Φ``;
+   no atomics;
 4. the pairs inside a window: :func:`kernels.path.backward.path_backward`'s walk stopped at the
    window's start, its Horner sum started from ``dQ^a``;
 5. ``_key_push_bwd_kernel``: ``dK̄ → dK̂`` and the crossed blocks' ``dP``;
@@ -162,7 +164,7 @@ def _cross_k_kernel(qa_ptr, kbar_ptr, pi_ptr, v_ptr, do_ptr, lse_ptr, dlt_ptr, G
                     dkbar_ptr, dv_ptr, dG_ptr,
                     T, H, NT, NTC, NW, scale, qk_scale, g_to_s,
                     WB: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr,
-                    BN: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr):
+                    BN: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr, CARRY: tl.constexpr):
     # BN keys a program (64, or 128 inside one window) meet BM query rows a step
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -193,13 +195,21 @@ def _cross_k_kernel(qa_ptr, kbar_ptr, pi_ptr, v_ptr, do_ptr, lse_ptr, dlt_ptr, G
         if i_a > i_w + 1:
             phi = tl.dot(_tile_rows(pi_base + (i_a - 1) * K * K, 0, K, K).to(td), phi.to(td), input_precision=PREC)
         phit = phi.to(td)
+        if CARRY:      # the keys carried to window a's start: the pair's scores are Q^a K̃ᵀ
+            kt = tl.dot(kb, tl.trans(phit), input_precision=PREC).to(td)
+        else:
+            kt = kb
+        dkt = tl.zeros([BN, K], dtype=tl.float32)
         # the window's query steps that start before T, counted up front: no branch in the loop
         for j in range(0, tl.cdiv(tl.minimum(WB * 64, T - i_a * WB * 64), BM)):
             t0 = i_a * WB * 64 + j * BM
             rows = t0 + r
             valid = rows < T
-            x = tl.dot(_tile_rows(qa_ptr + buf, t0, BM, K), phit, input_precision=PREC).to(td)
-            s = tl.dot(x, tl.trans(kb), input_precision=PREC)
+            if CARRY:
+                x = _tile_rows(qa_ptr + buf, t0, BM, K)
+            else:
+                x = tl.dot(_tile_rows(qa_ptr + buf, t0, BM, K), phit, input_precision=PREC).to(td)
+            s = tl.dot(x, tl.trans(kt), input_precision=PREC)
             if HAS_G:
                 g_row = tl.load(g_base + rows.to(tl.int64) * H, mask=valid, other=0.0)
                 s += (g_row[:, None] - g_col[None, :]) * g_to_s
@@ -209,9 +219,14 @@ def _cross_k_kernel(qa_ptr, kbar_ptr, pi_ptr, v_ptr, do_ptr, lse_ptr, dlt_ptr, G
                          mask=valid[:, None], other=0.0)
             p, dz = _probs(s, lse, valid, do, v, dlt, qk_scale, PREC)
             dvb += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
-            dkb += tl.dot(tl.trans((dz * scale).to(td)), x, input_precision=PREC)
+            if CARRY:
+                dkt += tl.dot(tl.trans((dz * scale).to(td)), x, input_precision=PREC)
+            else:
+                dkb += tl.dot(tl.trans((dz * scale).to(td)), x, input_precision=PREC)
             if HAS_G:
                 dg_col -= tl.sum(dz, 0)
+        if CARRY:      # dK̄ = dK̃ Φ
+            dkb += tl.dot(dkt.to(td), phit, input_precision=PREC)
     _put(dkbar_ptr + buf, s0, dkb, BN, K)
     _put(dv_ptr + i_bh * NTC * V, s0, dvb, BN, V)
     if HAS_G:
@@ -251,7 +266,7 @@ def cross_window_grads(qa, kbar, pi, v, do, lse, dlt, G, scale: float, plan, dv,
             *common, NQ, NTC, BH, NW, *qk), meta, plan.cross)
     launch(_cross_k_kernel, (triton.cdiv(T, BN), BH),
            (qa, kbar, pi, v, do, lse, dlt, gp, dkbar, dv, dG if dG is not None else dlt,
-            *common, NT, NTC, NW, *qk), dict(meta, BM=BQ, BN=BN), plan.cross)
+            *common, NT, NTC, NW, *qk), dict(meta, BM=BQ, BN=BN, CARRY=plan.cross_carry), plan.cross)
     return dqa, dkbar, mw
 
 
