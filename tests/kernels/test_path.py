@@ -572,12 +572,19 @@ def test_windows_far_apart_with_reflections(device):
 
 # The key-major cross-window pass with 128 keys a program (plan.cross_keys = rows = 128; a candidate
 # of NOTES.md's round 4, two 64-blocks of one window) and with 64 query rows a step past them
-# (plan.cross_queries, flash's long-T key pass): against float64 with gates and a partial last
-# window, and with reflections across seven windows; a width other than 64 or rows is refused.
+# (plan.cross_queries, flash's long-T key pass), and carrying its key block across the windows
+# instead of the queries (plan.cross_carry: K̃ = K̄ Φᵀ once a window, dK̄ = dK̃ Φ): against float64
+# with gates and a partial last window, and with reflections across seven windows (a transposed Φ
+# fails them); a width other than 64 or rows is refused.
+_TILES = [(keys, queries, False) for keys, queries in [(128, None), (128, 64), (64, 64)]]
+_SHAPES = [(520, 2, False), (900, 2, True), (650, 4, False)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("keys,queries", [(128, None), (128, 64), (64, 64)])
-@pytest.mark.parametrize("T,window,reflect", [(520, 2, False), (900, 2, True), (650, 4, False)])
-def test_cross_window_pass_with_128_keys(device, T, window, reflect, keys, queries):
+@pytest.mark.parametrize("T,window,reflect,keys,queries,carry",
+                         [shape + tile for tile in _TILES for shape in _SHAPES]
+                         + [(900, 2, True, 64, None, True), (650, 4, False, 128, 64, True)])
+def test_cross_window_pass_with_128_keys(device, T, window, reflect, keys, queries, carry):
     from dataclasses import replace
     from kernels.path.plan import plan_for
     q, k, v, w, beta, g = make_inputs(1, T, 2, 16, 32, torch.float32, device, gates=not reflect, seed=T)
@@ -588,32 +595,10 @@ def test_cross_window_pass_with_128_keys(device, T, window, reflect, keys, queri
     plan = plan_for(torch.float32, torch.device(device), K=16, rows=128)
     if plan.path == "torch":   # --gpu-class 89 or 75: float32 PaTH runs in PyTorch there (plan.py)
         pytest.skip("this GPU class runs float32 PaTH on the PyTorch path")
-    plan = replace(plan, window_blocks=window, cross_keys=keys, cross_queries=queries)
+    plan = replace(plan, window_blocks=window, cross_keys=keys, cross_queries=queries, cross_carry=carry)
     do = torch.randn(1, T, 2, 32, generator=torch.Generator().manual_seed(3)).to(device)
     _plan_against_float64((q, k, v, w, beta, g), plan, 0.25, do,
-                          f"cross_keys={keys} cross_queries={queries} windows of {window} T={T}")
-
-
-# The key pass carrying its key block across the windows (plan.cross_carry: K̃ = K̄ Φᵀ once a window,
-# dK̄ = dK̃ Φ) instead of the queries: against float64 with reflections across seven windows (a
-# transposed Φ fails it) and with mild gates at flash's long-T tile.
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("T,window,reflect,keys,queries", [(900, 2, True, 64, None), (650, 4, False, 128, 64)])
-def test_cross_pass_carrying_the_keys(device, T, window, reflect, keys, queries):
-    from dataclasses import replace
-    from kernels.path.plan import plan_for
-    q, k, v, w, beta, g = make_inputs(1, T, 2, 16, 32, torch.float32, device, gates=not reflect, seed=T + 1)
-    if reflect:
-        beta = torch.full_like(beta, 2.0)
-    else:
-        g = 0.02 * g
-    plan = plan_for(torch.float32, torch.device(device), K=16, rows=128)
-    if plan.path == "torch":   # --gpu-class 89 or 75: float32 PaTH runs in PyTorch there (plan.py)
-        pytest.skip("this GPU class runs float32 PaTH on the PyTorch path")
-    plan = replace(plan, window_blocks=window, cross_keys=keys, cross_queries=queries, cross_carry=True)
-    do = torch.randn(1, T, 2, 32, generator=torch.Generator().manual_seed(5)).to(device)
-    _plan_against_float64((q, k, v, w, beta, g), plan, 0.25, do,
-                          f"cross_carry cross_keys={keys} cross_queries={queries} windows of {window} T={T}")
+                          f"cross_keys={keys} cross_queries={queries} cross_carry={carry} windows of {window} T={T}")
 
 
 @pytest.mark.parametrize("field", ["cross_keys", "cross_queries"])
